@@ -1,0 +1,31 @@
+"""kvport: keep and move the KV cache of LLM inference."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput"]
+
+if TYPE_CHECKING:
+    from kvport.config import EngineConfig
+    from kvport.engine.llm import LLM
+    from kvport.outputs import CompletionOutput, RequestOutput
+    from kvport.sampling_params import SamplingParams
+
+_LAZY = {
+    "LLM": "kvport.engine.llm",
+    "SamplingParams": "kvport.sampling_params",
+    "EngineConfig": "kvport.config",
+    "RequestOutput": "kvport.outputs",
+    "CompletionOutput": "kvport.outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that `import kvport` (and the CLI's --help) does not pay for importing torch.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kvport' has no attribute {name!r}")

@@ -1,0 +1,135 @@
+"""Engine core: builds the pool, scheduler and runner, and runs steps.
+
+One step is three calls: schedule, execute, update. Everything that crosses between them is plain
+data (`SchedulerOutput`, `ModelRunnerOutput`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from kvport.config import EngineConfig
+from kvport.engine.block_pool import BlockPool
+from kvport.engine.hashing import namespace_hash
+from kvport.engine.kv_cache_manager import KVCacheManager
+from kvport.engine.request import Request, RequestStatus
+from kvport.engine.scheduler import Scheduler
+from kvport.model.loader import LoadedModel, load_model
+from kvport.model.runner import ModelRunner, kv_block_bytes
+from kvport.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+KV_LAYOUT = "blocks-layers-kv-tokens-heads-dim"  # see kvport.model.attention
+DEFAULT_KV_CACHE_CAP_BYTES = 1 << 30  # default pool: room for max_num_seqs full requests, <= 1 GiB
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        dtype = getattr(torch, config.dtype)
+        self.loaded = loaded if loaded is not None else load_model(config.model, dtype)
+        mc = self.loaded.config
+        if config.max_model_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's "
+                f"max_position_embeddings={mc.max_position_embeddings}")
+        self.num_kv_blocks = self._num_kv_blocks(kv_block_bytes(mc, config.block_size, dtype))
+        pool = BlockPool(self.num_kv_blocks, enable_caching=config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(pool, config.block_size)
+        self.scheduler = Scheduler(config, self.kv_cache_manager)
+        self.runner = ModelRunner(self.loaded.model, mc, self.num_kv_blocks, config.block_size, dtype)
+        self.hash_root = namespace_hash(self.loaded.identity, config.dtype, config.block_size, KV_LAYOUT)
+        self.eos_token_ids = frozenset(mc.eos_token_ids)
+
+    def _num_kv_blocks(self, block_bytes: int) -> int:
+        cfg = self.config
+        blocks_per_seq = -(-cfg.max_model_len // cfg.block_size)
+        if cfg.num_kv_blocks is not None:
+            num = cfg.num_kv_blocks
+        elif cfg.kv_cache_bytes is not None:
+            num = cfg.kv_cache_bytes // block_bytes
+        else:
+            wanted = cfg.max_num_seqs * blocks_per_seq
+            num = max(blocks_per_seq, min(wanted, DEFAULT_KV_CACHE_CAP_BYTES // block_bytes))
+        if num < blocks_per_seq:
+            raise ValueError(
+                f"KV pool of {num} blocks x {cfg.block_size} tokens cannot hold one request of "
+                f"max_model_len={cfg.max_model_len} tokens (needs {blocks_per_seq} blocks, "
+                f"{blocks_per_seq * block_bytes} bytes); raise num_kv_blocks/kv_cache_bytes or "
+                f"lower max_model_len")
+        return num
+
+    @property
+    def pool(self) -> BlockPool:
+        return self.kv_cache_manager.pool
+
+    def validate_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt is empty: give at least one token")
+        if n > self.config.max_model_len:
+            raise ValueError(f"prompt has {n} tokens, longer than max_model_len="
+                             f"{self.config.max_model_len}")
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+        prompt: str | None = None,
+    ) -> Request:
+        self.validate_prompt(prompt_token_ids)
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = Request(request_id, prompt_token_ids, params, self.eos_token_ids,
+                      self.config.block_size, self.hash_root, prompt=prompt)
+        self.scheduler.add_request(req)
+        return req
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_pending_work(self) -> bool:
+        # Finished ids not yet delivered to the runner count too: one more step releases them.
+        return self.scheduler.has_unfinished_requests() or bool(self.scheduler.finished_req_ids)
+
+    def step(self) -> list[Request]:
+        """Run one engine step; returns the requests that finished in it."""
+        sched_out = self.scheduler.schedule()
+        try:
+            runner_out = self.runner.execute(sched_out)
+        except Exception as exc:  # the step's requests fail, the engine keeps serving
+            logger.exception("model step %d failed", sched_out.step)
+            return self._fail_step(sched_out.num_scheduled_tokens, f"{type(exc).__name__}: {exc}")
+        return self.scheduler.update_from_output(sched_out, runner_out)
+
+    def _fail_step(self, req_ids: dict[str, int], error: str) -> list[Request]:
+        # Blocks published at schedule time were never written: drop the whole prefix cache
+        # rather than risk serving them.
+        self.kv_cache_manager.reset_prefix_cache()
+        failed = [self.scheduler.requests[rid] for rid in req_ids if rid in self.scheduler.requests]
+        for req in failed:
+            req.error = error
+        self.scheduler.finish_requests([r.request_id for r in failed], RequestStatus.FINISHED_ERROR)
+        return failed
+
+    def reset_prefix_cache(self) -> None:
+        self.scheduler.reset_prefix_cache()
+
+    def check_no_leaks(self) -> None:
+        """The "nothing leaked" oracle: no requests, every block free, pool consistent."""
+        if self.scheduler.requests:
+            raise RuntimeError(f"requests left: {list(self.scheduler.requests)[:10]}")
+        if self.kv_cache_manager.num_requests:
+            raise RuntimeError(f"block tables left: {list(self.kv_cache_manager.req_to_blocks)[:10]}")
+        self.pool.assert_all_free()
+        if self.runner.requests and not self.scheduler.finished_req_ids:
+            raise RuntimeError(f"runner still holds requests {list(self.runner.requests)[:10]}")
+
+    def shutdown(self) -> None:
+        self.runner.requests.clear()

@@ -1,0 +1,97 @@
+"""Per-request block tables on top of the block pool: prefix lookup, slot allocation, freeing.
+
+Token ranges of one request (block_size 4, a local prefix hit of 2 blocks):
+
+    |<- computed (hit) ->|<- computed ->|<- scheduled now ->|<- not yet ->|
+    [ b0 ][ b1 ]          [ b2 ]         [ b3 ][ b4 ]
+    num_computed_tokens = 8 after the hit; allocate_slots(req, 9) adds blocks so that
+    8 + 9 = 17 tokens fit, and publishes every block that is full once this step has run.
+"""
+
+from __future__ import annotations
+
+from kvport.engine.block_pool import BlockPool, KVBlock
+from kvport.engine.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, block_size: int) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}  # request_id -> block table
+        self._num_published: dict[str, int] = {}  # request_id -> leading blocks already published
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """The longest run of cached full blocks of the request's tokens, and its token count.
+
+        At least one token is always left to compute: its logits give the next token.
+        """
+        if not self.pool.enable_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        self.pool.stats.num_queried_blocks += max_blocks
+        self.pool.stats.num_hit_blocks += len(hits)
+        return hits, len(hits) * self.block_size
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int,
+                          new_computed_blocks: list[KVBlock]) -> int:
+        """Free blocks that `allocate_slots` would consume (cached hits that are free count)."""
+        held = len(self.req_to_blocks.get(request.request_id, ()))
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        total_blocks = -(-(num_computed + num_new_tokens) // self.block_size)
+        num_new_blocks = max(0, total_blocks - held - len(new_computed_blocks))
+        return num_new_blocks + sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int,
+        new_computed_blocks: list[KVBlock] | None = None,
+    ) -> list[KVBlock] | None:
+        """Grow the request's block table so that its computed tokens, the new prefix hits and
+        `num_new_tokens` more fit. Returns the newly allocated blocks, or None (and changes
+        nothing) if the pool cannot supply them."""
+        hits = new_computed_blocks or []
+        if self.num_blocks_needed(request, num_new_tokens, hits) > self.pool.num_free_blocks:
+            return None
+        table = self.req_to_blocks.setdefault(request.request_id, [])
+        self._num_published.setdefault(request.request_id, 0)
+        assert not hits or not table, "prefix hits are only taken for a request without blocks"
+        self.pool.touch(hits)
+        table.extend(hits)
+        num_computed = request.num_computed_tokens + len(hits) * self.block_size
+        total_blocks = -(-(num_computed + num_new_tokens) // self.block_size)
+        new_blocks = self.pool.allocate(max(0, total_blocks - len(table)))
+        table.extend(new_blocks)
+        self._publish(request, num_computed + num_new_tokens)
+        return new_blocks
+
+    def _publish(self, request: Request, num_tokens_after_step: int) -> None:
+        """Publish blocks that will be full once this step has run (their KV is written by the
+        step's forward before any attention of the same layer reads it)."""
+        rid = request.request_id
+        table = self.req_to_blocks[rid]
+        num_full = min(num_tokens_after_step, request.num_tokens) // self.block_size
+        num_full = min(num_full, len(request.block_hashes), len(table))
+        for i in range(self._num_published[rid], num_full):
+            self.pool.cache_block(table[i], request.block_hashes[i])
+        self._num_published[rid] = max(self._num_published[rid], num_full)
+
+    def free(self, request: Request) -> None:
+        table = self.req_to_blocks.pop(request.request_id, [])
+        self._num_published.pop(request.request_id, None)
+        self.pool.free(reversed(table))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def reset_prefix_cache(self) -> None:
+        self.pool.reset_prefix_cache()
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.req_to_blocks)

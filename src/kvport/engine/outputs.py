@@ -1,0 +1,55 @@
+"""Plain-data records that cross the scheduler / runner boundary (picklable, no tensors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvport.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has not seen, or one resumed after preemption (full state)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # outputs generated before a preemption
+    sampling_params: SamplingParams
+    sampling_seed: int  # seeds the request's own generator (the request's seed, or one drawn)
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """A request the runner already holds: only what changed."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]  # req_id -> tokens to compute this step
+    total_num_scheduled_tokens: int
+    preempted_req_ids: set[str]
+    finished_req_ids: set[str]  # finished (or aborted) since the previous step
+    step: int = 0
+    kv_connector_metadata: Any = None
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    # req_id -> sampled tokens (empty for a prefill chunk that does not reach the end)
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+    failed_req_ids: dict[str, str] = field(default_factory=dict)  # req_id -> error message
+    kv_connector_output: Any = None

@@ -1,0 +1,157 @@
+"""Paged attention over the engine's KV pool, on the CPU with PyTorch's SDPA kernels.
+
+KV pool layout (chosen once, used by the runner, attention and every connector):
+
+    kv_cache: (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)
+
+One engine block of one request is therefore a single contiguous run of bytes holding K and V of
+every layer. Offloading moves whole blocks between tiers, so a block is one `memcpy` instead of
+`2 * num_layers` small ones (the same reason vLLM's offloader prefers cross-layer blocks). Attention
+reads layer `l` through the strided view `kv_cache[:, l]`; gathering a sequence's blocks from that
+view copies runs of `block_size * num_kv_heads * head_dim` elements, which is as fast as gathering
+from a per-layer tensor for the block sizes we use.
+
+Batch order: the runner puts requests with one query token (decodes, or a one-token prefill chunk)
+first, then the multi-token prefills. All new K/V of a layer are written into the pool before any
+attention of that layer runs, so a request can read blocks that another request of the same batch
+fills in this step (a prefix-cache hit on a block published at schedule time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class AttentionContext(Protocol):
+    """What a decoder layer needs from the engine: attention for its layer index."""
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: (T, num_heads, head_dim); k, v: (T, num_kv_heads, head_dim) after RoPE.
+        Returns (T, num_heads, head_dim)."""
+        ...
+
+
+class LayerHooks(Protocol):
+    """Per-layer callbacks around attention (the KV connector's worker half plugs in here)."""
+
+    def before_attention(self, layer_idx: int) -> None: ...
+
+    def after_attention(self, layer_idx: int, kv_cache: torch.Tensor) -> None: ...
+
+
+@dataclass
+class PrefillSeq:
+    """One request with several query tokens in this step."""
+
+    query_start: int  # index of its first token in the flattened batch
+    query_len: int
+    context_len: int  # tokens already in the pool before this step
+    block_table: torch.Tensor  # (num_blocks_needed,) int64 covering context_len + query_len
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs for one step; built by the runner from the scheduler output."""
+
+    slot_block_ids: torch.Tensor  # (T,) int64: pool block that receives each new token's K/V
+    slot_offsets: torch.Tensor  # (T,) int64: offset inside that block
+    num_decode_tokens: int  # the first num_decode_tokens tokens each belong to their own request
+    decode_block_tables: torch.Tensor  # (num_decodes, max_blocks) int64, padded with block 0
+    decode_mask: torch.Tensor  # (num_decodes, 1, 1, max_blocks * block_size) bool: key visible
+    prefills: list[PrefillSeq]
+
+
+class PagedAttention:
+    """`AttentionContext` over the paged pool for one step."""
+
+    def __init__(
+        self, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        hooks: LayerHooks | None = None,
+    ) -> None:
+        self.kv_cache = kv_cache
+        self.meta = meta
+        self.scale = scale
+        self.hooks = hooks
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        meta = self.meta
+        if self.hooks is not None:
+            self.hooks.before_attention(layer_idx)
+        layer_cache = self.kv_cache[:, layer_idx]  # (num_blocks, 2, block_size, kv_heads, head_dim)
+        layer_cache[meta.slot_block_ids, 0, meta.slot_offsets] = k.to(layer_cache.dtype)
+        layer_cache[meta.slot_block_ids, 1, meta.slot_offsets] = v.to(layer_cache.dtype)
+        out = torch.empty_like(q)
+        nd = meta.num_decode_tokens
+        if nd:
+            out[:nd] = self._decode(layer_cache, q[:nd])
+        for seq in meta.prefills:
+            s, e = seq.query_start, seq.query_start + seq.query_len
+            if seq.context_len == 0:
+                # Nothing cached before this chunk: the new K/V are the whole context.
+                out[s:e] = causal_attention(q[s:e], k[s:e], v[s:e], self.scale)
+            else:
+                out[s:e] = self._prefill_with_context(layer_cache, q[s:e], seq)
+        if self.hooks is not None:
+            self.hooks.after_attention(layer_idx, self.kv_cache)
+        return out
+
+    def _decode(self, layer_cache: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        meta = self.meta
+        n, max_blocks = meta.decode_block_tables.shape
+        kv = layer_cache[meta.decode_block_tables]  # (n, max_blocks, 2, bs, kv_heads, D)
+        bs, kvh, d = kv.shape[3], kv.shape[4], kv.shape[5]
+        k = kv[:, :, 0].reshape(n, max_blocks * bs, kvh, d).transpose(1, 2)  # (n, kvh, S, D)
+        v = kv[:, :, 1].reshape(n, max_blocks * bs, kvh, d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k, v, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True,
+        )  # (n, heads, 1, D)
+        return o.squeeze(2)
+
+    def _prefill_with_context(
+        self, layer_cache: torch.Tensor, q: torch.Tensor, seq: PrefillSeq
+    ) -> torch.Tensor:
+        total = seq.context_len + seq.query_len
+        kv = layer_cache[seq.block_table]  # (nb, 2, bs, kv_heads, D)
+        kvh, d = kv.shape[3], kv.shape[4]
+        k = kv[:, 0].reshape(-1, kvh, d)[:total]
+        v = kv[:, 1].reshape(-1, kvh, d)[:total]
+        # Query j sits at absolute position context_len + j and sees keys 0..context_len + j.
+        q_pos = torch.arange(seq.context_len, total).unsqueeze(1)
+        mask = torch.arange(total).unsqueeze(0) <= q_pos  # (L, total)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            attn_mask=mask, scale=self.scale, enable_gqa=True,
+        )
+        return o.transpose(0, 1)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Plain causal attention of one sequence: q (L, H, D), k/v (L, KVH, D) -> (L, H, D)."""
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        is_causal=True, scale=scale, enable_gqa=True,
+    )
+    return o.transpose(0, 1)
+
+
+class DenseAttention:
+    """`AttentionContext` without a pool: causal attention over sequences laid end to end.
+
+    For tests and tools that run the model on whole prompts (logit checks against transformers).
+    """
+
+    def __init__(self, seq_lens: list[int], scale: float) -> None:
+        self.seq_lens = seq_lens
+        self.scale = scale
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        outs = []
+        start = 0
+        for n in self.seq_lens:
+            outs.append(causal_attention(q[start:start + n], k[start:start + n], v[start:start + n], self.scale))
+            start += n
+        return torch.cat(outs)

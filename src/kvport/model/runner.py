@@ -1,0 +1,158 @@
+"""Model runner: owns the KV pool and per-request token state, runs one step of the model.
+
+From a `SchedulerOutput` it builds the flattened batch (token ids, positions, slot mapping, block
+tables), runs the model with paged attention, and samples one token for every request whose
+scheduled tokens reach the end of what it knows. The runner appends its own sampled tokens to
+its request state, so the next decode step needs nothing from the scheduler but block ids.
+
+KV pool layout: see kvport.model.attention (block-contiguous across layers, for whole-block copies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from kvport.model.attention import AttentionMetadata, LayerHooks, PagedAttention, PrefillSeq
+from kvport.model.config import ModelConfig
+from kvport.model.sampler import sample
+from kvport.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]  # prompt + every token sampled so far (by this runner)
+    block_ids: list[int]
+    num_computed_tokens: int  # before the step being prepared
+    sampling_params: SamplingParams
+    generator: torch.Generator
+
+
+@dataclass
+class StepBatch:
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,)
+    attn_metadata: AttentionMetadata
+    sample_req_ids: list[str]  # requests that get a token this step, in logits row order
+    logits_indices: torch.Tensor  # (len(sample_req_ids),) index of each one's last token
+
+
+def kv_cache_shape(model_config: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    # (num_blocks, num_layers, K/V, block_size, num_kv_heads, head_dim)
+    return (num_blocks, model_config.num_hidden_layers, 2, block_size,
+            model_config.num_key_value_heads, model_config.head_dim)
+
+
+def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    shape = kv_cache_shape(model_config, 1, block_size)
+    n = 1
+    for d in shape:
+        n *= d
+    return n * torch.tensor([], dtype=dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(
+        self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
+        block_size: int, dtype: torch.dtype,
+    ) -> None:
+        self.model = model
+        self.model_config = model_config
+        self.block_size = block_size
+        # Zeros, not empty: padded block-table slots are read (then masked) and must not hold
+        # NaN bit patterns, which would survive the masking as NaN * 0.
+        self.kv_cache = torch.zeros(kv_cache_shape(model_config, num_blocks, block_size), dtype=dtype)
+        self.requests: dict[str, CachedRequestState] = {}  # req_id -> state
+        self.layer_hooks: LayerHooks | None = None
+
+    def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(sched_out)
+        if sched_out.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput()
+        batch = self._prepare_inputs(sched_out)
+        attn = PagedAttention(self.kv_cache, batch.attn_metadata, self.model.attention_scale,
+                              self.layer_hooks)
+        with torch.inference_mode():
+            hidden = self.model(batch.input_ids, batch.positions, attn)
+            logits = self.model.compute_logits(hidden[batch.logits_indices])
+        states = [self.requests[rid] for rid in batch.sample_req_ids]
+        sampled = sample(logits, [s.sampling_params for s in states], [s.generator for s in states])
+        out = ModelRunnerOutput()
+        for state, token, lp in zip(states, sampled.token_ids, sampled.logprobs):
+            state.token_ids.append(token)
+            out.sampled_token_ids[state.req_id] = [token]
+            if lp is not None:
+                out.logprobs[state.req_id] = [lp]
+        return out
+
+    def _update_states(self, sched_out: SchedulerOutput) -> None:
+        for rid in sched_out.finished_req_ids:
+            self.requests.pop(rid, None)
+        for new in sched_out.scheduled_new_reqs:
+            tokens = new.prompt_token_ids + new.output_token_ids
+            old = self.requests.get(new.req_id)
+            if old is None:
+                gen = torch.Generator().manual_seed(new.sampling_seed)
+                self.requests[new.req_id] = CachedRequestState(
+                    new.req_id, tokens, list(new.block_ids), new.num_computed_tokens,
+                    new.sampling_params, gen)
+            else:  # resumed after preemption: new blocks, same generator and known tokens
+                if len(tokens) > len(old.token_ids):
+                    old.token_ids = tokens
+                old.block_ids = list(new.block_ids)
+                old.num_computed_tokens = new.num_computed_tokens
+        for cached in sched_out.scheduled_cached_reqs:
+            state = self.requests[cached.req_id]
+            state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+
+    def _prepare_inputs(self, sched_out: SchedulerOutput) -> StepBatch:
+        bs = self.block_size
+        n_sched = sched_out.num_scheduled_tokens
+        # Requests with one query token first (batched decode attention), then prefills.
+        order = sorted(n_sched, key=lambda rid: n_sched[rid] != 1)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillSeq] = []
+        sample_ids: list[str] = []
+        logits_idx: list[int] = []
+        slot_blocks: list[int] = []
+        for rid in order:
+            state = self.requests[rid]
+            n, start = n_sched[rid], state.num_computed_tokens
+            end = start + n
+            assert end <= len(state.token_ids), f"{rid}: scheduled past its known tokens"
+            assert len(state.block_ids) * bs >= end, f"{rid}: {end} tokens need more blocks"
+            query_start = len(input_ids)
+            input_ids.extend(state.token_ids[start:end])
+            positions.extend(range(start, end))
+            slot_blocks.extend(state.block_ids[p // bs] for p in range(start, end))
+            num_blocks = -(-end // bs)
+            if n == 1:
+                decode_tables.append(state.block_ids[:num_blocks])
+                decode_lens.append(end)
+            else:
+                prefills.append(PrefillSeq(query_start, n, start,
+                                           torch.tensor(state.block_ids[:num_blocks])))
+            if end == len(state.token_ids):
+                sample_ids.append(rid)
+                logits_idx.append(len(input_ids) - 1)
+            state.num_computed_tokens = end
+        pos = torch.tensor(positions, dtype=torch.long)
+        max_blocks = max((len(t) for t in decode_tables), default=0)
+        tables = torch.zeros((len(decode_tables), max_blocks), dtype=torch.long)
+        for i, t in enumerate(decode_tables):
+            tables[i, :len(t)] = torch.tensor(t)
+        lens = torch.tensor(decode_lens, dtype=torch.long)
+        mask = (torch.arange(max_blocks * bs).unsqueeze(0) < lens.unsqueeze(1)).view(
+            len(decode_tables), 1, 1, max_blocks * bs)
+        meta = AttentionMetadata(
+            slot_block_ids=torch.tensor(slot_blocks, dtype=torch.long), slot_offsets=pos % bs, num_decode_tokens=len(decode_tables),
+            decode_block_tables=tables, decode_mask=mask, prefills=prefills)
+        return StepBatch(torch.tensor(input_ids, dtype=torch.long), pos, meta, sample_ids,
+                         torch.tensor(logits_idx, dtype=torch.long))
