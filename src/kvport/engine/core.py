@@ -128,7 +128,7 @@ class EngineCore:
         if self.kv_cache_manager.num_requests:
             raise RuntimeError(f"block tables left: {list(self.kv_cache_manager.req_to_blocks)[:10]}")
         self.pool.assert_all_free()
-        if self.runner.requests and not self.scheduler.finished_req_ids:
+        if self.runner.requests or self.scheduler.finished_req_ids:
             raise RuntimeError(f"runner still holds requests {list(self.runner.requests)[:10]}")
 
     def shutdown(self) -> None:

@@ -58,7 +58,9 @@ class LLM:
         bar = tqdm(total=len(requests), desc="generate", disable=not use_tqdm or len(requests) < 2)
         try:
             while self.engine.has_pending_work():
-                bar.update(len(self.engine.step()))
+                finished = self.engine.step()
+                if finished:
+                    bar.update(len(finished))
         except BaseException:
             self.engine.abort_requests([r.request_id for r in requests])
             raise
