@@ -1,0 +1,1 @@
+"""Model package: config, RoPE, the Llama-family decoder, tokenizer, loader and builtin models."""

