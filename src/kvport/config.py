@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import json
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -21,7 +22,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
-    kv_transfer_config: Any = None  # KVTransferConfig, dict or JSON string (connector issue)
+    kv_transfer_config: Any = None  # KVTransferConfig, or its dict or JSON text
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -38,6 +39,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes!r}")
         if self.num_kv_blocks is not None and self.kv_cache_bytes is not None:
             raise ValueError("give num_kv_blocks or kv_cache_bytes, not both")
+        object.__setattr__(self, "kv_transfer_config", KVTransferConfig.from_any(self.kv_transfer_config))
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
@@ -50,3 +52,54 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine argument(s) {unknown}; accepted: {sorted(known)}")
         return cls(**kwargs)
+
+
+KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """Which KV connector to run and its settings, in vLLM's JSON shape."""
+
+    kv_connector: str
+    kv_role: str = "kv_both"
+    kv_connector_module_path: str | None = None
+    kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
+    # What a failed load does to its request: recompute from the last good block, or fail it.
+    kv_load_failure_policy: str = "recompute"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kv_connector, str) or not self.kv_connector:
+            raise ValueError(f"kv_connector must be a connector name, got {self.kv_connector!r}")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {KV_ROLES}, got {self.kv_role!r}")
+        if self.kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(f"kv_load_failure_policy must be one of {KV_LOAD_FAILURE_POLICIES}, "
+                             f"got {self.kv_load_failure_policy!r}")
+        if not isinstance(self.kv_connector_extra_config, dict):
+            raise ValueError("kv_connector_extra_config must be a dict, got "
+                             f"{type(self.kv_connector_extra_config).__name__}")
+
+    @classmethod
+    def from_any(cls, value: KVTransferConfig | dict[str, Any] | str | None) -> KVTransferConfig | None:
+        """Accept the config object, its dict, or its JSON text (as on the command line)."""
+        if value is None or isinstance(value, KVTransferConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"kv_transfer_config is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"kv_transfer_config must be a dict or JSON object, got {value!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown kv_transfer_config key(s) {unknown}; accepted: {sorted(known)}")
+        if "kv_connector" not in value:
+            raise ValueError("kv_transfer_config needs 'kv_connector' (the connector name)")
+        return cls(**value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -101,6 +101,12 @@ class BlockPool:
         block.block_hash = block_hash
         self._cached[block_hash] = block
 
+    def uncache_block(self, block: KVBlock) -> None:
+        """Withdraw one block from the prefix cache (its contents are not to be reused)."""
+        if block.block_hash is not None and self._cached.get(block.block_hash) is block:
+            del self._cached[block.block_hash]
+        block.block_hash = None
+
     def take_evicted(self) -> list[BlockHash]:
         out, self.stats.evicted_hashes = self.stats.evicted_hashes, []
         return out

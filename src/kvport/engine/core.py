@@ -12,18 +12,18 @@ from collections.abc import Sequence
 import torch
 
 from kvport.config import EngineConfig
+from kvport.connectors.base import KVConnectorRole
+from kvport.connectors.factory import create_connector
 from kvport.engine.block_pool import BlockPool
 from kvport.engine.hashing import namespace_hash
 from kvport.engine.kv_cache_manager import KVCacheManager
 from kvport.engine.request import Request, RequestStatus
 from kvport.engine.scheduler import Scheduler
 from kvport.model.loader import LoadedModel, load_model
-from kvport.model.runner import ModelRunner, kv_block_bytes
+from kvport.model.runner import KV_LAYOUT, ModelRunner, kv_block_bytes
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-KV_LAYOUT = "blocks-layers-kv-tokens-heads-dim"  # see kvport.model.attention
 DEFAULT_KV_CACHE_CAP_BYTES = 1 << 30  # default pool: room for max_num_seqs full requests, <= 1 GiB
 
 
@@ -40,8 +40,13 @@ class EngineCore:
         self.num_kv_blocks = self._num_kv_blocks(kv_block_bytes(mc, config.block_size, dtype))
         pool = BlockPool(self.num_kv_blocks, enable_caching=config.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, config.block_size)
-        self.scheduler = Scheduler(config, self.kv_cache_manager)
-        self.runner = ModelRunner(self.loaded.model, mc, self.num_kv_blocks, config.block_size, dtype)
+        ktc = config.kv_transfer_config
+        # The two halves of the connector: separate objects, separate state.
+        sched_connector = create_connector(ktc, KVConnectorRole.SCHEDULER) if ktc else None
+        worker_connector = create_connector(ktc, KVConnectorRole.WORKER) if ktc else None
+        self.scheduler = Scheduler(config, self.kv_cache_manager, sched_connector)
+        self.runner = ModelRunner(self.loaded.model, mc, self.num_kv_blocks, config.block_size,
+                                  dtype, worker_connector)
         self.hash_root = namespace_hash(self.loaded.identity, config.dtype, config.block_size, KV_LAYOUT)
         self.eos_token_ids = frozenset(mc.eos_token_ids)
 
@@ -95,28 +100,13 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def has_pending_work(self) -> bool:
-        # Finished ids not yet delivered to the runner count too: one more step releases them.
-        return self.scheduler.has_unfinished_requests() or bool(self.scheduler.finished_req_ids)
+        return self.scheduler.has_pending_work()
 
     def step(self) -> list[Request]:
         """Run one engine step; returns the requests that finished in it."""
         sched_out = self.scheduler.schedule()
-        try:
-            runner_out = self.runner.execute(sched_out)
-        except Exception as exc:  # the step's requests fail, the engine keeps serving
-            logger.exception("model step %d failed", sched_out.step)
-            return self._fail_step(sched_out.num_scheduled_tokens, f"{type(exc).__name__}: {exc}")
+        runner_out = self.runner.execute(sched_out)
         return self.scheduler.update_from_output(sched_out, runner_out)
-
-    def _fail_step(self, req_ids: dict[str, int], error: str) -> list[Request]:
-        # Blocks published at schedule time were never written: drop the whole prefix cache
-        # rather than risk serving them.
-        self.kv_cache_manager.reset_prefix_cache()
-        failed = [self.scheduler.requests[rid] for rid in req_ids if rid in self.scheduler.requests]
-        for req in failed:
-            req.error = error
-        self.scheduler.finish_requests([r.request_id for r in failed], RequestStatus.FINISHED_ERROR)
-        return failed
 
     def reset_prefix_cache(self) -> None:
         self.scheduler.reset_prefix_cache()
@@ -130,6 +120,19 @@ class EngineCore:
         self.pool.assert_all_free()
         if self.runner.requests or self.scheduler.finished_req_ids:
             raise RuntimeError(f"runner still holds requests {list(self.runner.requests)[:10]}")
+        held = self.scheduler.xfer.held_request_ids
+        if held:
+            raise RuntimeError(f"finished requests still hold blocks for the connector: {held[:10]}")
 
     def shutdown(self) -> None:
-        self.runner.requests.clear()
+        errors: list[BaseException] = []
+        for half in (self.scheduler.connector, self.runner):
+            if half is None:
+                continue
+            try:
+                half.shutdown()
+            except Exception as exc:  # shut the other half down too, then report
+                logger.exception("shutdown failed")
+                errors.append(exc)
+        if errors:
+            raise errors[-1]

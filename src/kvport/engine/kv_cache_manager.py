@@ -40,23 +40,29 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int,
-                          new_computed_blocks: list[KVBlock]) -> int:
+                          new_computed_blocks: list[KVBlock], num_external_tokens: int = 0) -> int:
         """Free blocks that `allocate_slots` would consume (cached hits that are free count)."""
         held = len(self.req_to_blocks.get(request.request_id, ()))
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        total_blocks = -(-(num_computed + num_new_tokens) // self.block_size)
+        total = num_computed + num_external_tokens + num_new_tokens
+        total_blocks = -(-total // self.block_size)
         num_new_blocks = max(0, total_blocks - held - len(new_computed_blocks))
         return num_new_blocks + sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int,
         new_computed_blocks: list[KVBlock] | None = None,
+        num_external_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> list[KVBlock] | None:
-        """Grow the request's block table so that its computed tokens, the new prefix hits and
-        `num_new_tokens` more fit. Returns the newly allocated blocks, or None (and changes
-        nothing) if the pool cannot supply them."""
+        """Grow the request's block table so that its computed tokens, the new prefix hits, the
+        tokens a connector loads and `num_new_tokens` more fit. Returns the newly allocated
+        blocks, or None (and changes nothing) if the pool cannot supply them.
+
+        `delay_cache_blocks`: do not publish yet (an async load fills the blocks later)."""
         hits = new_computed_blocks or []
-        if self.num_blocks_needed(request, num_new_tokens, hits) > self.pool.num_free_blocks:
+        needed = self.num_blocks_needed(request, num_new_tokens, hits, num_external_tokens)
+        if needed > self.pool.num_free_blocks:
             return None
         table = self.req_to_blocks.setdefault(request.request_id, [])
         self._num_published.setdefault(request.request_id, 0)
@@ -64,22 +70,35 @@ class KVCacheManager:
         self.pool.touch(hits)
         table.extend(hits)
         num_computed = request.num_computed_tokens + len(hits) * self.block_size
-        total_blocks = -(-(num_computed + num_new_tokens) // self.block_size)
-        new_blocks = self.pool.allocate(max(0, total_blocks - len(table)))
+        total = num_computed + num_external_tokens + num_new_tokens
+        new_blocks = self.pool.allocate(max(0, -(-total // self.block_size) - len(table)))
         table.extend(new_blocks)
-        self._publish(request, num_computed + num_new_tokens)
+        if not delay_cache_blocks:
+            self.cache_blocks(request, total)
         return new_blocks
 
-    def _publish(self, request: Request, num_tokens_after_step: int) -> None:
-        """Publish blocks that will be full once this step has run (their KV is written by the
-        step's forward before any attention of the same layer reads it)."""
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Publish the request's blocks that are full within its first `num_tokens` tokens.
+
+        Called at schedule time for the tokens the step computes or loads synchronously: their
+        KV is written in the step before any attention of the same layer reads it."""
         rid = request.request_id
         table = self.req_to_blocks[rid]
-        num_full = min(num_tokens_after_step, request.num_tokens) // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         num_full = min(num_full, len(request.block_hashes), len(table))
         for i in range(self._num_published[rid], num_full):
             self.pool.cache_block(table[i], request.block_hashes[i])
         self._num_published[rid] = max(self._num_published[rid], num_full)
+
+    def uncache_blocks_from(self, request: Request, block_index: int) -> None:
+        """Withdraw the request's blocks from `block_index` on from the prefix cache (their
+        contents are not trustworthy: a load into them failed, or they were computed from such
+        blocks). They stay allocated to the request, which recomputes them."""
+        rid = request.request_id
+        for block in self.req_to_blocks.get(rid, [])[block_index:]:
+            self.pool.uncache_block(block)
+        if rid in self._num_published:
+            self._num_published[rid] = min(self._num_published[rid], block_index)
 
     def free(self, request: Request) -> None:
         table = self.req_to_blocks.pop(request.request_id, [])

@@ -10,15 +10,22 @@ KV pool layout: see kvport.model.attention (block-contiguous across layers, for 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
+from kvport.connectors.base import ForwardContext, KVCacheSpec, KVConnectorBase
+from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from kvport.model.attention import AttentionMetadata, LayerHooks, PagedAttention, PrefillSeq
+from kvport.model.attention import AttentionMetadata, PagedAttention, PrefillSeq
 from kvport.model.config import ModelConfig
 from kvport.model.sampler import sample
 from kvport.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+KV_LAYOUT = "blocks-layers-kv-tokens-heads-dim"  # see kvport.model.attention
 
 
 @dataclass
@@ -57,7 +64,7 @@ def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtyp
 class ModelRunner:
     def __init__(
         self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
-        block_size: int, dtype: torch.dtype,
+        block_size: int, dtype: torch.dtype, connector: KVConnectorBase | None = None,
     ) -> None:
         self.model = model
         self.model_config = model_config
@@ -66,27 +73,56 @@ class ModelRunner:
         # NaN bit patterns, which would survive the masking as NaN * 0.
         self.kv_cache = torch.zeros(kv_cache_shape(model_config, num_blocks, block_size), dtype=dtype)
         self.requests: dict[str, CachedRequestState] = {}  # req_id -> state
-        self.layer_hooks: LayerHooks | None = None
+        self.driver: KVConnectorDriver | None = None
+        if connector is not None:
+            self.driver = KVConnectorDriver(connector, self.kv_cache, self.kv_cache_spec)
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        mc = self.model_config
+        return KVCacheSpec(
+            num_blocks=self.kv_cache.shape[0], block_size=self.block_size,
+            num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
+            head_dim=mc.head_dim, dtype=str(self.kv_cache.dtype).removeprefix("torch."),
+            layout=KV_LAYOUT)
 
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(sched_out)
-        if sched_out.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput()
+        ctx = ForwardContext(self.kv_cache, sched_out.num_scheduled_tokens, sched_out.step)
+        if self.driver is not None:
+            self.driver.pre_forward(sched_out, ctx)
+        out = ModelRunnerOutput()
+        if sched_out.total_num_scheduled_tokens > 0:
+            try:
+                self._forward_and_sample(sched_out, out)
+            except Exception as exc:  # the step's requests fail; the engine goes on
+                logger.exception("model step %d failed", sched_out.step)
+                message = f"{type(exc).__name__}: {exc}"
+                out = ModelRunnerOutput(failed_req_ids={r: message for r in sched_out.num_scheduled_tokens})
+        if self.driver is not None:
+            out.kv_connector_output = self.driver.post_forward(
+                sched_out, did_forward=sched_out.total_num_scheduled_tokens > 0)
+        return out
+
+    def _forward_and_sample(self, sched_out: SchedulerOutput, out: ModelRunnerOutput) -> None:
         batch = self._prepare_inputs(sched_out)
         attn = PagedAttention(self.kv_cache, batch.attn_metadata, self.model.attention_scale,
-                              self.layer_hooks)
+                              self.driver)
         with torch.inference_mode():
             hidden = self.model(batch.input_ids, batch.positions, attn)
             logits = self.model.compute_logits(hidden[batch.logits_indices])
         states = [self.requests[rid] for rid in batch.sample_req_ids]
         sampled = sample(logits, [s.sampling_params for s in states], [s.generator for s in states])
-        out = ModelRunnerOutput()
         for state, token, lp in zip(states, sampled.token_ids, sampled.logprobs):
             state.token_ids.append(token)
             out.sampled_token_ids[state.req_id] = [token]
             if lp is not None:
                 out.logprobs[state.req_id] = [lp]
-        return out
+
+    def shutdown(self) -> None:
+        self.requests.clear()
+        if self.driver is not None:
+            self.driver.shutdown()
 
     def _update_states(self, sched_out: SchedulerOutput) -> None:
         for rid in sched_out.finished_req_ids:
@@ -99,9 +135,8 @@ class ModelRunner:
                 self.requests[new.req_id] = CachedRequestState(
                     new.req_id, tokens, list(new.block_ids), new.num_computed_tokens,
                     new.sampling_params, gen)
-            else:  # resumed after preemption: new blocks, same generator and known tokens
-                if len(tokens) > len(old.token_ids):
-                    old.token_ids = tokens
+            else:  # resumed (preemption, failed load): new blocks, same generator
+                old.token_ids = tokens
                 old.block_ids = list(new.block_ids)
                 old.num_computed_tokens = new.num_computed_tokens
         for cached in sched_out.scheduled_cached_reqs:

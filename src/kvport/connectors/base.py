@@ -1,0 +1,249 @@
+"""The KV connector API: one class, instantiated once per role, with vLLM V1's method names.
+
+A connector moves KV blocks between the engine's paged pool and somewhere else (disk, host memory,
+another engine). The same class is instantiated twice: with role SCHEDULER inside the scheduler
+(decides what to load and store, keeps the bookkeeping, builds per-step metadata) and with role
+WORKER next to the model runner (moves the bytes). The halves share no state: per step the
+scheduler sends a `KVConnectorMetadata` to the worker, and the worker answers with a
+`KVConnectorOutput`. Both are plain data that could cross a process boundary.
+
+Scheduler side, in the order the scheduler calls them:
+    on_new_request(req)                      a request was added
+    get_num_new_matched_tokens(req, n_local) tokens loadable beyond the local prefix hit
+    update_state_after_alloc(req, ids, n)    after every successful allocation of a waiting request
+    build_connector_meta(sched_out)          once at the end of every schedule(), empty steps too
+    request_finished(req, block_ids)         once per finished request; True keeps its blocks
+    update_connector_output(out)             the worker's answer for the step
+    take_events()                            drain stored/removed events
+    has_pending_work()                       keep the engine stepping while transfers run
+    reset_cache(), shutdown()
+
+Worker side, every step (see kvport.connectors.driver for the exact order):
+    register_kv_caches(kv_cache, spec)       once, after the runner allocates the pool
+    handle_preemptions(meta)                 first in every step, before anything writes KV
+    bind_connector_metadata(meta)            then start_load_kv(ctx)
+    wait_for_layer_load(layer) / save_kv_layer(layer, ...)   inside each attention layer
+    wait_for_save()                          after the forward; SKIPPED on steps with no tokens
+    get_finished(finished_req_ids)           every step: completions of async sends and loads
+    get_block_ids_with_load_errors()         every step
+    build_connector_worker_meta()            every step
+    clear_connector_metadata()               last in every step
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from kvport.config import KVTransferConfig
+    from kvport.engine.outputs import SchedulerOutput
+    from kvport.engine.request import Request
+
+
+class KVConnectorRole(enum.Enum):
+    SCHEDULER = "scheduler"
+    WORKER = "worker"
+
+
+@dataclass
+class KVConnectorMetadata:
+    """Scheduler -> worker, one per step. Connectors subclass it as dataclasses of plain data."""
+
+
+class KVConnectorWorkerMetadata(ABC):
+    """Worker -> scheduler, one per step (for example ids of completed jobs)."""
+
+    @abstractmethod
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        """Combine the metadata of two workers (associative and commutative)."""
+
+
+@dataclass
+class KVConnectorOutput:
+    """The worker half's answer for one step."""
+
+    finished_sending: set[str] = field(default_factory=set)  # requests whose async save is done
+    finished_recving: set[str] = field(default_factory=set)  # requests whose async load is done
+    invalid_block_ids: set[int] = field(default_factory=set)  # pool blocks a load failed to fill
+    worker_meta: KVConnectorWorkerMetadata | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    # Worker hooks that raised this step: hook name -> message (the step's requests fail).
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not (self.finished_sending or self.finished_recving or self.invalid_block_ids
+                    or self.worker_meta is not None or self.stats or self.errors)
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What a worker needs to know about the engine's pool (see kvport.model.attention)."""
+
+    num_blocks: int
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    layout: str  # "blocks-layers-kv-tokens-heads-dim": one block is one contiguous run of bytes
+
+
+@dataclass
+class ForwardContext:
+    """Handed to start_load_kv and save_kv_layer: the pool and this step's token placement."""
+
+    kv_cache: torch.Tensor  # (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)
+    num_scheduled_tokens: dict[str, int]
+    step: int
+
+
+@dataclass(frozen=True)
+class KVCacheEvent:
+    """A change of what a connector holds: blocks stored (removed=False) or removed."""
+
+    block_hashes: tuple[bytes, ...]
+    medium: str
+    removed: bool
+
+
+def layer_name(layer_idx: int) -> str:
+    return f"layers.{layer_idx}"
+
+
+class KVConnectorBase(ABC):
+    """Base of every connector. Required hooks are abstract; optional ones have neutral defaults."""
+
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
+        self._config = config
+        self._role = role
+        self._connector_metadata: KVConnectorMetadata | None = None
+
+    @property
+    def role(self) -> KVConnectorRole:
+        return self._role
+
+    # ---- worker side ------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_cache: torch.Tensor, spec: KVCacheSpec) -> None:
+        """Worker, once, after the runner allocated the pool: keep a reference to it."""
+
+    def handle_preemptions(self, metadata: KVConnectorMetadata) -> None:
+        """Worker, first in EVERY step (no-forward steps too), before metadata is bound and
+        before anything writes KV. Blocks of requests preempted in this step are already free on
+        the scheduler side and may be handed out again in this very step: every pending save
+        that reads them must finish here."""
+
+    def bind_connector_metadata(self, metadata: KVConnectorMetadata) -> None:
+        """Worker, every step, right after handle_preemptions. Overrides must call super()."""
+        self._connector_metadata = metadata
+
+    def clear_connector_metadata(self) -> None:
+        """Worker, last in every step. Overrides must call super()."""
+        self._connector_metadata = None
+
+    def has_connector_metadata(self) -> bool:
+        return self._connector_metadata is not None
+
+    def _get_connector_metadata(self) -> KVConnectorMetadata:
+        assert self._connector_metadata is not None, "no connector metadata bound in this step"
+        return self._connector_metadata
+
+    @abstractmethod
+    def start_load_kv(self, ctx: ForwardContext) -> None:
+        """Worker, every step after bind (before the forward): start loading KV into the pool.
+        A synchronous load may finish here; layer pipelining finishes in wait_for_layer_load."""
+
+    @abstractmethod
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Worker, inside each attention layer before it reads KV: that layer's load is done."""
+
+    @abstractmethod
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
+        """Worker, inside each attention layer after it wrote this step's KV: start saving.
+        kv_layer is the layer's view of the pool, (num_blocks, 2, block_size, heads, head_dim)."""
+
+    @abstractmethod
+    def wait_for_save(self) -> None:
+        """Worker, after the forward, when there was one. It is SKIPPED on steps with no
+        scheduled tokens and is not ordered against get_finished: nothing that must happen
+        every step may live here (queue stores in get_finished instead)."""
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Worker, every step: (finished_sending, finished_recving). `finished_req_ids` are the
+        requests the scheduler finished since the previous step. A send is reported once, only
+        for a request whose request_finished returned True; each async load exactly once."""
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Worker, every step after get_finished: pool blocks that a load failed to fill. For an
+        async load, no later than the step that reports the request in finished_recving."""
+        return set()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        """Worker, every step after get_finished: payload for the scheduler half."""
+        return None
+
+    def get_kv_connector_stats(self) -> dict[str, Any]:
+        """Worker, every step: counters since the previous call."""
+        return {}
+
+    # ---- scheduler side ---------------------------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        """Scheduler, when a request is added."""
+
+    @abstractmethod
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Scheduler, for a waiting request with no computed tokens, after the local prefix
+        lookup (`num_computed_tokens` = locally cached tokens). Returns (tokens loadable beyond
+        them, is_async). None: not known yet, ask again next step. is_async: the request waits
+        in WAITING_FOR_REMOTE_KVS until the worker reports it in finished_recving; it must be
+        False for 0 tokens. A sync load must leave at least one prompt token to compute.
+        May be called several times for one request; must not change state it relies on."""
+
+    @abstractmethod
+    def update_state_after_alloc(
+        self, request: Request, block_ids: list[int], num_external_tokens: int
+    ) -> None:
+        """Scheduler, after every successful allocation of a waiting request (0 external tokens
+        included), before the step's build_connector_meta. `block_ids` is the request's whole
+        block table: local hits first, then the new blocks."""
+
+    @abstractmethod
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """Scheduler, exactly once at the end of every schedule(), empty steps included. Sees
+        request.num_computed_tokens before this step's advance. Must not mutate the output."""
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Scheduler, in update_from_output, before finished_recving/finished_sending are
+        handled: consume the worker's answer."""
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Scheduler, exactly once per request that finishes (stop, length, abort, error), before
+        its blocks are freed; never for a preemption. True: the connector still reads the blocks;
+        they stay allocated until the worker reports the request in finished_sending."""
+        return False, None
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Scheduler, in every update_from_output: drain events since the previous call."""
+        return []
+
+    def has_pending_work(self) -> bool:
+        """Scheduler: True keeps the engine stepping with no requests (transfers in flight)."""
+        return False
+
+    def reset_cache(self) -> bool | None:
+        """Scheduler: drop what the connector holds. None: not supported; False: failed."""
+        return None
+
+    def shutdown(self) -> None:
+        """Either side, once at engine shutdown: finish or cancel what is in flight."""

@@ -1,0 +1,152 @@
+"""A configurable mock KV connector that drives the scheduler through every connector branch.
+
+Use it through the registry: {"kv_connector": "MockConnector", "kv_connector_module_path":
+"connector_mock", "kv_connector_extra_config": {...}}. It moves no bytes: loads "complete" after
+a configured number of steps (or fail for chosen blocks), sends complete after a delay. Pair it
+with a model whose output does not depend on KV contents (tests/utils.py's fake runner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvport.config import KVTransferConfig
+from kvport.connectors.base import (
+    ForwardContext, KVConnectorBase, KVConnectorMetadata, KVConnectorRole,
+)
+from kvport.connectors.factory import parse_extra_config
+from kvport.engine.outputs import SchedulerOutput
+from kvport.engine.request import Request
+
+
+@dataclass(frozen=True)
+class MockConfig:
+    hit_blocks: int = 0  # blocks offered beyond the local hit (capped to leave a token)
+    is_async: bool = False
+    num_defers: int = 0  # answer None this many times per request first
+    fail_first_load_block: int = -1  # >= 0: that block (index within the load) fails to load
+    recv_delay_steps: int = 0  # async loads finish this many steps after they start
+    send_delay_steps: int = -1  # >= 0: request_finished returns True, send done after N steps
+    block_size: int = 4
+    leave_one_token: bool = True  # False: also offer the block holding the last prompt token
+
+
+@dataclass
+class LoadJob:
+    req_id: str
+    block_ids: list[int]  # blocks the load fills
+    is_async: bool
+
+
+@dataclass
+class MockMetadata(KVConnectorMetadata):
+    loads: list[LoadJob] = field(default_factory=list)
+    sends: list[str] = field(default_factory=list)  # requests whose async save starts now
+
+
+class MockConnector(KVConnectorBase):
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
+        super().__init__(config, role)
+        self.cfg = parse_extra_config(MockConfig, config)
+        # scheduler half
+        self._defers: dict[str, int] = {}  # req_id -> None answers given
+        self._local: dict[str, int] = {}  # req_id -> local hit tokens at the last match
+        self._pending_loads: list[LoadJob] = []
+        self._pending_sends: list[str] = []
+        self.num_loads = 0
+        self.num_sends = 0
+        # worker half
+        self._recv_due: dict[str, int] = {}  # req_id -> get_finished calls left
+        self._send_due: dict[str, int] = {}
+        self._invalid: set[int] = set()
+        self.finished_seen: set[str] = set()
+
+    # ---- scheduler half ------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        rid = request.request_id
+        if self._defers.get(rid, 0) < self.cfg.num_defers:
+            self._defers[rid] = self._defers.get(rid, 0) + 1
+            return None, False
+        self._local[rid] = num_computed_tokens
+        bs = self.cfg.block_size
+        # A well-behaved connector leaves at least one token to compute.
+        max_blocks = (request.num_tokens - int(self.cfg.leave_one_token)) // bs
+        local_blocks = num_computed_tokens // bs
+        n = min(self.cfg.hit_blocks, max_blocks - local_blocks)
+        if n <= 0:
+            return 0, False
+        return n * bs, self.cfg.is_async
+
+    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+        if num_external_tokens == 0:
+            return
+        bs = self.cfg.block_size
+        first = self._local[request.request_id] // bs  # the load fills the blocks after the hit
+        self._pending_loads.append(LoadJob(
+            request.request_id, block_ids[first:first + num_external_tokens // bs], self.cfg.is_async))
+        self.num_loads += 1
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> MockMetadata:
+        meta = MockMetadata(self._pending_loads, self._pending_sends)
+        self._pending_loads, self._pending_sends = [], []
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._defers.pop(request.request_id, None)
+        self._local.pop(request.request_id, None)
+        if self.cfg.send_delay_steps >= 0 and block_ids:
+            self._pending_sends.append(request.request_id)
+            self.num_sends += 1
+            return True, None
+        return False, None
+
+    # ---- worker half ---------------------------------------------------------------------------
+
+    def start_load_kv(self, ctx: ForwardContext) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, MockMetadata)
+        for job in meta.loads:
+            if 0 <= self.cfg.fail_first_load_block < len(job.block_ids):
+                self._invalid.update(job.block_ids[self.cfg.fail_first_load_block:])
+            if job.is_async:
+                self._recv_due[job.req_id] = self.cfg.recv_delay_steps
+        for rid in meta.sends:
+            self._send_due[rid] = self.cfg.send_delay_steps
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self.finished_seen |= finished_req_ids
+        recving = self._due(self._recv_due, lambda rid: True)
+        # A send is reported only once the scheduler has finished the request.
+        sending = self._due(self._send_due, lambda rid: rid in self.finished_seen)
+        return sending, recving
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._invalid = self._invalid, set()
+        return out
+
+    def has_pending_work(self) -> bool:
+        return bool(self._pending_sends)
+
+    @staticmethod
+    def _due(pending: dict[str, int], allowed: Any) -> set[str]:
+        done = set()
+        for rid in list(pending):
+            if pending[rid] <= 0 and allowed(rid):
+                done.add(rid)
+                del pending[rid]
+            else:
+                pending[rid] -= 1
+        return done
