@@ -1,4 +1,4 @@
-"""`kvport` command line: generate, bench (and, with the connector work, trace)."""
+"""`kvport` command line: generate, bench, trace."""
 
 from __future__ import annotations
 
@@ -19,6 +19,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule step N+1 while step N runs")
+    p.add_argument("--worker", default="inproc", choices=["inproc", "process"],
+                   help="run the model runner in this process or in a child process")
+    p.add_argument("--kv-transfer-config", default=None,
+                   help='KV connector config as JSON, e.g. \'{"kv_connector": "ExampleConnector", '
+                        '"kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}}\'')
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -28,6 +35,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+        async_scheduling=args.async_scheduling, worker=args.worker,
+        kv_transfer_config=args.kv_transfer_config,
     )
 
 
@@ -85,8 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     from kvport.bench.cli import add_bench_parser
+    from kvport.trace.cli import add_trace_parser
 
     add_bench_parser(sub)
+    add_trace_parser(sub)
     return parser
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
+WORKER_MODES = ("inproc", "process")
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class EngineConfig:
     max_model_len: int = 4096
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    async_scheduling: bool = False
+    async_scheduling: bool = False  # schedule step N+1 while step N runs
+    worker: str = "inproc"  # "inproc": runner in this process; "process": in a child process
     kv_transfer_config: Any = None  # KVTransferConfig, or its dict or JSON text
     seed: int = 0
 
@@ -39,6 +41,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes!r}")
         if self.num_kv_blocks is not None and self.kv_cache_bytes is not None:
             raise ValueError("give num_kv_blocks or kv_cache_bytes, not both")
+        if self.worker not in WORKER_MODES:
+            raise ValueError(f"worker must be one of {WORKER_MODES}, got {self.worker!r}")
         object.__setattr__(self, "kv_transfer_config", KVTransferConfig.from_any(self.kv_transfer_config))
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(

@@ -7,7 +7,9 @@ data (`SchedulerOutput`, `ModelRunnerOutput`).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 import torch
 
@@ -20,6 +22,8 @@ from kvport.engine.kv_cache_manager import KVCacheManager
 from kvport.engine.request import Request, RequestStatus
 from kvport.engine.scheduler import Scheduler
 from kvport.model.loader import LoadedModel, load_model
+from kvport.engine.executor import Executor, InProcExecutor, ProcessExecutor, build_runner
+from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from kvport.model.runner import KV_LAYOUT, ModelRunner, kv_block_bytes
 from kvport.sampling_params import SamplingParams
 
@@ -31,7 +35,10 @@ class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         dtype = getattr(torch, config.dtype)
-        self.loaded = loaded if loaded is not None else load_model(config.model, dtype)
+        in_process = config.worker == "inproc"
+        if loaded is None:  # a child process loads the weights it runs; this one needs none
+            loaded = load_model(config.model, dtype, load_weights=in_process)
+        self.loaded = loaded
         mc = self.loaded.config
         if config.max_model_len > mc.max_position_embeddings:
             raise ValueError(
@@ -41,12 +48,18 @@ class EngineCore:
         pool = BlockPool(self.num_kv_blocks, enable_caching=config.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, config.block_size)
         ktc = config.kv_transfer_config
-        # The two halves of the connector: separate objects, separate state.
+        # The two halves of the connector: separate objects, separate state (the worker half is
+        # built next to the runner, possibly in another process).
         sched_connector = create_connector(ktc, KVConnectorRole.SCHEDULER) if ktc else None
-        worker_connector = create_connector(ktc, KVConnectorRole.WORKER) if ktc else None
         self.scheduler = Scheduler(config, self.kv_cache_manager, sched_connector)
-        self.runner = ModelRunner(self.loaded.model, mc, self.num_kv_blocks, config.block_size,
-                                  dtype, worker_connector)
+        self.executor: Executor
+        if in_process:
+            runner = build_runner(config, self.num_kv_blocks, self.loaded)
+            self.executor = InProcExecutor(runner, background=config.async_scheduling)
+        else:
+            self.executor = ProcessExecutor(config, self.num_kv_blocks)
+        # (step output, its future): at most two steps in flight under async scheduling
+        self._in_flight: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
         self.hash_root = namespace_hash(self.loaded.identity, config.dtype, config.block_size, KV_LAYOUT)
         self.eos_token_ids = frozenset(mc.eos_token_ids)
 
@@ -99,14 +112,30 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
+    @property
+    def runner(self) -> ModelRunner:
+        assert isinstance(self.executor, InProcExecutor), "the runner lives in another process"
+        return self.executor.runner
+
     def has_pending_work(self) -> bool:
-        return self.scheduler.has_pending_work()
+        return self.scheduler.has_pending_work() or bool(self._in_flight)
 
     def step(self) -> list[Request]:
-        """Run one engine step; returns the requests that finished in it."""
-        sched_out = self.scheduler.schedule()
-        runner_out = self.runner.execute(sched_out)
-        return self.scheduler.update_from_output(sched_out, runner_out)
+        """Run one engine step; returns the requests that finished in it.
+
+        Async scheduling: step N+1 is scheduled and submitted before step N's output is
+        processed, so the model never waits for the scheduler (the runner fills in the token
+        it sampled at N)."""
+        if not self.config.async_scheduling:
+            sched_out = self.scheduler.schedule()
+            return self.scheduler.update_from_output(sched_out, self.executor.execute(sched_out))
+        if self.scheduler.has_pending_work():
+            sched_out = self.scheduler.schedule()
+            self._in_flight.append((sched_out, self.executor.submit(sched_out)))
+            if len(self._in_flight) < 2:
+                return []
+        sched_out, future = self._in_flight.popleft()
+        return self.scheduler.update_from_output(sched_out, future.result())
 
     def reset_prefix_cache(self) -> None:
         self.scheduler.reset_prefix_cache()
@@ -118,15 +147,20 @@ class EngineCore:
         if self.kv_cache_manager.num_requests:
             raise RuntimeError(f"block tables left: {list(self.kv_cache_manager.req_to_blocks)[:10]}")
         self.pool.assert_all_free()
-        if self.runner.requests or self.scheduler.finished_req_ids:
-            raise RuntimeError(f"runner still holds requests {list(self.runner.requests)[:10]}")
+        if self._in_flight:
+            raise RuntimeError(f"{len(self._in_flight)} steps still in flight")
+        num_runner = self.executor.num_runner_requests()
+        if num_runner or self.scheduler.finished_req_ids:
+            raise RuntimeError(f"the runner still holds {num_runner} requests")
         held = self.scheduler.xfer.held_request_ids
         if held:
             raise RuntimeError(f"finished requests still hold blocks for the connector: {held[:10]}")
 
     def shutdown(self) -> None:
+        while self._in_flight:  # let submitted steps finish before tearing down
+            self._in_flight.popleft()[1].exception()
         errors: list[BaseException] = []
-        for half in (self.scheduler.connector, self.runner):
+        for half in (self.scheduler.connector, self.executor):
             if half is None:
                 continue
             try:

@@ -196,6 +196,9 @@ class KVTransferTracker:
                 req.num_computed_tokens = min(req.num_computed_tokens, good)
                 req.num_cached_tokens = min(req.num_cached_tokens, good)
                 req.num_external_computed_tokens = 0
+                # Steps already scheduled for it (async scheduling) computed from bad KV.
+                req.num_output_placeholders = 0
+                req.discard_outputs_before_step = self.s.step_id
                 self._resend.add(req.request_id)
         for block_id in invalid:
             if 0 <= block_id < kv.pool.num_blocks:

@@ -64,6 +64,10 @@ class Request:
         self.num_cached_tokens = -1
         self.num_external_computed_tokens = 0  # tokens a KV connector loads for this request
         self.num_preemptions = 0
+        # Tokens being sampled by steps in flight (async scheduling): scheduled, not yet known.
+        self.num_output_placeholders = 0
+        # Outputs of steps before this one are stale (a failed load rewound the request).
+        self.discard_outputs_before_step = 0
         self.stop_reason: int | None = None  # the stop token id that finished the request
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] = []

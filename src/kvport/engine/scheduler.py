@@ -102,8 +102,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if num_new <= 0:
+            num_new = min(req.num_tokens + req.num_output_placeholders - req.num_computed_tokens, budget)
+            if num_new <= 0 or self._reaches_limit_in_flight(req):
                 i += 1
                 continue
             new_blocks = self.kv.allocate_slots(req, num_new)
@@ -129,6 +129,9 @@ class Scheduler:
         while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting.popleft()
+            if req.num_output_placeholders:  # preempted while a step for it is in flight
+                skipped.append(req)
+                continue
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not self.xfer.resume_after_load(req):
                 skipped.append(req)
                 continue
@@ -181,10 +184,19 @@ class Scheduler:
         # The connector sees num_computed_tokens before this step's advance.
         out.kv_connector_metadata = self.xfer.build_connector_meta(out)
         for rid, n in num_scheduled.items():
-            self.requests[rid].num_computed_tokens += n
+            req = self.requests[rid]
+            req.num_computed_tokens += n
+            if req.num_computed_tokens == req.num_tokens + req.num_output_placeholders:
+                req.num_output_placeholders += 1  # this step samples a token for it
         self.finished_req_ids = set()
         self.step_id += 1
         return out
+
+    def _reaches_limit_in_flight(self, req: Request) -> bool:
+        """Under async scheduling: tokens in flight already reach max_tokens / max_model_len."""
+        n = req.num_output_placeholders
+        return n > 0 and (req.num_output_tokens + n >= req.sampling_params.max_tokens
+                          or req.num_tokens + n >= self.config.max_model_len)
 
     def _new_request_data(self, req: Request) -> NewRequestData:
         return NewRequestData(
@@ -223,15 +235,20 @@ class Scheduler:
                                                  "KV load failed (kv_load_failure_policy=fail)")
         for rid in sched_out.num_scheduled_tokens:
             req = self.requests.get(rid)
-            if req is None or req.is_finished or rid in skip:  # aborted, failed, or recomputing
+            if (req is None or req.is_finished or rid in skip  # aborted, failed, recomputing
+                    or sched_out.step < req.discard_outputs_before_step):
                 continue
+            tokens = runner_out.sampled_token_ids.get(rid, ())
+            if tokens:
+                req.num_output_placeholders = max(0, req.num_output_placeholders - 1)
             token_logprobs = runner_out.logprobs.get(rid)
-            for j, token in enumerate(runner_out.sampled_token_ids.get(rid, ())):
+            for j, token in enumerate(tokens):
                 req.append_output_token(token, token_logprobs[j] if token_logprobs else None)
                 if req.first_token_time is None:
                     req.first_token_time = now
                 if req.check_stop(self.config.max_model_len):
-                    self.running.remove(req)
+                    # Usually running; under async scheduling it may have been preempted since.
+                    (self.running if req in self.running else self.waiting).remove(req)
                     self._free_request(req, was_loading=False)
                     finished.append(req)
                     break

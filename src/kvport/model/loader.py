@@ -30,21 +30,25 @@ _HASH_CHUNK = 1 << 24  # bytes read at a time when hashing weight files
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    model: LlamaForCausalLM
+    model: LlamaForCausalLM | None  # None when loaded without weights (a process that only schedules)
     tokenizer: Tokenizer
     model_dir: Path
     identity: str  # hex digest of config + weights; changes when the weights change
 
 
-def load_model(model: str, dtype: torch.dtype | str) -> LoadedModel:
-    """`model` is `builtin:NAME` or a directory with config.json, *.safetensors, tokenizer.json."""
+def load_model(model: str, dtype: torch.dtype | str, load_weights: bool = True) -> LoadedModel:
+    """`model` is `builtin:NAME` or a directory with config.json, *.safetensors, tokenizer.json.
+
+    `load_weights=False` reads everything but the weights (for a process that only schedules)."""
     dtype = resolve_dtype(dtype)
     model_dir = resolve_model_dir(model)
     config = read_config(model_dir)
     files = safetensors_files(model_dir)
     tokenizer = Tokenizer.from_dir(model_dir)
-    net = LlamaForCausalLM(config, dtype)
-    net.load_weights(iter_weights(files))
+    net = None
+    if load_weights:
+        net = LlamaForCausalLM(config, dtype)
+        net.load_weights(iter_weights(files))
     return LoadedModel(config, net, tokenizer, model_dir, model_identity(model_dir, files))
 
 

@@ -1,0 +1,171 @@
+"""Where the model runner (and the worker half of the connector) runs.
+
+- InProcExecutor: in this process; inline, or on one background thread so that the core can
+  schedule step N+1 while step N runs (async scheduling).
+- ProcessExecutor: in a child process (spawned, so no torch state is forked). Scheduler output,
+  connector metadata and connector output cross the pipe as pickled plain data, in order.
+
+Either way steps execute one at a time, in the order they were submitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import traceback
+from abc import ABC, abstractmethod
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from kvport.config import EngineConfig
+from kvport.connectors.base import KVConnectorRole
+from kvport.connectors.factory import create_connector
+from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from kvport.model.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+class Executor(ABC):
+    @abstractmethod
+    def submit(self, sched_out: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        """Queue a step; steps run one at a time in submission order."""
+
+    def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
+        return self.submit(sched_out).result()
+
+    @abstractmethod
+    def num_runner_requests(self) -> int:
+        """Requests the runner still holds state for (the leak check wants 0)."""
+
+    @abstractmethod
+    def shutdown(self) -> None: ...
+
+
+def build_runner(config: EngineConfig, num_kv_blocks: int, loaded: Any | None = None) -> ModelRunner:
+    from kvport.model.loader import load_model
+
+    dtype = getattr(torch, config.dtype)
+    if loaded is None or loaded.model is None:
+        loaded = load_model(config.model, dtype)
+    ktc = config.kv_transfer_config
+    connector = create_connector(ktc, KVConnectorRole.WORKER) if ktc is not None else None
+    return ModelRunner(loaded.model, loaded.config, num_kv_blocks, config.block_size, dtype, connector)
+
+
+class InProcExecutor(Executor):
+    def __init__(self, runner: ModelRunner, background: bool) -> None:
+        self.runner = runner
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvport-runner") if background else None
+
+    def submit(self, sched_out: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        if self._pool is not None:
+            return self._pool.submit(self.runner.execute, sched_out)
+        fut: Future[ModelRunnerOutput] = Future()
+        try:
+            fut.set_result(self.runner.execute(sched_out))
+        except BaseException as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def num_runner_requests(self) -> int:
+        return len(self.runner.requests)
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.runner.shutdown()
+
+
+class ProcessExecutor(Executor):
+    def __init__(self, config: EngineConfig, num_kv_blocks: int) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=_worker_main, args=(child_conn, config, num_kv_blocks),
+                                 name="kvport-worker", daemon=True)
+        self._proc.start()
+        child_conn.close()
+        self._lock = threading.Lock()  # one request/response pair on the pipe at a time
+        self._pending: deque[Future[Any]] = deque()
+        self._closed = False
+        self._call_sync("ping")  # surfaces a failed start (bad model, bad connector) right here
+
+    def submit(self, sched_out: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        return self._send("execute", sched_out)
+
+    def num_runner_requests(self) -> int:
+        return int(self._call_sync("num_requests"))
+
+    def _send(self, kind: str, payload: Any = None) -> Future[Any]:
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the worker process is shut down")
+            self._conn.send((kind, payload))
+            self._pending.append(fut)
+        threading.Thread(target=self._read_one, daemon=True).start()
+        return fut
+
+    def _read_one(self) -> None:
+        # Replies come in request order; each reader thread resolves the oldest pending future.
+        with self._lock:
+            fut = self._pending.popleft()
+            try:
+                status, value = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                fut.set_exception(RuntimeError(f"worker process died: {exc!r}"))
+                return
+        if status == "ok":
+            fut.set_result(value)
+        else:
+            fut.set_exception(RuntimeError(f"worker process failed:\n{value}"))
+
+    def _call_sync(self, kind: str) -> Any:
+        return self._send(kind).result()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._send("shutdown").result(timeout=SHUTDOWN_TIMEOUT_S)
+        except Exception:
+            logger.exception("worker process did not shut down cleanly")
+        finally:
+            self._closed = True
+            self._proc.join(timeout=SHUTDOWN_TIMEOUT_S)
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._conn.close()
+
+
+def _worker_main(conn: Connection, config: EngineConfig, num_kv_blocks: int) -> None:
+    runner: ModelRunner | None = None
+    while True:
+        kind, payload = conn.recv()
+        try:
+            if runner is None and kind != "shutdown":
+                runner = build_runner(config, num_kv_blocks)
+            if kind == "execute":
+                assert runner is not None
+                result: Any = runner.execute(payload)
+            elif kind == "num_requests":
+                result = len(runner.requests) if runner is not None else 0
+            elif kind == "ping":
+                result = None
+            elif kind == "shutdown":
+                if runner is not None:
+                    runner.shutdown()
+                conn.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown worker command {kind!r}")
+            conn.send(("ok", result))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
