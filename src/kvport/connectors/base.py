@@ -45,6 +45,14 @@ if TYPE_CHECKING:
     from kvport.engine.request import Request
 
 
+class KVConnectorRequestError(Exception):
+    """Raised by a worker hook to fail only the named requests (others in the step go on)."""
+
+    def __init__(self, message: str, request_ids: set[str]) -> None:
+        super().__init__(message)
+        self.request_ids = set(request_ids)
+
+
 class KVConnectorRole(enum.Enum):
     SCHEDULER = "scheduler"
     WORKER = "worker"
@@ -72,8 +80,10 @@ class KVConnectorOutput:
     invalid_block_ids: set[int] = field(default_factory=set)  # pool blocks a load failed to fill
     worker_meta: KVConnectorWorkerMetadata | None = None
     stats: dict[str, Any] = field(default_factory=dict)
-    # Worker hooks that raised this step: hook name -> message (the step's requests fail).
+    # Worker hooks that raised this step: hook name -> message. The requests named by
+    # KVConnectorRequestErrors fail; any other exception fails every request of the step.
     errors: dict[str, str] = field(default_factory=dict)
+    error_req_ids: set[str] | None = field(default_factory=set)  # None: the whole step
 
     def is_empty(self) -> bool:
         return not (self.finished_sending or self.finished_recving or self.invalid_block_ids

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from kvport.connectors.base import (
-    ForwardContext, KVCacheSpec, KVConnectorBase, KVConnectorOutput, layer_name,
+    ForwardContext, KVCacheSpec, KVConnectorBase, KVConnectorOutput, KVConnectorRequestError,
+    layer_name,
 )
 from kvport.engine.outputs import SchedulerOutput
 
@@ -35,12 +36,14 @@ class KVConnectorDriver:
         self.connector = connector
         self._ctx: ForwardContext | None = None
         self._errors: dict[str, str] = {}  # hook name -> message, for the current step
+        self._error_req_ids: set[str] | None = set()  # None: a failure not tied to requests
         connector.register_kv_caches(kv_cache, spec)
         self._layer_names = [layer_name(i) for i in range(spec.num_layers)]
 
     def pre_forward(self, sched_out: SchedulerOutput, ctx: ForwardContext) -> None:
         self._ctx = ctx
         self._errors = {}
+        self._error_req_ids = set()
         hook = getattr(self.connector, "trace_step", None)
         if hook is not None:
             hook(sched_out.step)
@@ -69,12 +72,18 @@ class KVConnectorDriver:
         return KVConnectorOutput(
             finished_sending=set(sending or ()), finished_recving=set(recving or ()),
             invalid_block_ids=set(invalid or ()), worker_meta=worker_meta,
-            stats=dict(stats or {}), errors=self._errors)
+            stats=dict(stats or {}), errors=self._errors,
+            error_req_ids=self._error_req_ids if self._errors else set())
 
     def _call(self, hook: str, *args: Any) -> Any:
         try:
             return getattr(self.connector, hook)(*args)
         except Exception as exc:
+            if isinstance(exc, KVConnectorRequestError):
+                if self._error_req_ids is not None:
+                    self._error_req_ids |= exc.request_ids
+            else:
+                self._error_req_ids = None
             if hook not in self._errors:  # per-layer hooks: keep the first failure
                 logger.exception("KV connector worker hook %s failed", hook)
                 self._errors[hook] = f"{type(exc).__name__}: {exc}"

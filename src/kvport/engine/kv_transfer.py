@@ -135,6 +135,21 @@ class KVTransferTracker:
         req.status = RequestStatus.PREEMPTED if req.num_preemptions else RequestStatus.WAITING
         return True
 
+    def release_blocks_of_waiting(self, req: Request) -> bool:
+        """Whether a waiting request's blocks may be freed; publishes what an async load has
+        already delivered, so a later admission finds it in the prefix cache."""
+        rid = req.request_id
+        if req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return True
+        if rid not in self._finished_recving:
+            return False
+        self._finished_recving.discard(rid)
+        num_valid = min(self._async_load_tokens.pop(rid), req.num_tokens - 1)
+        if num_valid > 0:
+            self.s.kv.cache_blocks(req, num_valid)
+        req.status = RequestStatus.PREEMPTED if req.num_preemptions else RequestStatus.WAITING
+        return True
+
     def build_connector_meta(self, out: SchedulerOutput) -> KVConnectorMetadata | None:
         if self.connector is None:
             return None

@@ -108,6 +108,9 @@ class Scheduler:
                 continue
             new_blocks = self.kv.allocate_slots(req, num_new)
             while new_blocks is None:
+                if self._reclaim_from_waiting(list(self.waiting), keep=None):
+                    new_blocks = self.kv.allocate_slots(req, num_new)
+                    continue
                 victim = self.running.pop()  # the newest running request
                 self._preempt(victim)
                 preempted.append(victim)
@@ -154,6 +157,8 @@ class Scheduler:
             if self.kv.allocate_slots(req, num_new, hits, num_external,
                                       delay_cache_blocks=load_async) is None:
                 self.waiting.appendleft(req)
+                if self._reclaim_from_waiting(skipped + list(self.waiting), keep=req):
+                    continue  # try the same request again
                 break
             if not self.xfer.after_alloc(req, num_external, load_async, num_computed):
                 continue  # the connector failed the request
@@ -192,6 +197,21 @@ class Scheduler:
         self.step_id += 1
         return out
 
+    def _reclaim_from_waiting(self, candidates: list[Request], keep: Request | None) -> bool:
+        """Free the blocks of the newest waiting request that holds some (resumed after an async
+        load) and that no transfer still writes. Without this, blocks held in the waiting queue
+        could leave the head of the queue, or a lone running request, unable ever to allocate.
+        Its KV stays in the prefix cache where published. Returns whether anything was freed."""
+        for req in reversed(candidates):
+            if req is keep or not self.kv.get_block_ids(req.request_id):
+                continue
+            if not self.xfer.release_blocks_of_waiting(req):
+                continue  # an async load still writes into them
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+            return True
+        return False
+
     def _reaches_limit_in_flight(self, req: Request) -> bool:
         """Under async scheduling: tokens in flight already reach max_tokens / max_model_len."""
         n = req.num_output_placeholders
@@ -222,7 +242,9 @@ class Scheduler:
         failed = dict(runner_out.failed_req_ids)
         if kv_out is not None and kv_out.errors:
             message = "KV connector failed: " + "; ".join(f"{k}: {v}" for k, v in kv_out.errors.items())
-            failed.update({rid: message for rid in sched_out.num_scheduled_tokens})
+            targets = kv_out.error_req_ids
+            failed.update({rid: message for rid in (
+                sched_out.num_scheduled_tokens if targets is None else targets)})
         for rid, error in failed.items():
             req = self.requests.get(rid)
             if req is not None and not req.is_finished:
