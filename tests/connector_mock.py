@@ -150,3 +150,84 @@ class MockConnector(KVConnectorBase):
             else:
                 pending[rid] -= 1
         return done
+
+
+class FenceConnector(MockConnector):
+    """Checks the worker order a flushing connector relies on: handle_preemptions runs before the
+    step's metadata is bound (and before any load or forward), every step."""
+
+    def handle_preemptions(self, metadata: KVConnectorMetadata) -> None:
+        assert not self.has_connector_metadata(), "handle_preemptions ran after bind"
+        self.num_handle_preemptions = getattr(self, "num_handle_preemptions", 0) + 1
+
+    def start_load_kv(self, ctx: ForwardContext) -> None:
+        assert self.has_connector_metadata(), "start_load_kv ran before bind"
+        super().start_load_kv(ctx)
+
+
+@dataclass
+class SaveMetadata(KVConnectorMetadata):
+    saves: list[str] = field(default_factory=list)  # requests whose blocks to save
+
+
+class DeferredSaveConnector(KVConnectorBase):
+    """Saves each finished request's blocks asynchronously (request_finished -> True). The worker
+    queues the save job in get_finished, which runs every step (the design in DESIGN.md)."""
+
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
+        super().__init__(config, role)
+        self._pending: list[str] = []
+        self._queued: list[str] = []  # worker: save jobs queued, done at the next get_finished
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+        pass
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._pending.append(request.request_id)
+        return True, None
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> SaveMetadata:
+        meta, self._pending = SaveMetadata(self._pending), []
+        return meta
+
+    def start_load_kv(self, ctx: ForwardContext) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
+
+    def queue_saves(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SaveMetadata)
+        self._queued.extend(meta.saves)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done = set(self._queued)  # jobs queued by earlier steps finish now
+        self._queued = []
+        self.queue_saves()
+        return done, None
+
+    def has_pending_work(self) -> bool:
+        return bool(self._pending)
+
+
+class SaveInWaitForSaveConnector(DeferredSaveConnector):
+    """The known defect: queues save jobs in wait_for_save, which steps without scheduled tokens
+    skip, so a save planned for such a step is never queued and its request's blocks leak."""
+
+    def wait_for_save(self) -> None:
+        self.queue_saves()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done = set(self._queued)
+        self._queued = []
+        return done, None

@@ -144,6 +144,9 @@ class EngineCore:
         """The "nothing leaked" oracle: no requests, every block free, pool consistent."""
         if self.scheduler.requests:
             raise RuntimeError(f"requests left: {list(self.scheduler.requests)[:10]}")
+        held = self.scheduler.xfer.held_request_ids
+        if held:
+            raise RuntimeError(f"finished requests still hold blocks for the connector: {held[:10]}")
         if self.kv_cache_manager.num_requests:
             raise RuntimeError(f"block tables left: {list(self.kv_cache_manager.req_to_blocks)[:10]}")
         self.pool.assert_all_free()
@@ -152,9 +155,6 @@ class EngineCore:
         num_runner = self.executor.num_runner_requests()
         if num_runner or self.scheduler.finished_req_ids:
             raise RuntimeError(f"the runner still holds {num_runner} requests")
-        held = self.scheduler.xfer.held_request_ids
-        if held:
-            raise RuntimeError(f"finished requests still hold blocks for the connector: {held[:10]}")
 
     def shutdown(self) -> None:
         while self._in_flight:  # let submitted steps finish before tearing down

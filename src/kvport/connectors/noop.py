@@ -1,0 +1,45 @@
+"""A connector that does nothing: measures the framework's own cost, and is a minimal template."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvport.config import KVTransferConfig
+from kvport.connectors.base import ForwardContext, KVConnectorBase, KVConnectorMetadata, KVConnectorRole
+from kvport.connectors.factory import parse_extra_config
+from kvport.engine.outputs import SchedulerOutput
+from kvport.engine.request import Request
+
+
+@dataclass(frozen=True)
+class NoOpConfig:
+    pass
+
+
+class NoOpConnector(KVConnectorBase):
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
+        super().__init__(config, role)
+        parse_extra_config(NoOpConfig, config)  # rejects unknown keys like every connector
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+        pass
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return KVConnectorMetadata()
+
+    def start_load_kv(self, ctx: ForwardContext) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
