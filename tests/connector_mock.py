@@ -8,6 +8,8 @@ with a model whose output does not depend on KV contents (tests/utils.py's fake 
 
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,3 +233,49 @@ class SaveInWaitForSaveConnector(DeferredSaveConnector):
         done = set(self._queued)
         self._queued = []
         return done, None
+
+
+@dataclass(frozen=True)
+class JitterConfig:
+    seed: int = 0
+    max_us: int = 2000  # longest busy-wait per hook call
+
+
+class JitterConnector(KVConnectorBase):
+    """Moves nothing; busy-waits a random time in worker hooks, so the runner thread and the
+    scheduler interleave differently from run to run (async scheduling tests)."""
+
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
+        super().__init__(config, role)
+        self.cfg = parse_extra_config(JitterConfig, config)
+        self._rng = random.Random(self.cfg.seed)
+
+    def _spin(self) -> None:
+        end = time.perf_counter() + self._rng.randrange(self.cfg.max_us + 1) / 1e6
+        while time.perf_counter() < end:
+            pass
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+        pass
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return KVConnectorMetadata()
+
+    def start_load_kv(self, ctx: ForwardContext) -> None:
+        self._spin()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
+        self._spin()
+
+    def wait_for_save(self) -> None:
+        pass
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._spin()
+        return None, None
