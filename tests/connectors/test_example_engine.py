@@ -41,10 +41,19 @@ def reference() -> list[list[int]]:
     return run(llm, prompts())[0]
 
 
+MODES = {
+    "sync": {},
+    "async": {"async_scheduling": True},
+    "process": {"worker": "process"},
+    "process-async": {"worker": "process", "async_scheduling": True},
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_loaded_prompts_give_the_output_of_no_connector(
-    tmp_path: Path, reference: list[list[int]],
+    tmp_path: Path, reference: list[list[int]], mode: str,
 ) -> None:
-    llm = example_llm(tmp_path)
+    llm = example_llm(tmp_path, **MODES[mode])
     tokens, cached = run(llm, prompts())
     assert tokens == reference
     assert len(os.listdir(tmp_path)) == 3  # one entry per prompt with an aligned block
@@ -53,12 +62,14 @@ def test_loaded_prompts_give_the_output_of_no_connector(
     assert tokens == reference
     assert cached == [num_aligned_tokens(len(p), BLOCK_SIZE) for p in prompts()]
     assert len(os.listdir(tmp_path)) == 3  # nothing stored twice
+    llm.shutdown()
 
 
+@pytest.mark.parametrize("mode", ["sync", "process"])
 def test_failed_load_recomputes_and_gives_the_same_output(
-    tmp_path: Path, reference: list[list[int]], caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, reference: list[list[int]], caplog: pytest.LogCaptureFixture, mode: str,
 ) -> None:
-    llm = example_llm(tmp_path)
+    llm = example_llm(tmp_path, **MODES[mode])
     assert run(llm, prompts()[:1])[0] == reference[:1]
     (entry,) = os.listdir(tmp_path)
     (tmp_path / entry / "layers.2.safetensors").write_bytes(b"not a safetensors file")
@@ -66,7 +77,10 @@ def test_failed_load_recomputes_and_gives_the_same_output(
     with caplog.at_level(logging.WARNING, logger="kvport.connectors.example"):
         tokens, _ = run(llm, prompts()[:1])  # a hit is reported, its load fails, it is recomputed
     assert tokens == reference[:1]
-    assert any("loading entry" in r.getMessage() for r in caplog.records)
+    assert llm.engine.scheduler.xfer.stats.num_invalid_blocks > 0
+    if mode == "sync":  # the worker (and its log) is in this process
+        assert any("loading entry" in r.getMessage() for r in caplog.records)
+    llm.shutdown()
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
