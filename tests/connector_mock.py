@@ -17,9 +17,9 @@ import torch
 
 from kvport.config import KVTransferConfig
 from kvport.connectors.base import (
-    ForwardContext, KVConnectorBase, KVConnectorMetadata, KVConnectorRole,
+    ForwardContext, KVConnectorMetadata, KVConnectorRole,
 )
-from kvport.connectors.factory import parse_extra_config
+from kvport.connectors.noop import NoOpConnector
 from kvport.engine.outputs import SchedulerOutput
 from kvport.engine.request import Request
 
@@ -49,10 +49,11 @@ class MockMetadata(KVConnectorMetadata):
     sends: list[str] = field(default_factory=list)  # requests whose async save starts now
 
 
-class MockConnector(KVConnectorBase):
+class MockConnector(NoOpConnector):
+    config_class = MockConfig
+
     def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
         super().__init__(config, role)
-        self.cfg = parse_extra_config(MockConfig, config)
         # scheduler half
         self._defers: dict[str, int] = {}  # req_id -> None answers given
         self._local: dict[str, int] = {}  # req_id -> local hit tokens at the last match
@@ -119,15 +120,6 @@ class MockConnector(KVConnectorBase):
         for rid in meta.sends:
             self._send_due[rid] = self.cfg.send_delay_steps
 
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        pass
-
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
-        pass
-
-    def wait_for_save(self) -> None:
-        pass
-
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self.finished_seen |= finished_req_ids
         recving = self._due(self._recv_due, lambda rid: True)
@@ -172,7 +164,7 @@ class SaveMetadata(KVConnectorMetadata):
     saves: list[str] = field(default_factory=list)  # requests whose blocks to save
 
 
-class DeferredSaveConnector(KVConnectorBase):
+class DeferredSaveConnector(NoOpConnector):
     """Saves each finished request's blocks asynchronously (request_finished -> True). The worker
     queues the save job in get_finished, which runs every step (the design in DESIGN.md)."""
 
@@ -181,12 +173,6 @@ class DeferredSaveConnector(KVConnectorBase):
         self._pending: list[str] = []
         self._queued: list[str] = []  # worker: save jobs queued, done at the next get_finished
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return 0, False
-
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
-        pass
-
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._pending.append(request.request_id)
         return True, None
@@ -194,18 +180,6 @@ class DeferredSaveConnector(KVConnectorBase):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> SaveMetadata:
         meta, self._pending = SaveMetadata(self._pending), []
         return meta
-
-    def start_load_kv(self, ctx: ForwardContext) -> None:
-        pass
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        pass
-
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
-        pass
-
-    def wait_for_save(self) -> None:
-        pass
 
     def queue_saves(self) -> None:
         meta = self._get_connector_metadata()
@@ -241,13 +215,14 @@ class JitterConfig:
     max_us: int = 2000  # longest busy-wait per hook call
 
 
-class JitterConnector(KVConnectorBase):
+class JitterConnector(NoOpConnector):
     """Moves nothing; busy-waits a random time in worker hooks, so the runner thread and the
     scheduler interleave differently from run to run (async scheduling tests)."""
 
+    config_class = JitterConfig
+
     def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
         super().__init__(config, role)
-        self.cfg = parse_extra_config(JitterConfig, config)
         self._rng = random.Random(self.cfg.seed)
 
     def _spin(self) -> None:
@@ -255,26 +230,11 @@ class JitterConnector(KVConnectorBase):
         while time.perf_counter() < end:
             pass
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return 0, False
-
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
-        pass
-
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        return KVConnectorMetadata()
-
     def start_load_kv(self, ctx: ForwardContext) -> None:
         self._spin()
 
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        pass
-
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
         self._spin()
-
-    def wait_for_save(self) -> None:
-        pass
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._spin()

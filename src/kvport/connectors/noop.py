@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -19,9 +20,14 @@ class NoOpConfig:
 
 
 class NoOpConnector(KVConnectorBase):
+    """Loads nothing, stores nothing. Subclasses override what they need and name their own
+    config dataclass in `config_class` (parsed into `self.cfg`, unknown keys rejected)."""
+
+    config_class: ClassVar[type[Any]] = NoOpConfig
+
     def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
         super().__init__(config, role)
-        parse_extra_config(NoOpConfig, config)  # rejects unknown keys like every connector
+        self.cfg = parse_extra_config(self.config_class, config)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         return 0, False
