@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from connector_fakes import assert_identical_trees, read_log
 
 from kvport import LLM, SamplingParams
@@ -42,8 +43,9 @@ def worker_actions(tmp_path: Path, name: str) -> list[str]:
     return [" ".join(line.split()[::2]) for line in lines]
 
 
-def test_two_example_children(tmp_path: Path) -> None:
-    llm = LLM("builtin:tiny-llama", block_size=BLOCK_SIZE, kv_transfer_config={
+@pytest.mark.parametrize("worker", ["inproc", "process"])
+def test_two_example_children(tmp_path: Path, worker: str) -> None:
+    llm = LLM("builtin:tiny-llama", block_size=BLOCK_SIZE, worker=worker, kv_transfer_config={
         "kv_connector": "MultiConnector",
         "kv_connector_extra_config": {"connectors": [child(tmp_path, "1"), child(tmp_path, "2")],
                                       "record_trace": str(tmp_path / "trace_multi.jsonl")}})

@@ -90,9 +90,14 @@ class LLM:
         return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), [completion],
                              req.is_finished, max(req.num_cached_tokens, 0), metrics, req.error)
 
-    def reset_prefix_cache(self) -> None:
-        """Drop the engine's own prefix cache (not a connector's)."""
+    def reset_prefix_cache(self, reset_connector: bool = False) -> bool | None:
+        """Drop the engine's own prefix cache; with `reset_connector`, also what the KV connector
+        holds (its answer: None if it cannot, False if it failed)."""
         self.engine.reset_prefix_cache()
+        connector = self.engine.scheduler.connector
+        if reset_connector and connector is not None:
+            return connector.reset_cache()
+        return None
 
     def shutdown(self) -> None:
         self.engine.shutdown()
