@@ -49,7 +49,8 @@ def test_decode_and_prefill_throughput_come_from_median_times() -> None:
     assert got["decode_b4"] == pytest.approx(4 * 10 / (2.2 - 0.2))
     assert got["prefill"] == pytest.approx(100 / statistics.median([0.5, 0.25, 0.2]))
     assert rec.decode[0].tn_s == [1.1, 9.0, 1.1]  # raw times are kept
-    assert rec.decode[0].best_tokens_per_s == pytest.approx(10 / (1.1 - 0.1))
+    assert rec.decode[0].best_tokens_per_s == pytest.approx(10 / (1.1 - 0.1))  # best round
+    assert rec.decode[1].best_tokens_per_s == pytest.approx(4 * 10 / (2.2 - 0.2))
     assert rec.prefill is not None and rec.prefill.best_tokens_per_s == pytest.approx(100 / 0.2)
 
 

