@@ -61,19 +61,26 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = attn.attend(self.layer_idx, q, k, v)  # (T, num_heads, head_dim)
-        return self.o_proj(o.reshape(t, self.q_size))
+            q, k = qk.split([self.q_size, self.kv_size], dim=-1)
+            q = self.q_norm(q.view(t, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        else:  # one rotation over q and k heads together: half the small ops of two
+            qk = apply_rope(qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        if rows is None:
+            o = attn.attend(self.layer_idx, q, k, v)  # (T, num_heads, head_dim)
+        else:
+            o = attn.attend_rows(self.layer_idx, q[rows], k, v)  # (len(rows), num_heads, head_dim)
+        return self.o_proj(o.reshape(o.shape[0], self.q_size))
 
 
 class MLP(nn.Module):
@@ -98,9 +105,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, dtype)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        h = self.self_attn(self.input_layernorm(x), cos, sin, attn, rows)
+        x = (x if rows is None else x[rows]) + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -124,13 +133,19 @@ class LlamaForCausalLM(nn.Module):
         self.requires_grad_(False)  # inference only: no autograd graph, in-place loads allowed
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions (T,) int64 -> hidden states (T, hidden_size), final norm applied."""
+        """input_ids, positions (T,) int64 -> hidden states (T, hidden_size), final norm applied.
+
+        With `output_rows` (the last token of each sequence that needs logits), only those rows
+        come out, and the last layer computes attention and MLP for them alone: its output for
+        other tokens feeds nothing (their K/V, which later steps need, are still stored)."""
         cos, sin = self.rotary.cos_sin(positions, self.dtype)  # (T, head_dim / 2) each
         x = self.embed_tokens(input_ids)  # (T, hidden)
-        for layer in self.layers:
-            x = layer(x, cos, sin, attn)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, attn, output_rows if i == last else None)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

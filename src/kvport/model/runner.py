@@ -109,15 +109,27 @@ class ModelRunner:
         attn = PagedAttention(self.kv_cache, batch.attn_metadata, self.model.attention_scale,
                               self.driver)
         with torch.inference_mode():
-            hidden = self.model(batch.input_ids, batch.positions, attn)
-            logits = self.model.compute_logits(hidden[batch.logits_indices])
+            hidden = self.model(batch.input_ids, batch.positions, attn, batch.logits_indices)
+            logits = self.model.compute_logits(hidden)
         states = [self.requests[rid] for rid in batch.sample_req_ids]
+        if not states:
+            return
         sampled = sample(logits, [s.sampling_params for s in states], [s.generator for s in states])
         for state, token, lp in zip(states, sampled.token_ids, sampled.logprobs):
             state.token_ids.append(token)
             out.sampled_token_ids[state.req_id] = [token]
             if lp is not None:
                 out.logprobs[state.req_id] = [lp]
+
+    def _padded_tables(self, tables: list[list[int]], lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block tables padded with block 0, and the (n, 1, 1, max_len) mask of visible keys."""
+        max_blocks = max((len(t) for t in tables), default=0)
+        out = torch.zeros((len(tables), max_blocks), dtype=torch.long)
+        for i, t in enumerate(tables):
+            out[i, :len(t)] = torch.tensor(t)
+        width = max_blocks * self.block_size
+        mask = torch.arange(width).unsqueeze(0) < torch.tensor(lens, dtype=torch.long).unsqueeze(1)
+        return out, mask.view(len(tables), 1, 1, width)
 
     def shutdown(self) -> None:
         self.requests.clear()
@@ -154,7 +166,10 @@ class ModelRunner:
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefills: list[PrefillSeq] = []
+        decode_ids: list[str] = []
         sample_ids: list[str] = []
+        sample_tables: list[list[int]] = []
+        sample_lens: list[int] = []
         logits_idx: list[int] = []
         slot_blocks: list[int] = []
         for rid in order:
@@ -169,6 +184,7 @@ class ModelRunner:
             slot_blocks.extend(state.block_ids[p // bs] for p in range(start, end))
             num_blocks = -(-end // bs)
             if n == 1:
+                decode_ids.append(rid)
                 decode_tables.append(state.block_ids[:num_blocks])
                 decode_lens.append(end)
             else:
@@ -176,18 +192,20 @@ class ModelRunner:
                                            torch.tensor(state.block_ids[:num_blocks])))
             if end == len(state.token_ids):
                 sample_ids.append(rid)
+                sample_tables.append(state.block_ids[:num_blocks])
+                sample_lens.append(end)
                 logits_idx.append(len(input_ids) - 1)
             state.num_computed_tokens = end
         pos = torch.tensor(positions, dtype=torch.long)
-        max_blocks = max((len(t) for t in decode_tables), default=0)
-        tables = torch.zeros((len(decode_tables), max_blocks), dtype=torch.long)
-        for i, t in enumerate(decode_tables):
-            tables[i, :len(t)] = torch.tensor(t)
-        lens = torch.tensor(decode_lens, dtype=torch.long)
-        mask = (torch.arange(max_blocks * bs).unsqueeze(0) < lens.unsqueeze(1)).view(
-            len(decode_tables), 1, 1, max_blocks * bs)
+        tables, mask = self._padded_tables(decode_tables, decode_lens)
+        # The rows that sample attend like decodes in the last layer (see LlamaForCausalLM).
+        if sample_ids == decode_ids:  # a pure decode step: the same tables
+            s_tables, s_mask = tables, mask
+        else:
+            s_tables, s_mask = self._padded_tables(sample_tables, sample_lens)
         meta = AttentionMetadata(
-            slot_block_ids=torch.tensor(slot_blocks, dtype=torch.long), slot_offsets=pos % bs, num_decode_tokens=len(decode_tables),
-            decode_block_tables=tables, decode_mask=mask, prefills=prefills)
+            slot_block_ids=torch.tensor(slot_blocks, dtype=torch.long), slot_offsets=pos % bs,
+            num_decode_tokens=len(decode_tables), decode_block_tables=tables, decode_mask=mask,
+            prefills=prefills, sample_block_tables=s_tables, sample_mask=s_mask)
         return StepBatch(torch.tensor(input_ids, dtype=torch.long), pos, meta, sample_ids,
                          torch.tensor(logits_idx, dtype=torch.long))
