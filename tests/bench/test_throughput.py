@@ -156,3 +156,17 @@ def test_end_to_end_tiny_run_writes_the_documented_schema(tmp_path: Path,
     table = capsys.readouterr().out
     assert "kvport" in table and "(1.00x)" in table and "vllm: skipped" in table
     assert format_throughput(result).splitlines()[0] == table.splitlines()[0]
+
+
+def test_connector_overhead_tiny_run(tmp_path: Path) -> None:
+    from kvport.bench.cli import main as bench_main
+
+    out = tmp_path / "overhead.json"
+    assert bench_main(["bench", "connector-overhead", "--batch", "2", "--prompt-len", "8",
+                       "--decode-tokens", "4", "--rounds", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    names = [s["name"] for s in result["systems"]]
+    assert names == ["no-connector", "noop-connector", "noop-connector+recording"]
+    assert result["systems"][0]["ratio_to_no_connector"] == 1.0
+    assert all(s["decode_tokens_per_s"] > 0 for s in result["systems"])
+    assert result["trace_lines_written"] > 0

@@ -18,6 +18,7 @@ def add_bench_parser(subparsers: Any) -> None:
     bench = subparsers.add_parser("bench", help="measure kvport against baselines (JSON out)")
     commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
     _add_throughput(commands)
+    _add_connector_overhead(commands)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -60,6 +61,39 @@ def _add_throughput(commands: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--json", metavar="PATH", help="write config, machine facts and results here")
     p.set_defaults(func=run_throughput_command)
+
+
+def _add_connector_overhead(commands: Any) -> None:
+    p = commands.add_parser(
+        "connector-overhead", help="decode tokens/s with a no-op connector (and recording) vs none",
+        description="The connector framework's own cost; see kvport.bench.overhead.")
+    p.add_argument("--model", default="builtin:tiny-llama")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds; median reported")
+    p.add_argument("--json", metavar="PATH")
+    p.set_defaults(func=run_overhead_command)
+
+
+def run_overhead_command(args: argparse.Namespace) -> int:
+    from kvport.bench import save_json
+    from kvport.bench.overhead import OverheadConfig, format_overhead, run_overhead
+
+    try:
+        cfg = OverheadConfig(model=args.model, dtype=args.dtype, batch=args.batch,
+                             prompt_len=args.prompt_len, decode_tokens=args.decode_tokens,
+                             rounds=args.rounds)
+    except ValueError as exc:
+        print(f"kvport bench connector-overhead: {exc}", file=sys.stderr)
+        return 2
+    result = run_overhead(cfg)
+    print(format_overhead(result))
+    if args.json:
+        save_json(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
 
 
 def run_throughput_command(args: argparse.Namespace) -> int:
