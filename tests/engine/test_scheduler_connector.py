@@ -5,6 +5,9 @@ produce the same tokens as a run without a connector. Every test ends with nothi
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from utils import (
@@ -15,6 +18,7 @@ from kvport.connectors.base import KVConnectorOutput
 from kvport.engine.outputs import ModelRunnerOutput
 from kvport.engine.request import RequestStatus
 from kvport.engine.scheduler import Scheduler
+from kvport.trace.checker import check_file
 
 PROMPT = list(range(1, 15))  # 14 tokens: 3 full blocks of 4 + 2
 
@@ -231,10 +235,12 @@ def test_random_connector_schedules_leak_nothing(
     fail_first_load_block: int, recv_delay: int, send_delay: int, policy: str,
     prompts: list[int], aborts: list[tuple[int, int]],
 ) -> None:
+    trace_dir = tempfile.TemporaryDirectory(prefix="kvport-trace-")
+    trace = os.path.join(trace_dir.name, "trace.jsonl")
     ktc = mock_connector_config(
         policy, hit_blocks=hit_blocks, is_async=is_async, num_defers=num_defers,
         fail_first_load_block=fail_first_load_block, recv_delay_steps=recv_delay,
-        send_delay_steps=send_delay)
+        send_delay_steps=send_delay, record_trace=trace)
     sched = make_scheduler(num_blocks, max_num_batched_tokens=budget, max_model_len=32,
                            kv_transfer_config=ktc)
     worker = FakeWorker(sched)
@@ -256,3 +262,5 @@ def test_random_connector_schedules_leak_nothing(
         if r.status.finish_reason == "length":
             assert r.output_token_ids == expected_tokens(r.num_prompt_tokens, 3)
     assert_scheduler_empty(sched)
+    assert check_file(trace) == []  # both halves kept the connector contract
+    trace_dir.cleanup()

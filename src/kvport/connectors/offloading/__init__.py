@@ -1,0 +1,1 @@
+"""OffloadingConnector: tiered KV offload (host memory primary, disk below)."""
