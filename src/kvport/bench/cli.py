@@ -19,6 +19,7 @@ def add_bench_parser(subparsers: Any) -> None:
     commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
     _add_throughput(commands)
     _add_connector_overhead(commands)
+    _add_transfer(commands)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -75,6 +76,46 @@ def _add_connector_overhead(commands: Any) -> None:
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds; median reported")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(func=run_overhead_command)
+
+
+def _add_transfer(commands: Any) -> None:
+    p = commands.add_parser(
+        "transfer", help="offload tier bandwidth (host, disk) vs plain copies of the same bytes",
+        description="Host tier store/load GiB/s per offload block size next to one torch copy of "
+                    "the same bytes, and disk tier load GiB/s next to reading one file, warm and "
+                    "cold page cache; see kvport.bench.transfer for the method.")
+    p.add_argument("--geometry", default="tiny-llama", choices=("tiny-llama", "smollm2-135m"),
+                   help="engine block geometry (float32, 16-token blocks)")
+    p.add_argument("--block-sizes", type=_int_list, default=(), metavar="BYTES,BYTES",
+                   help="offload block sizes in bytes (default: engine block x 2^k up to 2 MiB)")
+    p.add_argument("--total-mib", type=int, default=64, help="MiB moved per host transfer")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds; median reported")
+    p.add_argument("--no-disk", dest="disk", action="store_false", help="skip the disk tier")
+    p.add_argument("--disk-mib", type=int, default=128, help="MiB of disk entries per size")
+    p.add_argument("--disk-dir", default=None, help="where to write (default: $TMPDIR)")
+    p.add_argument("--disk-threads", type=int, default=2, help="disk load threads")
+    p.add_argument("--json", metavar="PATH")
+    p.set_defaults(func=run_transfer_command)
+
+
+def run_transfer_command(args: argparse.Namespace) -> int:
+    from kvport.bench import save_json
+    from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
+
+    try:
+        cfg = TransferBenchConfig(geometry=args.geometry, block_sizes=args.block_sizes,
+                                  total_mib=args.total_mib, repeats=args.repeats, disk=args.disk,
+                                  disk_mib=args.disk_mib, disk_dir=args.disk_dir,
+                                  disk_threads=args.disk_threads)
+    except ValueError as exc:
+        print(f"kvport bench transfer: {exc}", file=sys.stderr)
+        return 2
+    result = run_transfer(cfg)
+    print(format_transfer(result))
+    if args.json:
+        save_json(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
 
 
 def run_overhead_command(args: argparse.Namespace) -> int:

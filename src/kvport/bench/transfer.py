@@ -1,0 +1,278 @@
+"""`kvport bench transfer`: host and disk tier bandwidth next to plain copies of the same bytes.
+
+Host tier: for each offload block size S (a multiple of the engine block's B bytes, from B up to
+2 MiB), a pool of `total_mib` MiB of engine blocks is stored into host slots and loaded back into
+the pool, through `HostTier.store/load` with each copy strategy. The engine block ids and the
+slots are shuffled (a pool that has served a while is fragmented; this is the worst case for
+merging copies). Baseline: one `Tensor.copy_` of a contiguous `total_mib` MiB buffer with
+torch's thread count; the host tier copies with as many threads. Reported: GiB/s (median of
+`repeats`) and the ratio to the baseline. Runs on a loaded machine are meaningless (see the
+machine's loadavg in the JSON): torch's OpenMP copies collapse when a core is taken.
+
+Disk tier: `disk_mib` MiB of entries of size S are written, then loaded into host slots through a
+worker (`disk_threads` threads, jobs of `job_blocks` entries), warm (page cache holds the files)
+and cold (each file written, fsynced and dropped from the page cache with
+`posix_fadvise(POSIX_FADV_DONTNEED)`). Baseline: `readinto` of one file of the same total bytes,
+sequentially, warm and cold. The "Cached" line of /proc/meminfo before and after dropping says
+whether the drop worked in this VM.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+GIB = float(1 << 30)
+MIB = 1 << 20
+# builtin model -> (num_layers, num_kv_heads, head_dim); float32, 16-token engine blocks.
+GEOMETRIES = {"tiny-llama": (4, 2, 32), "smollm2-135m": (30, 3, 64)}
+ENGINE_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class TransferBenchConfig:
+    geometry: str = "tiny-llama"
+    block_sizes: tuple[int, ...] = ()  # offload block sizes in bytes; () = B * 2^k up to 2 MiB
+    total_mib: int = 64
+    repeats: int = 5
+    strategies: tuple[str, ...] = ("numpy", "runs", "gather", "index", "cat")
+    disk: bool = True
+    disk_mib: int = 128
+    disk_dir: str | None = None  # default: a temporary directory under $TMPDIR
+    disk_threads: int = 2
+    job_blocks: int = 16  # entries per disk load job
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(f"geometry {self.geometry!r}: expected one of {sorted(GEOMETRIES)}")
+        for name in ("total_mib", "repeats", "disk_mib", "disk_threads", "job_blocks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        bad = [s for s in self.block_sizes if s < 1 or s % self.engine_block_bytes]
+        if bad:
+            raise ValueError(f"block sizes {bad} are not multiples of the engine block's "
+                             f"{self.engine_block_bytes} bytes")
+
+    @property
+    def engine_block_bytes(self) -> int:
+        layers, heads, head_dim = GEOMETRIES[self.geometry]
+        return layers * 2 * ENGINE_BLOCK_SIZE * heads * head_dim * 4
+
+    def sizes(self) -> list[int]:
+        if self.block_sizes:
+            return sorted(self.block_sizes)
+        b, out = self.engine_block_bytes, []
+        size = b
+        while size <= 2 * MIB:
+            out.append(size)
+            size *= 2
+        return out or [b]
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: page faults of fresh buffers, lazy allocations
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _gib_s(num_bytes: int, seconds: float) -> float:
+    return num_bytes / seconds / GIB if seconds > 0 else float("inf")
+
+
+def bench_host(cfg: TransferBenchConfig) -> list[dict[str, Any]]:
+    import torch
+
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rows = []
+    for size in cfg.sizes():
+        rows.append(_host_row(cfg, size, gen))
+    return rows
+
+
+def _host_row(cfg: TransferBenchConfig, size: int, gen: Any) -> dict[str, Any]:
+    import torch
+
+    from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
+    from kvport.connectors.offloading.tiers.host import HostTier
+
+    layers, heads, head_dim = GEOMETRIES[cfg.geometry]
+    f = size // cfg.engine_block_bytes
+    num_slots = max(1, cfg.total_mib * MIB // size)
+    num_blocks = num_slots * f
+    pool = torch.randn((num_blocks, layers, 2, ENGINE_BLOCK_SIZE, heads, head_dim), generator=gen)
+    engine = EngineBlocks(torch.randperm(num_blocks, generator=gen).tolist())
+    slots = HostBlocks(torch.randperm(num_slots, generator=gen).tolist())
+    num_bytes = num_blocks * cfg.engine_block_bytes
+    src, dst = torch.randn(num_bytes // 4, generator=gen), torch.empty(num_bytes // 4)
+    base = _gib_s(num_bytes, _median_seconds(lambda: dst.copy_(src), cfg.repeats))
+    row: dict[str, Any] = {"offload_block_bytes": size, "blocks_per_offload_block": f,
+                           "bytes_per_transfer": num_bytes, "torch_copy_gib_s": base}
+    for strategy in cfg.strategies:
+        host = HostTier.for_pool(pool, num_slots, f, strategy)
+        store = _gib_s(num_bytes, _median_seconds(partial(host.store, engine, slots), cfg.repeats))
+        load = _gib_s(num_bytes, _median_seconds(partial(host.load, slots, engine), cfg.repeats))
+        row[strategy] = {"store_gib_s": store, "load_gib_s": load,
+                         "store_ratio": store / base, "load_ratio": load / base}
+    return row
+
+
+def _cached_kib() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("Cached:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _drop_cache(paths: list[Path]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_disk(cfg: TransferBenchConfig, root: Path) -> list[dict[str, Any]]:
+    return [_disk_row(cfg, size, root) for size in cfg.sizes()]
+
+
+def _disk_row(cfg: TransferBenchConfig, size: int, root: Path) -> dict[str, Any]:
+    import torch
+
+    from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
+    from kvport.connectors.offloading.tiers.disk import DiskTier
+    from kvport.connectors.offloading.tiers.host import HostTier
+    from kvport.connectors.offloading.worker import build_tier_worker
+
+    layers, heads, head_dim = GEOMETRIES[cfg.geometry]
+    n = max(1, cfg.disk_mib * MIB // size)
+    num_bytes = n * size
+    host = HostTier(n, size)
+    host.register_engine_pool(torch.empty((1, layers, 2, ENGINE_BLOCK_SIZE, heads, head_dim)))
+    host.buffer.copy_(torch.randint(0, 256, host.buffer.shape, dtype=torch.uint8))
+    sub = root / f"s{size}"
+    sub.mkdir()
+    disk = DiskTier(sub, 2 * num_bytes + n * 4096, f"bench-{size}".encode())
+    keys = [i.to_bytes(8, "little") * 4 for i in range(n)]
+    for i, k in enumerate(keys):
+        disk.write(k, host.slot(i))
+    one = sub / "one-file.bin"
+    with open(one, "wb") as fh:
+        fh.write(host.buffer.numpy().data)
+    worker = build_tier_worker(host, disk, disk_threads=cfg.disk_threads)
+    jobs = [(DiskBlocks(keys[i:i + cfg.job_blocks]),
+             HostBlocks(list(range(i, min(n, i + cfg.job_blocks)))))
+            for i in range(0, n, cfg.job_blocks)]
+
+    def load_tier() -> None:
+        for j, (src, dst) in enumerate(jobs):
+            worker.submit(j, src, dst)
+        assert worker.wait(range(len(jobs)), timeout=600)
+        assert all(r.success for r in worker.get_finished()), "disk bench load failed"
+
+    def read_file() -> None:
+        with open(one, "rb", buffering=0) as fh:
+            fh.readinto(host.buffer.numpy().data)
+
+    row: dict[str, Any] = {"offload_block_bytes": size, "num_entries": n,
+                           "bytes_per_transfer": num_bytes, "cache_dropped_mib": {}}
+    tier_files = [disk.path(k) for k in keys]
+    for temp in ("warm", "cold"):
+        drops: dict[str, list[float]] | None = row["cache_dropped_mib"] if temp == "cold" else None
+        tier_s = _timed_reads(load_tier, tier_files, cfg.repeats, drops, "tier")
+        file_s = _timed_reads(read_file, [one], cfg.repeats, drops, "one_file")
+        row[temp] = {"tier_gib_s": _gib_s(num_bytes, tier_s),
+                     "one_file_gib_s": _gib_s(num_bytes, file_s), "ratio": file_s / tier_s}
+    row["tier_stats"] = disk.stats.snapshot()
+    worker.shutdown()
+    return row
+
+
+def _timed_reads(fn: Callable[[], None], files: list[Path], repeats: int,
+                 drops: dict[str, list[float]] | None, what: str) -> float:
+    """Median seconds of fn; cold (drops is not None): the files leave the page cache before
+    each round, and the drop in the kernel's "Cached" counter is recorded under `what`."""
+    if drops is None:
+        fn()  # warm: the first round brings every file into the page cache
+    times = []
+    for _ in range(repeats):
+        if drops is not None:
+            before = _cached_kib()
+            _drop_cache(files)
+            after = _cached_kib()
+            if before is not None and after is not None:
+                drops.setdefault(what, []).append((before - after) / 1024)
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_transfer(cfg: TransferBenchConfig) -> dict[str, Any]:
+    from kvport.bench import machine_info
+    from kvport.connectors.offloading.tiers.host import DEFAULT_STRATEGY, choose_offload_block_size
+
+    result: dict[str, Any] = {"config": asdict(cfg), "machine": machine_info(),
+                              "engine_block_bytes": cfg.engine_block_bytes}
+    result["host"] = bench_host(cfg)
+    best = {r["offload_block_bytes"]: min(r[DEFAULT_STRATEGY]["store_gib_s"],
+                                          r[DEFAULT_STRATEGY]["load_gib_s"])
+            for r in result["host"] if DEFAULT_STRATEGY in r}
+    if best:
+        result["chosen_offload_block_bytes"] = choose_offload_block_size(best)
+    if cfg.disk:
+        if cfg.disk_dir:
+            root = Path(tempfile.mkdtemp(prefix="kvport-bench-", dir=cfg.disk_dir))
+        else:
+            root = Path(tempfile.mkdtemp(prefix="kvport-bench-"))
+        try:
+            result["disk"] = bench_disk(cfg, root)
+        finally:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+def format_transfer(result: dict[str, Any]) -> str:
+    """Text tables of a result: GiB/s with the ratio to the baseline in ( )."""
+    m, cfg = result["machine"], result["config"]
+    lines = [(f"host tier, GiB/s (ratio to torch copy); {cfg['geometry']} float32 engine block "
+              f"= {result['engine_block_bytes']} B, {m['torch_threads']} torch threads, "
+              f"{cfg['total_mib']} MiB per transfer, median of {cfg['repeats']}")]
+    for r in result["host"]:
+        cells = [f"{s} store {r[s]['store_gib_s']:.2f} ({r[s]['store_ratio']:.2f}) load "
+                 f"{r[s]['load_gib_s']:.2f} ({r[s]['load_ratio']:.2f})"
+                 for s in cfg["strategies"] if s in r]
+        lines.append(f"  {r['offload_block_bytes']:>8} B  copy {r['torch_copy_gib_s']:.2f}  "
+                     + " | ".join(cells))
+    if "chosen_offload_block_bytes" in result:
+        lines.append(f"  chosen offload block size (90% of the best min(store, load), default "
+                     f"strategy): "
+                     f"{result['chosen_offload_block_bytes']} B")
+    for r in result.get("disk", []):
+        cells = [f"{t} tier {r[t]['tier_gib_s']:.2f} vs one file {r[t]['one_file_gib_s']:.2f} "
+                 f"({r[t]['ratio']:.2f})" for t in ("warm", "cold")]
+        lines.append(f"disk {r['offload_block_bytes']:>8} B x {r['num_entries']}: "
+                     + "  ".join(cells))
+        for what, dropped in r.get("cache_dropped_mib", {}).items():
+            lines.append(f"  {what}: page cache dropped per cold round, MiB: "
+                         f"{', '.join(f'{d:.0f}' for d in dropped)} "
+                         f"(of {r['bytes_per_transfer'] / MIB:.0f})")
+    return "\n".join(lines)

@@ -1,0 +1,285 @@
+"""Host-memory tier: a preallocated buffer of offload-block slots, and engine <-> host copies.
+
+The engine pool `kv_cache (num_blocks, num_layers, 2, block_size, heads, head_dim)` is viewed as
+`(num_blocks, block_bytes)` rows (of the widest integer type dividing block_bytes): one engine
+block is one contiguous row. The host buffer is `(num_slots, slot_bytes)` uint8 with `slot_bytes =
+f * block_bytes`, viewed as `(num_slots * f, block_bytes)` rows, so slot s holds engine-block rows
+`s*f .. s*f + f-1` back to back. A transfer is then a list of (source row, destination row) pairs,
+split into pieces where one side is consecutive (`plan_pieces`): a store of one offload block is
+one gather into its slot, a load one scatter out of it, wherever the engine blocks sit.
+
+Copy strategies (measured by `kvport bench transfer`, see kvport.bench.transfer and
+BENCHMARKS.md):
+    numpy  the pieces, copied by numpy (`take(out=)`, fancy assignment), split between the
+           calling thread and `num_threads - 1` helpers (the default)
+    runs   one torch `copy_` per run of consecutive rows on both sides
+    gather the same pieces with torch (`index_select(out=)`, `index_copy_`); fast on idle
+           cores, but each piece above torch's grain size opens an OpenMP region, which stalls
+           when the other cores are busy (as they are while the engine runs its forward)
+    index  one `index_select` of all source rows, then one `index_copy_` into the destination
+    cat    `torch.cat` of per-block views, then one `copy_` per destination run
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
+
+import numpy as np
+import torch
+
+from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
+from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+
+STRATEGIES = ("numpy", "runs", "gather", "index", "cat")
+DEFAULT_STRATEGY = "numpy"
+_MIN_SPLIT_BYTES = 1 << 20  # below this, handing rows to a helper thread costs more than it saves
+
+
+def row_runs(src_rows: Sequence[int], dst_rows: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Merge (src, dst) row pairs into maximal runs `(src_start, dst_start, length)` where both
+    sides advance by one row per pair."""
+    assert len(src_rows) == len(dst_rows), (len(src_rows), len(dst_rows))
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src_rows, dst_rows):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
+def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: Sequence[int],
+              dst_rows: Sequence[int], strategy: str = "numpy",
+              helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0) -> None:
+    """dst[dst_rows[i]] = src[src_rows[i]] for 2-D tensors with equal row sizes. With `helpers`
+    (numpy strategy only), the rows are split evenly between the calling thread and
+    `num_helpers` tasks on them."""
+    if strategy == "runs":
+        for s, d, n in row_runs(src_rows, dst_rows):
+            dst[d:d + n].copy_(src[s:s + n])
+    elif strategy == "numpy":
+        src_l, dst_l = list(src_rows), list(dst_rows)
+        num_bytes = len(src_l) * src[0].numel() * src.element_size() if src_l else 0
+        if helpers is None or num_helpers < 1 or num_bytes < _MIN_SPLIT_BYTES:
+            _gather_scatter_numpy(src, dst, src_l, dst_l)
+            return
+        # NOTE: numpy releases the GIL while it copies, so k threads copy in parallel. Unlike
+        # torch's OpenMP team, a thread that is descheduled does not stall the others' pieces.
+        k = num_helpers + 1
+        bounds = [len(src_l) * g // k for g in range(k + 1)]
+        futures = [helpers.submit(_gather_scatter_numpy, src, dst, src_l[lo:hi], dst_l[lo:hi])
+                   for lo, hi in pairwise(bounds[1:])]
+        _gather_scatter_numpy(src, dst, src_l[:bounds[1]], dst_l[:bounds[1]])
+        for f in futures:
+            f.result()
+    elif strategy == "gather":
+        _gather_scatter(src, dst, list(src_rows), list(dst_rows))
+    elif strategy == "index":
+        src_idx = torch.tensor(list(src_rows), dtype=torch.int64)
+        dst_idx = torch.tensor(list(dst_rows), dtype=torch.int64)
+        dst.index_copy_(0, dst_idx, src.index_select(0, src_idx))
+    elif strategy == "cat":
+        gathered = torch.cat([src[s:s + n] for s, _, n in row_runs(src_rows, dst_rows)])
+        pos = 0
+        for _, d, n in row_runs(range(len(dst_rows)), dst_rows):
+            dst[d:d + n].copy_(gathered[pos:pos + n])
+            pos += n
+    else:
+        raise ValueError(f"unknown copy strategy {strategy!r}; expected one of {STRATEGIES}")
+
+
+def plan_pieces(src_rows: list[int], dst_rows: list[int]) -> list[tuple[int, int, int]]:
+    """Split (src, dst) row pairs into pieces `(i, j, kind)` over pairs[i:j] where one side is
+    consecutive: kind 0 = destination run (gather into it), 1 = source run (scatter from it),
+    2 = a single pair. A store fills a slot's f consecutive rows (one gather); a load reads
+    them (one scatter), wherever the engine blocks are."""
+    pieces: list[tuple[int, int, int]] = []
+    i = 0
+    while i < len(src_rows):
+        j = i + 1
+        while j < len(src_rows) and dst_rows[j] == dst_rows[j - 1] + 1:
+            j += 1
+        if j - i > 1:
+            pieces.append((i, j, 0))
+            i = j
+            continue
+        while j < len(src_rows) and src_rows[j] == src_rows[j - 1] + 1:
+            j += 1
+        pieces.append((i, j, 1 if j - i > 1 else 2))
+        i = j
+    return pieces
+
+
+def _gather_scatter(src: torch.Tensor, dst: torch.Tensor, src_rows: list[int],
+                    dst_rows: list[int]) -> None:
+    for i, j, kind in plan_pieces(src_rows, dst_rows):
+        d, s = dst_rows[i], src_rows[i]
+        if kind == 0:
+            idx = torch.tensor(src_rows[i:j], dtype=torch.int64)
+            torch.index_select(src, 0, idx, out=dst[d:d + j - i])
+        elif kind == 1:
+            dst.index_copy_(0, torch.tensor(dst_rows[i:j], dtype=torch.int64), src[s:s + j - i])
+        else:
+            dst[d].copy_(src[s])
+
+
+def _gather_scatter_numpy(src: torch.Tensor, dst: torch.Tensor, src_rows: list[int],
+                          dst_rows: list[int]) -> None:
+    # NOTE: numpy copies on the calling thread only. Torch would start an OpenMP parallel
+    # region per piece, and with the cores busy (the engine's forward) each region waits for a
+    # descheduled team thread: measured 100x slower per piece on a loaded 2-core VM.
+    src_np, dst_np = src.numpy(), dst.numpy()
+    for i, j, kind in plan_pieces(src_rows, dst_rows):
+        d, s = dst_rows[i], src_rows[i]
+        if kind == 0:
+            # mode="clip": with the default "raise" numpy buffers `out` (an extra copy).
+            np.take(src_np, src_rows[i:j], axis=0, out=dst_np[d:d + j - i], mode="clip")
+        elif kind == 1:
+            dst_np[dst_rows[i:j]] = src_np[s:s + j - i]
+        else:
+            dst_np[d] = src_np[s]
+
+
+class HostTier:
+    """`num_slots` slots of `slot_bytes` each, allocated once; the scheduler-side manager decides
+    which slot holds which key, this object only moves bytes and counts them."""
+
+    def __init__(self, num_slots: int, slot_bytes: int, strategy: str = DEFAULT_STRATEGY,
+                 num_threads: int | None = None) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        if slot_bytes < 1:
+            raise ValueError(f"slot_bytes must be >= 1, got {slot_bytes}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown copy strategy {strategy!r}; expected one of {STRATEGIES}")
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        self.strategy = strategy
+        # NOTE: pin_memory would only help a GPU's DMA engine; the engine pool is host memory.
+        self.buffer = torch.empty((num_slots, slot_bytes), dtype=torch.uint8)  # (slots, slot_bytes)
+        self.stats = TierStats()
+        self._pool: torch.Tensor | None = None  # (num_blocks, block row) view of kv_cache
+        self._rows: torch.Tensor | None = None  # (num_slots * f, block row) view of buffer
+        self.blocks_per_slot = 0  # f, set by register_engine_pool
+        self._occupied: set[int] = set()  # slots holding a stored block (for occupancy stats)
+        self._lock = threading.Lock()
+        # Copy threads per transfer, the caller's included: torch's count by default, so a
+        # transfer uses the cores a plain torch copy would.
+        self.num_threads = torch.get_num_threads() if num_threads is None else num_threads
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        self._helpers = (ThreadPoolExecutor(self.num_threads - 1, "kvport-host-copy")
+                         if self.num_threads > 1 else None)
+
+    @classmethod
+    def for_pool(cls, kv_cache: torch.Tensor, num_slots: int, blocks_per_slot: int,
+                 strategy: str = DEFAULT_STRATEGY, num_threads: int | None = None) -> HostTier:
+        """A tier whose slots hold `blocks_per_slot` engine blocks of this pool, registered."""
+        block_bytes = kv_cache[0].numel() * kv_cache.element_size()
+        tier = cls(num_slots, blocks_per_slot * block_bytes, strategy, num_threads)
+        tier.register_engine_pool(kv_cache)
+        return tier
+
+    def register_engine_pool(self, kv_cache: torch.Tensor) -> None:
+        """Keep a byte view of the engine pool; slot_bytes must be a whole number of blocks."""
+        if not kv_cache.is_contiguous():
+            raise ValueError(f"kv_cache must be contiguous, got strides {kv_cache.stride()}")
+        block_bytes = kv_cache[0].numel() * kv_cache.element_size()
+        if block_bytes == 0 or self.slot_bytes % block_bytes:
+            raise ValueError(f"slot_bytes {self.slot_bytes} is not a multiple of the engine "
+                             f"block's {block_bytes} bytes")
+        # NOTE: rows of the widest integer type that divides a block: torch's index kernels
+        # move one element per step, and on uint8 rows they run at half the speed of a memcpy.
+        wide = next(t for t in (torch.int64, torch.int32, torch.int16, torch.uint8)
+                    if block_bytes % t.itemsize == 0)
+        row = block_bytes // wide.itemsize
+        self._pool = kv_cache.view(-1).view(torch.uint8).view(wide).view(kv_cache.shape[0], row)
+        self.blocks_per_slot = self.slot_bytes // block_bytes
+        self._rows = self.buffer.view(wide).view(self.num_slots * self.blocks_per_slot, row)
+
+    def slot(self, slot_id: int) -> torch.Tensor:
+        """One slot's bytes, (slot_bytes,) uint8: a view the disk tier reads and writes."""
+        if not 0 <= slot_id < self.num_slots:
+            raise IndexError(f"slot {slot_id} out of range [0, {self.num_slots})")
+        return self.buffer[slot_id]
+
+    def store(self, src: EngineBlocks, dst: HostBlocks) -> TransferOutcome:
+        """ENGINE -> HOST: engine blocks `f*i .. f*i+f-1` of src fill slot `dst.slot_ids[i]`."""
+        pool, rows, f = self._registered()
+        if src.skip:
+            raise ValueError(f"a store copies whole offload blocks; got skip={src.skip}")
+        if len(src.block_ids) != f * len(dst.slot_ids):
+            raise ValueError(f"store of {len(dst.slot_ids)} offload blocks of {f} engine blocks "
+                             f"needs {f * len(dst.slot_ids)} engine blocks, got "
+                             f"{len(src.block_ids)}")
+        self._check_slots(dst.slot_ids)
+        start = time.perf_counter()
+        dst_rows = [s * f + k for s in dst.slot_ids for k in range(f)]
+        copy_rows(pool, rows, src.block_ids, dst_rows, self.strategy, self._helpers,
+                  self.num_threads - 1)
+        num_bytes = len(dst.slot_ids) * self.slot_bytes
+        with self._lock:
+            self._occupied.update(dst.slot_ids)
+            occupied = len(self._occupied)
+        self.stats.add(bytes_stored=num_bytes, blocks_stored=len(dst.slot_ids),
+                       store_seconds=time.perf_counter() - start)
+        self._set_occupancy(occupied)
+        return TransferOutcome(num_bytes)
+
+    def load(self, src: HostBlocks, dst: EngineBlocks) -> TransferOutcome:
+        """HOST -> ENGINE: the engine-block rows of src's slots, minus the first `dst.skip`, fill
+        `dst.block_ids` in order (see EngineBlocks for the partial first offload block)."""
+        pool, rows, f = self._registered()
+        if not 0 <= dst.skip < max(f, 1) or len(dst.block_ids) + dst.skip != f * len(src.slot_ids):
+            raise ValueError(f"load of {len(src.slot_ids)} offload blocks of {f} engine blocks "
+                             f"into {len(dst.block_ids)} engine blocks with skip={dst.skip}: "
+                             f"need len(block_ids) + skip == {f * len(src.slot_ids)} and "
+                             f"0 <= skip < {f}")
+        self._check_slots(src.slot_ids)
+        start = time.perf_counter()
+        src_rows = [s * f + k for s in src.slot_ids for k in range(f)][dst.skip:]
+        copy_rows(rows, pool, src_rows, dst.block_ids, self.strategy, self._helpers,
+                  self.num_threads - 1)
+        num_bytes = len(dst.block_ids) * (self.slot_bytes // f)
+        self.stats.add(bytes_loaded=num_bytes, blocks_loaded=len(src.slot_ids),
+                       load_seconds=time.perf_counter() - start)
+        return TransferOutcome(num_bytes)
+
+    def free(self, slot_ids: Sequence[int]) -> None:
+        """Optional: tell the tier slots no longer hold data (only occupancy stats use it)."""
+        with self._lock:
+            self._occupied.difference_update(slot_ids)
+            occupied = len(self._occupied)
+        self._set_occupancy(occupied)
+
+    def _set_occupancy(self, occupied: int) -> None:
+        with self.stats._lock:
+            self.stats.occupancy_blocks = occupied
+            self.stats.occupancy_bytes = occupied * self.slot_bytes
+
+    def _registered(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        if self._pool is None or self._rows is None:
+            raise RuntimeError("HostTier: register_engine_pool(kv_cache) was not called")
+        return self._pool, self._rows, self.blocks_per_slot
+
+    def _check_slots(self, slot_ids: Sequence[int]) -> None:
+        bad = [s for s in slot_ids if not 0 <= s < self.num_slots]
+        if bad:
+            raise IndexError(f"slots {bad} out of range [0, {self.num_slots})")
+
+
+def choose_offload_block_size(bandwidth: dict[int, float], fraction: float = 0.9) -> int:
+    """The smallest offload block size (bytes) whose bandwidth reaches `fraction` of the best one
+    measured. Smaller blocks give finer-grained hits and less waste per partial prefix; past the
+    knee of the bandwidth curve a larger block buys nothing. `bandwidth`: size -> GiB/s (for
+    example the minimum of store and load bandwidth at that size)."""
+    if not bandwidth:
+        raise ValueError("choose_offload_block_size: no measurements")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    best = max(bandwidth.values())
+    return min(size for size, gib_s in bandwidth.items() if gib_s >= fraction * best)

@@ -1,0 +1,100 @@
+"""Fault injection for the offloading tiers and transfer worker (tests only).
+
+    FaultyTransfer   a transfer function wrapper: fail the Nth call, hold calls until released
+    FaultyDisk       a DiskTier whose writes raise (full disk, I/O error, after a torn half write)
+                     and whose stored payloads can be corrupted on disk
+    wait_until       poll a condition with a deadline (tests never sleep to wait for threads)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kvport.connectors.offloading.mediums import LoadStoreSpec
+from kvport.connectors.offloading.tiers import TransferOutcome
+from kvport.connectors.offloading.tiers.disk import HEADER_SIZE, DiskTier
+
+DEADLINE_S = 10.0
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(0.001)
+
+
+class FaultyTransfer:
+    """Calls are numbered from 1 in the order they start. `fail_on`: numbers that raise OSError;
+    `hold_on`: numbers that block until `release(n)` (or `release_all()`), then run normally."""
+
+    def __init__(self, inner: Callable[[LoadStoreSpec, LoadStoreSpec], TransferOutcome] | None
+                 = None, fail_on: set[int] | None = None, hold_on: set[int] | None = None) -> None:
+        self.inner = inner or (lambda src, dst: TransferOutcome(len(dst)))
+        self.fail_on = set(fail_on or ())
+        self.hold_on = set(hold_on or ())
+        self.num_calls = 0
+        self.started: set[int] = set()  # call numbers that started
+        self.finished: set[int] = set()  # call numbers that returned or raised
+        self._gates: dict[int, threading.Event] = {n: threading.Event() for n in self.hold_on}
+        self._lock = threading.Lock()
+
+    def __call__(self, src: LoadStoreSpec, dst: LoadStoreSpec) -> TransferOutcome:
+        with self._lock:
+            self.num_calls += 1
+            n = self.num_calls
+            self.started.add(n)
+        try:
+            if n in self._gates:
+                self._gates[n].wait()
+            if n in self.fail_on:
+                raise OSError(errno.EIO, f"injected failure of call {n}")
+            return self.inner(src, dst)
+        finally:
+            with self._lock:
+                self.finished.add(n)
+
+    def release(self, n: int) -> None:
+        self._gates[n].set()
+
+    def release_all(self) -> None:
+        for gate in self._gates.values():
+            gate.set()
+
+
+class FaultyDisk(DiskTier):
+    """`write_errno`: the next writes raise OSError(errno) after writing half the temp file (a
+    torn write), until set back to None."""
+
+    write_errno: int | None = None
+
+    def _write_file(self, tmp: Path, header: bytes, payload: memoryview) -> None:
+        if self.write_errno is None:
+            super()._write_file(tmp, header, payload)
+            return
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(payload[: len(payload) // 2])
+        raise OSError(self.write_errno, os.strerror(self.write_errno))
+
+    def corrupt_payload(self, key: bytes, offset: int = 0) -> None:
+        """Flip one payload byte of key's file in place."""
+        self._flip(self.path(key), HEADER_SIZE + offset)
+
+    def corrupt_header(self, key: bytes, offset: int = 8) -> None:
+        """Flip one header byte (default: the format version)."""
+        self._flip(self.path(key), offset)
+
+    @staticmethod
+    def _flip(path: Path, pos: int) -> None:
+        with open(path, "r+b") as f:
+            f.seek(pos)
+            byte = f.read(1)
+            f.seek(pos)
+            f.write(bytes([byte[0] ^ 0xFF]))

@@ -1,0 +1,209 @@
+"""DiskTier: atomic files with a checked header, shared across instances and restarts."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from fault_tiers import FaultyDisk
+
+from kvport.connectors.base import KVCacheSpec
+from kvport.connectors.offloading.mediums import DiskBlocks, EngineBlocks, HostBlocks
+from kvport.connectors.offloading.tiers.disk import HEADER_SIZE, DiskTier, disk_namespace
+from kvport.connectors.offloading.tiers.host import HostTier
+
+NS = b"test-namespace"
+PAYLOAD = 256
+ENTRY = HEADER_SIZE + PAYLOAD
+
+
+def key(i: int) -> bytes:
+    return hashlib.sha256(str(i).encode()).digest()
+
+
+def payload(i: int) -> torch.Tensor:
+    return torch.randint(0, 256, (PAYLOAD,), generator=torch.Generator().manual_seed(i),
+                         dtype=torch.uint8)
+
+
+def read(tier: DiskTier, k: bytes) -> torch.Tensor | None:
+    out = torch.zeros(PAYLOAD, dtype=torch.uint8)
+    return out if tier.read_into(k, out) else None
+
+
+def test_empty_tier_misses_and_bad_root_raises(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 10 * ENTRY, NS)
+    assert not tier.lookup(key(1))
+    assert read(tier, key(1)) is None
+    with pytest.raises(OSError, match="not a directory"):
+        DiskTier(tmp_path / "missing", ENTRY, NS)
+    with pytest.raises(ValueError, match="max_bytes must be >= 1, got 0"):
+        DiskTier(tmp_path, 0, NS)
+
+
+def test_round_trip_survives_restart_and_file_layout(tmp_path: Path) -> None:
+    first = DiskTier(tmp_path, 10 * ENTRY, NS)
+    assert first.write(key(1), payload(1))
+    path = first.path(key(1))
+    ns_dir = hashlib.sha256(NS).hexdigest()[:16]
+    assert path == tmp_path / ns_dir / key(1).hex()[:2] / f"{key(1).hex()}.kvb"
+    assert path.stat().st_size == ENTRY
+    second = DiskTier(tmp_path, 10 * ENTRY, NS)  # a restart: index rebuilt from the directory
+    assert key(1) in second
+    assert second.stats.snapshot()["occupancy_blocks"] == 1
+    got = read(second, key(1))
+    assert got is not None and torch.equal(got, payload(1))
+    assert path.exists()  # a load keeps the entry
+    other_ns = DiskTier(tmp_path, 10 * ENTRY, b"other-model")
+    assert not other_ns.lookup(key(1))
+
+
+def test_lookup_finds_another_live_instances_new_entry(tmp_path: Path) -> None:
+    a = DiskTier(tmp_path, 10 * ENTRY, NS)
+    b = DiskTier(tmp_path, 10 * ENTRY, NS)
+    assert a.write(key(2), payload(2))
+    assert key(2) not in b
+    assert b.lookup(key(2))
+    got = read(b, key(2))
+    assert got is not None and torch.equal(got, payload(2))
+    s = b.stats.snapshot()
+    assert (s["lookups"], s["hits"], s["blocks_loaded"], s["bytes_loaded"]) == (1, 1, 1, PAYLOAD)
+
+
+@pytest.mark.parametrize("where", ["payload", "header", "truncated"])
+def test_corrupt_entry_is_a_miss_and_removed(tmp_path: Path, where: str) -> None:
+    tier = FaultyDisk(tmp_path, 10 * ENTRY, NS)
+    tier.write(key(3), payload(3))
+    if where == "payload":
+        tier.corrupt_payload(key(3), offset=100)
+    elif where == "header":
+        tier.corrupt_header(key(3))
+    else:
+        os.truncate(tier.path(key(3)), ENTRY - 1)
+    assert read(tier, key(3)) is None
+    assert not tier.path(key(3)).exists()
+    assert not tier.lookup(key(3))
+    assert tier.stats.snapshot()["failures"] == 1
+
+
+def test_wrong_key_or_namespace_in_header_is_a_miss(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 10 * ENTRY, NS)
+    tier.write(key(4), payload(4))
+    tier.path(key(5)).parent.mkdir(exist_ok=True)
+    os.replace(tier.path(key(4)), tier.path(key(5)))
+    assert tier.lookup(key(5))  # found by name ...
+    assert read(tier, key(5)) is None  # ... but its header names another key
+    assert not tier.path(key(5)).exists()
+
+
+def test_torn_temp_files_are_ignored(tmp_path: Path) -> None:
+    tier = FaultyDisk(tmp_path, 10 * ENTRY, NS)
+    tier.write_errno = errno.EIO  # leaves half a temp file, then raises
+    assert not tier.write(key(6), payload(6))
+    assert tier.stats.snapshot()["failures"] == 1
+    # Simulate a crash mid-write by another process: a temp file nobody will finish.
+    torn = tier.path(key(7)).parent / f".{key(7).hex()}.999.1.tmp"
+    torn.parent.mkdir(exist_ok=True)
+    torn.write_bytes(b"KVPORTKV" + b"\0" * 10)
+    restarted = DiskTier(tmp_path, 10 * ENTRY, NS)
+    assert not restarted.lookup(key(6)) and not restarted.lookup(key(7))
+    assert restarted.stats.snapshot()["occupancy_blocks"] == 0
+    assert not list(tmp_path.rglob(f".{key(6).hex()}*"))  # our own half write was removed
+
+
+def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 3 * ENTRY, NS)
+    for i in (1, 2, 3):
+        assert tier.write(key(i), payload(i))
+    assert read(tier, key(1)) is not None  # 1 is now the most recently used; 2 is the victim
+    assert tier.write(key(4), payload(4))
+    assert not tier.path(key(2)).exists() and not tier.lookup(key(2))
+    assert all(tier.lookup(key(i)) for i in (1, 3, 4))
+    s = tier.stats.snapshot()
+    assert (s["evictions"], s["occupancy_blocks"], s["occupancy_bytes"]) == (1, 3, 3 * ENTRY)
+    assert not tier.write(b"big", torch.zeros(4 * ENTRY, dtype=torch.uint8))  # never fits
+    assert tier.stats.snapshot()["skipped_stores"] == 1
+    tier.check_integrity()
+
+
+def test_restart_with_a_smaller_limit_trims_the_oldest(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 3 * ENTRY, NS)
+    for i in (1, 2, 3):
+        tier.write(key(i), payload(i))
+        os.utime(tier.path(key(i)), (1e9 + i, 1e9 + i))
+    smaller = DiskTier(tmp_path, 2 * ENTRY, NS)
+    assert not tier.path(key(1)).exists()
+    assert smaller.stats.snapshot()["occupancy_blocks"] == 2
+    smaller.check_integrity()
+
+
+def test_restart_orders_entries_by_mtime(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 3 * ENTRY, NS)
+    for i in (1, 2, 3):
+        tier.write(key(i), payload(i))
+    for age, i in ((300, 3), (200, 1), (100, 2)):  # oldest first: 3, 1, 2
+        os.utime(tier.path(key(i)), (1e9 - age, 1e9 - age))
+    restarted = DiskTier(tmp_path, 3 * ENTRY, NS)
+    restarted.write(key(4), payload(4))
+    assert not restarted.path(key(3)).exists()
+    assert restarted.path(key(1)).exists() and restarted.path(key(2)).exists()
+
+
+def test_full_disk_skips_the_store_and_counts_it(tmp_path: Path) -> None:
+    tier = FaultyDisk(tmp_path, 10 * ENTRY, NS)
+    tier.write_errno = errno.ENOSPC
+    assert not tier.write(key(8), payload(8))
+    s = tier.stats.snapshot()
+    assert (s["skipped_stores"], s["failures"], s["blocks_stored"]) == (1, 0, 0)
+    assert not tier.lookup(key(8))
+    assert not list(tmp_path.rglob("*.tmp"))  # the half-written temp file is gone
+    tier.write_errno = None  # space again: serving goes on
+    assert tier.write(key(8), payload(8))
+    tier.check_integrity()
+
+
+def test_host_disk_transfers_report_failed_positions(tmp_path: Path) -> None:
+    pool = torch.randn(6, 2, 2, 4, 2, 8)
+    host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=2)
+    disk = DiskTier(tmp_path, 1 << 20, NS)
+    host.store(EngineBlocks([0, 1, 2, 3]), HostBlocks([0, 1]))
+    out = disk.store_from_host(host, HostBlocks([0, 1]), DiskBlocks([key(1), key(2)]))
+    assert out.failed_indices == [] and out.num_bytes == 2 * host.slot_bytes
+    # Promote key 2 and a missing key 9 into slots 3 and 2, then into other engine blocks.
+    out = disk.load_to_host(host, DiskBlocks([key(2), key(9)]), HostBlocks([3, 2]))
+    assert out.failed_indices == [1]
+    before = pool.clone()
+    host.load(HostBlocks([3]), EngineBlocks([5, 4]))
+    assert torch.equal(pool[5], before[2]) and torch.equal(pool[4], before[3])
+
+
+def test_namespace_covers_geometry() -> None:
+    spec = KVCacheSpec(num_blocks=8, block_size=16, num_layers=4, num_kv_heads=2, head_dim=32,
+                       dtype="float32", layout="blocks-layers-kv-tokens-heads-dim")
+    a = disk_namespace(b"root", spec, 256)
+    assert a != disk_namespace(b"root", spec, 128)
+    assert a != disk_namespace(b"other", spec, 256)
+
+
+def test_concurrent_writers_keep_the_limit(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 5 * ENTRY, NS)
+
+    def write_range(start: int) -> None:
+        for i in range(start, start + 20):
+            tier.write(key(i), payload(i))
+
+    threads = [threading.Thread(target=write_range, args=(100 * t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tier.check_integrity()
+    s = tier.stats.snapshot()
+    assert s["occupancy_blocks"] <= 5 and s["occupancy_bytes"] <= 5 * ENTRY
+    assert s["blocks_stored"] + s["skipped_stores"] == 80
+    assert len(list(tier.dir.rglob("*.kvb"))) == s["occupancy_blocks"]

@@ -1,0 +1,132 @@
+"""HostTier: engine -> host -> engine round trips are byte identities, for every copy strategy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
+from kvport.connectors.offloading.tiers.host import (
+    STRATEGIES,
+    HostTier,
+    choose_offload_block_size,
+    copy_rows,
+    plan_pieces,
+    row_runs,
+)
+
+# (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)
+SHAPE = (12, 2, 2, 4, 2, 8)
+
+
+def make_pool(seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(SHAPE, generator=gen).to(dtype)
+
+
+def test_row_runs_merge_consecutive_pairs() -> None:
+    assert row_runs([3, 4, 5, 9, 1], [0, 1, 2, 3, 4]) == [(3, 0, 3), (9, 3, 1), (1, 4, 1)]
+    assert row_runs([], []) == []
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_copy_rows_strategies_agree(strategy: str) -> None:
+    src = torch.arange(40, dtype=torch.uint8).view(10, 4)
+    dst = torch.zeros(6, 4, dtype=torch.uint8)
+    copy_rows(src, dst, [7, 8, 2, 3, 0], [5, 0, 1, 2, 4], strategy)
+    for s, d in zip([7, 8, 2, 3, 0], [5, 0, 1, 2, 4]):
+        assert torch.equal(dst[d], src[s])
+    assert torch.equal(dst[3], torch.zeros(4, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("f", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_round_trip_into_other_engine_blocks(strategy: str, f: int, dtype: torch.dtype) -> None:
+    pool = make_pool(0, dtype)
+    host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=f, strategy=strategy)
+    src_ids = [5, 2, 7, 8, 9, 0][: 2 * f]  # two offload blocks, scattered and consecutive ids
+    host.store(EngineBlocks(src_ids), HostBlocks([3, 1]))
+    before = pool.clone()
+    dst_ids = [11, 1, 4, 3, 10, 6][: 2 * f]
+    out = host.load(HostBlocks([3, 1]), EngineBlocks(dst_ids))
+    for s, d in zip(src_ids, dst_ids):
+        assert torch.equal(pool[d], before[s])
+    untouched = [b for b in range(SHAPE[0]) if b not in dst_ids]
+    assert torch.equal(pool[untouched], before[untouched])
+    assert out.num_bytes == len(dst_ids) * pool[0].numel() * pool.element_size()
+    assert out.failed_indices == []
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_load_with_partial_first_offload_block(strategy: str) -> None:
+    f = 4
+    pool = make_pool(1)
+    host = HostTier.for_pool(pool, num_slots=2, blocks_per_slot=f, strategy=strategy)
+    src_ids = [0, 1, 2, 3, 4, 5, 6, 7]
+    host.store(EngineBlocks(src_ids), HostBlocks([1, 0]))
+    before = pool.clone()
+    # The engine already has the first 3 engine blocks of offload block 0: skip them.
+    dst_ids = [11, 8, 9, 10, 2]
+    host.load(HostBlocks([1, 0]), EngineBlocks(dst_ids, skip=3))
+    for s, d in zip(src_ids[3:], dst_ids):
+        assert torch.equal(pool[d], before[s])
+    assert torch.equal(pool[:2], before[:2])
+
+
+def test_bad_shapes_name_the_values() -> None:
+    pool = make_pool(2)
+    host = HostTier.for_pool(pool, num_slots=2, blocks_per_slot=2)
+    with pytest.raises(ValueError, match="needs 4 engine blocks, got 3"):
+        host.store(EngineBlocks([0, 1, 2]), HostBlocks([0, 1]))
+    with pytest.raises(ValueError, match="skip=2"):
+        host.load(HostBlocks([0]), EngineBlocks([], skip=2))
+    with pytest.raises(IndexError, match=r"slots \[5\]"):
+        host.store(EngineBlocks([0, 1]), HostBlocks([5]))
+    with pytest.raises(ValueError, match="not a multiple"):
+        HostTier(2, 1000).register_engine_pool(pool)
+    with pytest.raises(RuntimeError, match="register_engine_pool"):
+        HostTier(2, 1024).store(EngineBlocks([0]), HostBlocks([0]))
+
+
+def test_stats_count_bytes_blocks_and_occupancy() -> None:
+    pool = make_pool(3)
+    host = HostTier.for_pool(pool, num_slots=3, blocks_per_slot=2)
+    host.store(EngineBlocks([0, 1, 2, 3]), HostBlocks([0, 1]))
+    host.load(HostBlocks([1]), EngineBlocks([5], skip=1))
+    s = host.stats.snapshot()
+    assert (s["blocks_stored"], s["bytes_stored"]) == (2, 2 * host.slot_bytes)
+    assert (s["blocks_loaded"], s["bytes_loaded"]) == (1, host.slot_bytes // 2)
+    assert (s["occupancy_blocks"], s["occupancy_bytes"]) == (2, 2 * host.slot_bytes)
+    host.free([0])
+    assert host.stats.snapshot()["occupancy_blocks"] == 1
+
+
+def test_choose_offload_block_size_picks_the_knee() -> None:
+    measured = {32768: 3.0, 65536: 6.0, 262144: 9.5, 1048576: 10.0, 2097152: 9.8}
+    assert choose_offload_block_size(measured) == 262144
+    assert choose_offload_block_size(measured, fraction=1.0) == 1048576
+    with pytest.raises(ValueError, match="fraction"):
+        choose_offload_block_size(measured, fraction=0)
+
+
+@pytest.mark.parametrize("num_threads", [1, 3])
+def test_large_transfers_split_between_threads(num_threads: int) -> None:
+    # 32 KiB engine blocks, 4 per slot: 48 blocks = 1.5 MiB, above the split threshold.
+    pool = torch.randn(64, 4, 2, 16, 2, 32)
+    host = HostTier.for_pool(pool, num_slots=16, blocks_per_slot=4, num_threads=num_threads)
+    src_ids = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:48].tolist()
+    slots = [15, 2, 7, 0, 1, 9, 4, 3, 12, 11, 5, 6]
+    host.store(EngineBlocks(src_ids), HostBlocks(slots))
+    before = pool.clone()
+    dst_ids = list(reversed(range(64)))[:46]
+    host.load(HostBlocks(slots), EngineBlocks(dst_ids, skip=2))
+    for s, d in zip(src_ids[2:], dst_ids):
+        assert torch.equal(pool[d], before[s])
+
+
+def test_plan_pieces_gathers_into_slots_and_scatters_out_of_them() -> None:
+    # A store of two offload blocks (f = 3) from scattered engine blocks: one gather per slot.
+    assert plan_pieces([9, 2, 5, 7, 1, 4], [6, 7, 8, 0, 1, 2]) == [(0, 3, 0), (3, 6, 0)]
+    # The matching load: one scatter out of each slot; a lone pair is a single copy.
+    assert plan_pieces([6, 7, 8, 0], [9, 2, 5, 7]) == [(0, 3, 1), (3, 4, 2)]

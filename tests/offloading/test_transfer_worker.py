@@ -1,0 +1,157 @@
+"""Transfer worker: routing, FIFO completions per direction, failures as results, bounded
+shutdown."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from fault_tiers import FaultyDisk, FaultyTransfer, wait_until
+
+from kvport.connectors.offloading.mediums import (
+    DISK,
+    ENGINE,
+    HOST,
+    DiskBlocks,
+    EngineBlocks,
+    HostBlocks,
+)
+from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.worker import (
+    OffloadingWorker,
+    ThreadPoolHandler,
+    TransferResult,
+    build_tier_worker,
+)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[OffloadingWorker]]:
+    made: list[OffloadingWorker] = []
+    yield made
+    for w in made:
+        w.shutdown(timeout=1.0)
+
+
+def drain(worker: OffloadingWorker, n: int) -> list[TransferResult]:
+    got: list[TransferResult] = []
+    wait_until(lambda: bool(got.extend(worker.get_finished())) or len(got) >= n)
+    return got
+
+
+def test_fifo_order_when_a_later_job_finishes_first(workers: list[OffloadingWorker]) -> None:
+    fn = FaultyTransfer(hold_on={1})
+    worker = OffloadingWorker()
+    workers.append(worker)
+    worker.register_handler(ENGINE, HOST, ThreadPoolHandler(fn, num_threads=2))
+    worker.submit(10, EngineBlocks([0]), HostBlocks([0]))
+    worker.submit(11, EngineBlocks([1]), HostBlocks([1]))
+    wait_until(lambda: 2 in fn.finished)  # job 11 is done, job 10 is still held
+    assert worker.get_finished() == []  # held back behind job 10
+    assert not worker.wait([10], timeout=0.01)
+    fn.release(1)
+    assert worker.wait([10, 11, 999], timeout=5.0)  # unknown ids are ignored
+    assert [r.job_id for r in worker.get_finished()] == [10, 11]
+    assert worker.get_finished() == []  # each job exactly once
+
+
+def test_routing_by_medium_pair_and_directions_are_independent(
+        workers: list[OffloadingWorker]) -> None:
+    store, load = FaultyTransfer(hold_on={1}), FaultyTransfer()
+    worker = OffloadingWorker()
+    workers.append(worker)
+    worker.register_handler(ENGINE, HOST, ThreadPoolHandler(store))
+    worker.register_handler(HOST, ENGINE, ThreadPoolHandler(load))
+    worker.submit(1, EngineBlocks([0]), HostBlocks([0]))
+    worker.submit(2, HostBlocks([1]), EngineBlocks([3]))
+    got = drain(worker, 1)  # the load is not held back by the other direction's store
+    assert [(r.job_id, r.transfer_type) for r in got] == [(2, (HOST, ENGINE))]
+    store.release_all()
+    assert [r.job_id for r in drain(worker, 1)] == [1]
+    with pytest.raises(KeyError, match="DISK->HOST"):
+        worker.submit(3, DiskBlocks([b"k"]), HostBlocks([0]))
+    with pytest.raises(AssertionError, match="ENGINE->HOST"):
+        worker.register_handler(ENGINE, HOST, ThreadPoolHandler(store))
+
+
+def test_transfer_exception_becomes_a_failed_result(workers: list[OffloadingWorker]) -> None:
+    fn = FaultyTransfer(fail_on={2})
+    worker = OffloadingWorker()
+    workers.append(worker)
+    worker.register_handler(HOST, ENGINE, ThreadPoolHandler(fn))
+    for job in (1, 2, 3):
+        worker.submit(job, HostBlocks([0]), EngineBlocks([4, 5], skip=1))
+    got = drain(worker, 3)
+    assert [(r.job_id, r.success) for r in got] == [(1, True), (2, False), (3, True)]
+    assert got[1].failed_indices == [0, 1]  # every destination engine block position
+
+
+def test_submit_that_raises_is_reported_failed(workers: list[OffloadingWorker]) -> None:
+    worker = OffloadingWorker()
+    workers.append(worker)
+    handler = ThreadPoolHandler(FaultyTransfer())
+    worker.register_handler(HOST, ENGINE, handler)
+    assert worker.submit(1, HostBlocks([0]), EngineBlocks([7]))
+    assert not worker.submit(1, HostBlocks([0]), EngineBlocks([8, 9]))  # duplicate id raises
+    got = drain(worker, 2)
+    assert sorted((r.job_id, r.success) for r in got) == [(1, False), (1, True)]
+    assert [r.failed_indices for r in got if not r.success] == [[0, 1]]
+
+
+def test_failed_load_names_the_unfilled_engine_blocks(tmp_path: Path,
+                                                      workers: list[OffloadingWorker]) -> None:
+    pool = torch.randn(8, 2, 2, 4, 2, 8)
+    host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=2)
+    disk = FaultyDisk(tmp_path, 1 << 20, b"ns")
+    worker = build_tier_worker(host, disk)
+    workers.append(worker)
+    keys = [hashlib.sha256(bytes([i])).digest() for i in range(3)]
+    worker.submit(1, EngineBlocks([0, 1, 2, 3, 4, 5]), HostBlocks([0, 1, 2]))
+    worker.wait([1])
+    worker.submit(2, HostBlocks([0, 1, 2]), DiskBlocks(keys))
+    assert [r.success for r in drain(worker, 2)] == [True, True]
+    disk.corrupt_payload(keys[1])
+    worker.submit(3, DiskBlocks(keys), HostBlocks([3, 2, 1]))
+    (res,) = drain(worker, 1)
+    assert (res.success, res.failed_indices, res.transfer_type) == (False, [1], (DISK, HOST))
+    assert not disk.path(keys[1]).exists()
+    disk.write_errno = errno.ENOSPC
+    worker.submit(4, HostBlocks([0]), DiskBlocks([b"new-key"]))
+    (res,) = drain(worker, 1)
+    assert (res.success, res.failed_indices) == (False, [0])
+    assert disk.stats.snapshot()["skipped_stores"] == 1
+
+
+def test_shutdown_with_a_never_completing_job_does_not_hang() -> None:
+    fn = FaultyTransfer(hold_on={1})
+    handler = ThreadPoolHandler(fn, num_threads=1)
+    worker = OffloadingWorker()
+    worker.register_handler(ENGINE, HOST, handler)
+    worker.submit(1, EngineBlocks([0]), HostBlocks([0]))  # runs and never finishes
+    worker.submit(2, EngineBlocks([1]), HostBlocks([1]))  # queued behind it
+    wait_until(lambda: 1 in fn.started)
+    start = time.monotonic()
+    worker.shutdown(timeout=0.05)
+    assert time.monotonic() - start < 2.0
+    assert 2 not in fn.started  # the queued job was cancelled, never run
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        handler.submit(3, EngineBlocks([0]), HostBlocks([0]))
+    fn.release_all()  # the stuck job ends; it is reported, then the cancelled one, failed
+    got = drain(worker, 2)
+    assert [(r.job_id, r.success) for r in got] == [(1, True), (2, False)]
+    assert got[1].failed_indices == [0]
+
+
+def test_shutdown_drains_nothing_left_running() -> None:
+    worker = OffloadingWorker()
+    worker.register_handler(ENGINE, HOST, ThreadPoolHandler(FaultyTransfer(), num_threads=2))
+    for job in range(5):
+        worker.submit(job, EngineBlocks([job]), HostBlocks([job]))
+    worker.wait(range(5))
+    worker.shutdown()
+    assert [r.job_id for r in worker.get_finished()] == [0, 1, 2, 3, 4]
