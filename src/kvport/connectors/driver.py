@@ -39,14 +39,14 @@ class KVConnectorDriver:
         self._error_req_ids: set[str] | None = set()  # None: a failure not tied to requests
         connector.register_kv_caches(kv_cache, spec)
         self._layer_names = [layer_name(i) for i in range(spec.num_layers)]
+        self._trace_step = getattr(connector, "trace_step", None)
 
     def pre_forward(self, sched_out: SchedulerOutput, ctx: ForwardContext) -> None:
         self._ctx = ctx
         self._errors = {}
         self._error_req_ids = set()
-        hook = getattr(self.connector, "trace_step", None)
-        if hook is not None:
-            hook(sched_out.step)
+        if self._trace_step is not None:
+            self._trace_step(sched_out.step)
         meta = sched_out.kv_connector_metadata
         self._call("handle_preemptions", meta)
         self._call("bind_connector_metadata", meta)
@@ -54,10 +54,16 @@ class KVConnectorDriver:
 
     # LayerHooks: called by PagedAttention around each layer's attention.
     def before_attention(self, layer_idx: int) -> None:
-        self._call("wait_for_layer_load", self._layer_names[layer_idx])
+        try:
+            self.connector.wait_for_layer_load(self._layer_names[layer_idx])
+        except Exception as exc:
+            self._record_error("wait_for_layer_load", exc)
 
     def after_attention(self, layer_idx: int, kv_cache: torch.Tensor) -> None:
-        self._call("save_kv_layer", self._layer_names[layer_idx], kv_cache[:, layer_idx], self._ctx)
+        try:
+            self.connector.save_kv_layer(self._layer_names[layer_idx], kv_cache[:, layer_idx], self._ctx)
+        except Exception as exc:
+            self._record_error("save_kv_layer", exc)
 
     def post_forward(self, sched_out: SchedulerOutput, did_forward: bool) -> KVConnectorOutput:
         if did_forward:
@@ -79,15 +85,18 @@ class KVConnectorDriver:
         try:
             return getattr(self.connector, hook)(*args)
         except Exception as exc:
-            if isinstance(exc, KVConnectorRequestError):
-                if self._error_req_ids is not None:
-                    self._error_req_ids |= exc.request_ids
-            else:
-                self._error_req_ids = None
-            if hook not in self._errors:  # per-layer hooks: keep the first failure
-                logger.exception("KV connector worker hook %s failed", hook)
-                self._errors[hook] = f"{type(exc).__name__}: {exc}"
+            self._record_error(hook, exc)
             return None
+
+    def _record_error(self, hook: str, exc: Exception) -> None:
+        if isinstance(exc, KVConnectorRequestError):
+            if self._error_req_ids is not None:
+                self._error_req_ids |= exc.request_ids
+        else:
+            self._error_req_ids = None
+        if hook not in self._errors:  # per-layer hooks: keep the first failure
+            logger.error("KV connector worker hook %s failed", hook, exc_info=exc)
+            self._errors[hook] = f"{type(exc).__name__}: {exc}"
 
     def shutdown(self) -> None:
         self.connector.shutdown()

@@ -56,14 +56,14 @@ class KVTransferTracker:
         self._held: dict[str, tuple[Request, set[str]]] = {}  # req_id -> (request, hold reasons)
         self._resend: set[str] = set()  # req_ids whose runner state must be sent again in full
         self.events: deque[KVCacheEvent] = deque(maxlen=10_000)
+        self._trace_step = getattr(connector, "trace_step", None)  # only a recorder has it
         self.stats = KVTransferStats()
 
     # ---- admission ---------------------------------------------------------------------------
 
     def trace_step(self, step: int) -> None:
-        hook = getattr(self.connector, "trace_step", None)
-        if hook is not None:
-            hook(step)
+        if self._trace_step is not None:
+            self._trace_step(step)
 
     def on_new_request(self, req: Request) -> None:
         if self.connector is not None:
