@@ -40,6 +40,8 @@ class KVConnectorDriver:
         connector.register_kv_caches(kv_cache, spec)
         self._layer_names = [layer_name(i) for i in range(spec.num_layers)]
         self._trace_step = getattr(connector, "trace_step", None)
+        # The pool never moves: make each layer's view once, not twice per layer per step.
+        self._layer_views = [kv_cache[:, i] for i in range(spec.num_layers)]
 
     def pre_forward(self, sched_out: SchedulerOutput, ctx: ForwardContext) -> None:
         self._ctx = ctx
@@ -61,7 +63,8 @@ class KVConnectorDriver:
 
     def after_attention(self, layer_idx: int, kv_cache: torch.Tensor) -> None:
         try:
-            self.connector.save_kv_layer(self._layer_names[layer_idx], kv_cache[:, layer_idx], self._ctx)
+            self.connector.save_kv_layer(self._layer_names[layer_idx], self._layer_views[layer_idx],
+                                         self._ctx)
         except Exception as exc:
             self._record_error("save_kv_layer", exc)
 
