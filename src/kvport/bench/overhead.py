@@ -3,8 +3,9 @@
 Three engines on the same model live in one process: no connector, `NoOpConnector`, and
 `NoOpConnector` with call recording on. Each round times, for each engine in turn, one batch of
 `batch` prompts decoding `decode_tokens` tokens and the same batch decoding 1 token; decode tokens/s
-= batch * (decode_tokens - 1) / (t_long - t_short). Rounds alternate the engines' order, and the
-median over rounds is reported, with each engine's ratio to the engine without a connector.
+= batch * (decode_tokens - 1) / (t_long - t_short). Rounds rotate the engines' order (each engine
+runs first, second and third equally often: the slot after another engine's run measured ~3 %
+slower), and the median over rounds is reported, with each engine's ratio to the engine without a connector.
 Prefix caching is off, so every round computes the same work.
 """
 
@@ -80,7 +81,7 @@ def run_overhead(cfg: OverheadConfig, log: Callable[[str], None] = print) -> dic
         rates: dict[str, list[float]] = {name: [] for name in engines}
         names = list(engines)
         for r in range(cfg.rounds):
-            order = names if r % 2 == 0 else names[::-1]
+            order = names[r % len(names):] + names[:r % len(names)]  # each engine in each slot
             for name in order:
                 t_long = timers[name](cfg.decode_tokens)
                 t_short = timers[name](1)
