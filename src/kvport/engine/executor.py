@@ -92,7 +92,10 @@ class ProcessExecutor(Executor):
                                  name="kvport-worker", daemon=True)
         self._proc.start()
         child_conn.close()
-        self._lock = threading.Lock()  # one request/response pair on the pipe at a time
+        # Sends and receives are locked separately, so step N+1 can be sent while the reply to
+        # step N is awaited. Replies come in send order; `_pending` pairs them up.
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
         self._pending: deque[Future[Any]] = deque()
         self._closed = False
         self._call_sync("ping")  # surfaces a failed start (bad model, bad connector) right here
@@ -105,17 +108,17 @@ class ProcessExecutor(Executor):
 
     def _send(self, kind: str, payload: Any = None) -> Future[Any]:
         fut: Future[Any] = Future()
-        with self._lock:
+        with self._send_lock:
             if self._closed:
                 raise RuntimeError("the worker process is shut down")
-            self._conn.send((kind, payload))
             self._pending.append(fut)
+            self._conn.send((kind, payload))
         threading.Thread(target=self._read_one, daemon=True).start()
         return fut
 
     def _read_one(self) -> None:
-        # Replies come in request order; each reader thread resolves the oldest pending future.
-        with self._lock:
+        # One reader per request; whichever runs first resolves the oldest pending future.
+        with self._recv_lock:
             fut = self._pending.popleft()
             try:
                 status, value = self._conn.recv()
