@@ -17,7 +17,7 @@ import torch
 
 from kvport.config import KVTransferConfig
 from kvport.connectors.base import (
-    ForwardContext, KVConnectorMetadata, KVConnectorRole,
+    ForwardContext, KVConnectorMetadata, KVConnectorRequestError, KVConnectorRole,
 )
 from kvport.connectors.noop import NoOpConnector
 from kvport.engine.outputs import SchedulerOutput
@@ -238,4 +238,45 @@ class JitterConnector(NoOpConnector):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._spin()
+        return None, None
+
+
+@dataclass(frozen=True)
+class RaisingConfig:
+    hook: str = "save_kv_layer"  # worker hook that raises
+    request_id: str = "bad"  # ... while this request is scheduled in the step
+    targeted: bool = True  # raise KVConnectorRequestError naming it, or a plain OSError
+
+
+class RaisingConnector(NoOpConnector):
+    """Worker hooks raise while a given request is in the step (configurable, so it also works in
+    a worker process, where tests cannot patch the connector)."""
+
+    config_class = RaisingConfig
+
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
+        super().__init__(config, role)
+        self._in_step = False
+
+    def _maybe_raise(self, hook: str) -> None:
+        if hook == self.cfg.hook and self._in_step:
+            if self.cfg.targeted:
+                raise KVConnectorRequestError(f"{hook}: disk on fire", {self.cfg.request_id})
+            raise OSError(f"{hook}: disk on fire")
+
+    def start_load_kv(self, ctx: ForwardContext) -> None:
+        self._in_step = self.cfg.request_id in ctx.num_scheduled_tokens
+        self._maybe_raise("start_load_kv")
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._maybe_raise("wait_for_layer_load")
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
+        self._maybe_raise("save_kv_layer")
+
+    def wait_for_save(self) -> None:
+        self._maybe_raise("wait_for_save")
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._maybe_raise("get_finished")
         return None, None

@@ -60,6 +60,25 @@ def test_cli_takes_a_kv_transfer_config(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["generate", "--kv-transfer-config", '{"kv_connector": "Nope"}']) == 2
 
 
+@pytest.mark.parametrize("worker", ["inproc", "process"])
+@pytest.mark.parametrize("hook", ["start_load_kv", "wait_for_layer_load", "save_kv_layer",
+                                  "wait_for_save", "get_finished"])
+def test_every_worker_hook_failure_fails_only_the_named_request(worker: str, hook: str) -> None:
+    llm = LLM("builtin:tiny-llama", block_size=4, worker=worker, kv_transfer_config={
+        "kv_connector": "RaisingConnector", "kv_connector_module_path": "connector_mock",
+        "kv_connector_extra_config": {"hook": hook, "request_id": "bad"}})
+    core = llm.engine
+    good = core.add_request("good", [5] * 9, GREEDY)
+    bad = core.add_request("bad", [7] * 9, GREEDY)
+    while core.has_pending_work():
+        core.step()
+    assert bad.status.finish_reason == "error" and f"{hook}: disk on fire" in (bad.error or "")
+    (ref,) = LLM("builtin:tiny-llama", block_size=4).generate([[5] * 9], GREEDY, use_tqdm=False)
+    assert good.output_token_ids == ref.outputs[0].token_ids  # the other request is untouched
+    core.check_no_leaks()
+    llm.shutdown()
+
+
 class RaisingInSave:
     """Makes the worker half's save_kv_layer raise while request `bad` is in the step."""
 
