@@ -50,6 +50,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not prompts:
         prompts = ["The capital of France is"]
     llm = LLM(model=args.model, **_engine_kwargs(args))
+    shown = list(prompts)  # what the user typed, not the chat-template text around it
     if args.chat:
         tok = llm.get_tokenizer()
         prompts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
@@ -57,16 +58,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.sampling_seed, ignore_eos=args.ignore_eos)
     outs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1)
-    for out in outs:
+    for text, out in zip(shown, outs):
         c = out.outputs[0]
         if args.json:
             print(json.dumps({
-                "prompt": out.prompt, "text": c.text, "token_ids": c.token_ids,
+                "prompt": text, "text": c.text, "token_ids": c.token_ids,
                 "finish_reason": c.finish_reason, "num_cached_tokens": out.num_cached_tokens,
                 "ttft_s": out.metrics.time_to_first_token, "e2e_s": out.metrics.e2e_latency,
             }))
         else:
-            print(f"--- prompt: {out.prompt!r}")
+            print(f"--- prompt: {text!r}")
             print(c.text)
             print(f"--- {len(c.token_ids)} tokens, finish_reason={c.finish_reason}, "
                   f"ttft={out.metrics.time_to_first_token:.3f}s")
