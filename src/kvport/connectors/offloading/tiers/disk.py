@@ -1,24 +1,7 @@
 """Disk tier: one file per offload block under a namespaced directory, shared across processes.
 
-Layout: `<root>/<namespace digest hex[:16]>/<key hex[:2]>/<key hex>.kvb`. A file is a fixed header
-followed by the payload (the offload block's bytes, as the host tier holds them):
-
-    offset size  field
-    0      8     magic b"KVPORTKV"
-    8      2     format version (FORMAT_VERSION), little endian like every field
-    10     2     header size (HEADER_SIZE = 4096: the fields below, then zeros)
-    12     4     reserved, 0
-    16     32    namespace digest: sha256 of the namespace bytes (model, dtype, layout, sizes)
-    48     16    key digest: blake2b-128 of the key (a renamed or misplaced file is a miss)
-    64     8     payload length in bytes
-    72     8     xxh3_64 of the payload
-    80     4016  zeros
-    4096         payload
-
-The header fills a whole page so that the payload starts page-aligned in the file: the kernel
-then copies page cache pages to the (aligned) destination whole, measured 1.3x faster per entry
-than with an 80-byte header. It costs 4 KiB per entry (1/8 of one 32 KiB engine block, 1/256 of
-a 1 MiB offload block).
+Layout: `<root>/<namespace digest hex[:16]>/<key hex[:2]>/<key hex>.kvb`; each file is a header
+and the payload (the offload block's bytes, as the host tier holds them); see disk_format.
 
 Writes go to a temp file in the entry's directory (`.<key hex>.<pid>.<thread>.tmp`) that is then
 `os.replace`d onto the final name, so readers (this process or another) see either no entry or a
@@ -41,37 +24,25 @@ import errno
 import hashlib
 import logging
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
-import xxhash
 
-from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
+    FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUFFIX, checksum, disk_namespace, header_ok,
+    pack_header,
+)
 from kvport.connectors.offloading.tiers.host import HostTier
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"KVPORTKV"
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<8sHHI32s16sQQ")  # the fields; padded with zeros to HEADER_SIZE
-HEADER_SIZE = 4096
-SUFFIX = ".kvb"
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 _STALE_TEMP_SECONDS = 3600.0  # a temp file this old has no live writer: remove it at start
-
-
-def disk_namespace(root_hash: bytes, spec: KVCacheSpec, offload_block_size: int) -> bytes:
-    """The namespace of a disk tier: the engine's hash root (model, dtype, block size, layout)
-    plus the pool geometry and offload block size, which fix the payload's byte layout."""
-    fields = [root_hash.hex(), spec.dtype, spec.layout, str(spec.block_size), str(spec.num_layers),
-              str(spec.num_kv_heads), str(spec.head_dim), str(offload_block_size)]
-    return "|".join(["kvport-disk-v1", *fields]).encode()
 
 
 class DiskTier:
@@ -192,9 +163,7 @@ class DiskTier:
     def _write_reserved(self, key: bytes, payload: torch.Tensor, size: int) -> bool:
         start = time.perf_counter()
         data = payload.numpy().data  # memoryview over the tensor's bytes
-        header = HEADER.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, 0, self.namespace_digest,
-                             _key_digest(key), data.nbytes, xxhash.xxh3_64_intdigest(data))
-        header += bytes(HEADER_SIZE - HEADER.size)
+        header = pack_header(self.namespace_digest, key, data)
         final = self.path(key)
         tmp = final.with_name(f".{final.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
@@ -276,11 +245,11 @@ class DiskTier:
                 got = os.preadv(fd, [raw, data], 0)
             finally:
                 os.close(fd)
-            if not self._header_ok(bytes(raw), key, data.nbytes):
+            if not header_ok(self.namespace_digest, bytes(raw), key, data.nbytes):
                 return self._reject(key, path, "bad header")
             if got != HEADER_SIZE + data.nbytes:
                 return self._reject(key, path, f"{got} bytes, not {HEADER_SIZE + data.nbytes}")
-            if xxhash.xxh3_64_intdigest(data) != HEADER.unpack_from(raw)[7]:
+            if checksum(data) != HEADER.unpack_from(raw)[7]:
                 return self._reject(key, path, "checksum mismatch")
         except FileNotFoundError:
             self._drop(key)
@@ -296,14 +265,6 @@ class DiskTier:
         self.stats.add(bytes_loaded=data.nbytes, blocks_loaded=1,
                        load_seconds=time.perf_counter() - start)
         return True
-
-    def _header_ok(self, raw: bytes, key: bytes, payload_len: int) -> bool:
-        if len(raw) != HEADER_SIZE:
-            return False
-        magic, version, hsize, _, ns, kd, length, _ = HEADER.unpack_from(raw)
-        return bool(magic == MAGIC and version == FORMAT_VERSION and hsize == HEADER_SIZE
-                    and ns == self.namespace_digest and kd == _key_digest(key)
-                    and length == payload_len)
 
     def _reject(self, key: bytes, path: Path, why: str) -> bool:
         logger.warning("disk tier entry %s rejected (%s); removed", path, why)
@@ -337,10 +298,6 @@ class DiskTier:
 def _check_pairs(src: list[int] | list[bytes], dst: list[int] | list[bytes]) -> None:
     if len(src) != len(dst):
         raise ValueError(f"source has {len(src)} blocks, destination {len(dst)}")
-
-
-def _key_digest(key: bytes) -> bytes:
-    return hashlib.blake2b(key, digest_size=16).digest()
 
 
 def _unlink(path: Path) -> None:
