@@ -1,0 +1,63 @@
+"""OffloadingConnector configuration and offload-block arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvport.config import KVTransferConfig
+from kvport.connectors.factory import parse_extra_config
+from kvport.connectors.offloading.config import (
+    DiskTierConfig, OffloadingConfig, block_factor, offload_keys,
+)
+from kvport.engine.hashing import hash_blocks, namespace_hash
+
+
+def parse(extra: dict[str, object]) -> OffloadingConfig:
+    return parse_extra_config(OffloadingConfig, KVTransferConfig("OffloadingConnector",
+                                                                 kv_connector_extra_config=extra))
+
+
+def test_vllm_names_parse() -> None:
+    cfg = parse({"cpu_bytes_to_use": 1 << 30, "block_size": 64, "eviction_policy": "arc",
+                 "store_threshold": 2,
+                 "secondary_tiers": [{"type": "disk", "root_dir": "/tmp/x", "max_bytes": 10**9}]})
+    assert cfg.disk_tiers() == [DiskTierConfig("/tmp/x", 10**9)]
+    assert (cfg.eviction_policy, cfg.store_threshold, cfg.block_size) == ("arc", 2, 64)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({}, "cpu_bytes_to_use must be a positive"),
+    ({"cpu_bytes_to_use": 1, "eviction_policy": "fifo"}, "eviction_policy must be one of"),
+    ({"cpu_bytes_to_use": 1, "store_threshold": -1}, "store_threshold must be >= 0"),
+    ({"cpu_bytes_to_use": 1, "block_size": 0}, "block_size must be positive"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "s3"}]}, r"'type' one of \['disk'\]"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x", "max_bytes": 1,
+                                                  "speed": 3}]}, r"unknown key\(s\) \['speed'\]"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "max_bytes": 1}]}, "root_dir"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x"}]}, "max_bytes"),
+    ({"cpu_bytes_to_use": 1, "num_cpu_blocks": 4}, r"unknown kv_connector_extra_config key"),
+])
+def test_bad_configs_name_the_key(extra: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(extra)
+
+
+def test_block_factor() -> None:
+    cfg = OffloadingConfig(cpu_bytes_to_use=1)
+    assert block_factor(cfg, 16, 32 * 1024) == 32  # tiny-llama: 32 KiB engine blocks -> 1 MiB
+    assert block_factor(cfg, 16, 720 * 1024) == 1  # SmolLM2 float32: already ~1 MiB
+    assert block_factor(cfg, 16, 4 << 20) == 1  # never less than one engine block
+    assert block_factor(OffloadingConfig(cpu_bytes_to_use=1, block_size=64), 16, 1) == 4
+    with pytest.raises(ValueError, match="block_size=40 is not a multiple of the engine's block_size=16"):
+        block_factor(OffloadingConfig(cpu_bytes_to_use=1, block_size=40), 16, 1)
+
+
+def test_offload_keys_are_the_hash_of_each_last_engine_block() -> None:
+    root = namespace_hash("m", "float32", 4, "layout")
+    hashes: list[bytes] = []
+    hash_blocks(root, list(range(1, 30)), 4, hashes)  # 7 full engine blocks
+    assert offload_keys(hashes, 1) == hashes
+    assert offload_keys(hashes, 3) == [hashes[2], hashes[5]]  # 2 full offload blocks
+    other: list[bytes] = []
+    hash_blocks(root, list(range(1, 24)) + [99] * 6, 4, other)  # differs from token 24 on
+    assert offload_keys(other, 3)[0] == hashes[2] and offload_keys(other, 3)[1] != hashes[5]
