@@ -7,16 +7,12 @@ from dataclasses import dataclass
 import pytest
 
 from kvport.connectors.offloading.arc import ARCManager
+from manager_checks import (
+    MEDIUM, ExpectedEvent, ExpectedPrepareStoreOutput, verify_events, verify_store_output,
+)
+
 from kvport.connectors.offloading.manager import PrepareStoreOutput
 
-MEDIUM = "CPU"
-
-
-@dataclass
-class ExpectedPrepareStoreOutput:
-    keys_to_store: list[int]
-    slot_ids: list[int]
-    evicted_keys: list[int]
 
 
 @dataclass
@@ -28,30 +24,11 @@ class ExpectedARCState:
     target: int
 
 
-@dataclass
-class ExpectedEvent:
-    keys: tuple[int, ...]
-    removed: bool
-
-
-def verify_store_output(output: PrepareStoreOutput | None,
-                        expected: ExpectedPrepareStoreOutput) -> None:
-    assert output is not None, "prepare_store returned None"
-    assert (output.keys_to_store, output.slot_ids, output.evicted_keys) == \
-        (expected.keys_to_store, expected.slot_ids, expected.evicted_keys)
-
-
 def verify_state(manager: ARCManager, expected: ExpectedARCState) -> None:
     actual = ExpectedARCState(manager.t1_keys, manager.t2_keys, manager.b1_keys, manager.b2_keys,
                               manager.target_t1_size)
     assert actual == expected
     manager.check_integrity()
-
-
-def verify_events(manager: ARCManager, expected: list[ExpectedEvent]) -> None:
-    events = manager.take_events()
-    assert [(e.keys, e.removed) for e in events] == [(e.keys, e.removed) for e in expected]
-    assert manager.take_events() == []
 
 
 def store(manager: ARCManager, keys: list[int]) -> PrepareStoreOutput:

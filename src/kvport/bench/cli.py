@@ -8,6 +8,7 @@ transformers) happen inside the functions, so `kvport --help` stays fast.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import sys
 from typing import Any
 
@@ -99,38 +100,35 @@ def _add_transfer(commands: Any) -> None:
 
 
 def run_transfer_command(args: argparse.Namespace) -> int:
-    from kvport.bench import save_json
     from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
 
-    try:
-        cfg = TransferBenchConfig(geometry=args.geometry, block_sizes=args.block_sizes,
-                                  total_mib=args.total_mib, repeats=args.repeats, disk=args.disk,
-                                  disk_mib=args.disk_mib, disk_dir=args.disk_dir,
-                                  disk_threads=args.disk_threads)
-    except ValueError as exc:
-        print(f"kvport bench transfer: {exc}", file=sys.stderr)
-        return 2
-    result = run_transfer(cfg)
-    print(format_transfer(result))
-    if args.json:
-        save_json(result, args.json)
-        print(f"wrote {args.json}")
-    return 0
+    return _run_bench("transfer", args, lambda: TransferBenchConfig(
+        geometry=args.geometry, block_sizes=args.block_sizes, total_mib=args.total_mib,
+        repeats=args.repeats, disk=args.disk, disk_mib=args.disk_mib, disk_dir=args.disk_dir,
+        disk_threads=args.disk_threads), run_transfer, format_transfer)
 
 
 def run_overhead_command(args: argparse.Namespace) -> int:
-    from kvport.bench import save_json
     from kvport.bench.overhead import OverheadConfig, format_overhead, run_overhead
 
+    return _run_bench("connector-overhead", args, lambda: OverheadConfig(
+        model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
+        decode_tokens=args.decode_tokens, rounds=args.rounds), run_overhead, format_overhead)
+
+
+def _run_bench(name: str, args: argparse.Namespace, make_config: Callable[[], Any],
+               run: Callable[[Any], dict[str, Any]],
+               fmt: Callable[[dict[str, Any]], str]) -> int:
+    """Build the config (a bad value: exit 2 with its message), run, print, write --json."""
+    from kvport.bench import save_json
+
     try:
-        cfg = OverheadConfig(model=args.model, dtype=args.dtype, batch=args.batch,
-                             prompt_len=args.prompt_len, decode_tokens=args.decode_tokens,
-                             rounds=args.rounds)
+        cfg = make_config()
     except ValueError as exc:
-        print(f"kvport bench connector-overhead: {exc}", file=sys.stderr)
+        print(f"kvport bench {name}: {exc}", file=sys.stderr)
         return 2
-    result = run_overhead(cfg)
-    print(format_overhead(result))
+    result = run(cfg)
+    print(fmt(result))
     if args.json:
         save_json(result, args.json)
         print(f"wrote {args.json}")
