@@ -158,7 +158,7 @@ def _disk_row(cfg: TransferBenchConfig, size: int, root: Path) -> dict[str, Any]
     from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
     from kvport.connectors.offloading.tiers.disk import DiskTier
     from kvport.connectors.offloading.tiers.host import HostTier
-    from kvport.connectors.offloading.worker import build_tier_worker
+    from kvport.connectors.offloading.transfers import build_tier_worker
 
     layers, heads, head_dim = GEOMETRIES[cfg.geometry]
     n = max(1, cfg.disk_mib * MIB // size)

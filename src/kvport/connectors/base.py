@@ -8,6 +8,7 @@ scheduler sends a `KVConnectorMetadata` to the worker, and the worker answers wi
 `KVConnectorOutput`. Both are plain data that could cross a process boundary.
 
 Scheduler side, in the order the scheduler calls them:
+    set_kv_cache_spec(spec)                  once, before any request
     on_new_request(req)                      a request was added
     get_num_new_matched_tokens(req, n_local) tokens loadable beyond the local prefix hit
     update_state_after_alloc(req, ids, n)    after every successful allocation of a waiting request
@@ -16,6 +17,7 @@ Scheduler side, in the order the scheduler calls them:
     update_connector_output(out)             the worker's answer for the step
     take_events()                            drain stored/removed events
     has_pending_work()                       keep the engine stepping while transfers run
+    get_metrics()                            cumulative counters, on demand
     reset_cache(), shutdown()
 
 Worker side, every step (see kvport.connectors.driver for the exact order):
@@ -101,6 +103,16 @@ class KVCacheSpec:
     head_dim: int
     dtype: str
     layout: str  # "blocks-layers-kv-tokens-heads-dim": one block is one contiguous run of bytes
+    # The engine's block-hash root (model identity, dtype, block size, layout): block hashes
+    # are chained from it, and a connector's persistent store is namespaced by it.
+    hash_root: bytes = b""
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one engine block, every layer, K and V."""
+        itemsize = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        return (self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
+                * itemsize)
 
 
 @dataclass
@@ -204,6 +216,10 @@ class KVConnectorBase(ABC):
 
     # ---- scheduler side ---------------------------------------------------------------------
 
+    def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
+        """Scheduler, once, after construction and before any request: the pool's geometry and
+        hash root (the same spec the worker half gets in register_kv_caches)."""
+
     def on_new_request(self, request: Request) -> None:
         """Scheduler, when a request is added."""
 
@@ -246,6 +262,10 @@ class KVConnectorBase(ABC):
     def take_events(self) -> list[KVCacheEvent]:
         """Scheduler, in every update_from_output: drain events since the previous call."""
         return []
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Scheduler, on demand (LLM.get_metrics): cumulative counters, plain data."""
+        return {}
 
     def has_pending_work(self) -> bool:
         """Scheduler: True keeps the engine stepping with no requests (transfers in flight)."""

@@ -104,3 +104,5 @@ def _check_type(connector: str, key: str, value: Any, annotation: Any) -> None:
 register_connector("ExampleConnector", "kvport.connectors.example", "ExampleConnector")
 register_connector("MultiConnector", "kvport.connectors.multi", "MultiConnector")
 register_connector("NoOpConnector", "kvport.connectors.noop", "NoOpConnector")
+register_connector("OffloadingConnector", "kvport.connectors.offloading.connector",
+                   "OffloadingConnector")

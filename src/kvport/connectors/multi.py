@@ -170,6 +170,14 @@ class MultiConnector(KVConnectorBase):
 
     # ---- scheduler side ---------------------------------------------------------------------
 
+    def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
+        self._each("set_kv_cache_spec", lambda i, c: c.set_kv_cache_spec(spec))
+
+    def get_metrics(self) -> dict[str, Any]:
+        """{"<i>.<connector>": child metrics} for the children that have any."""
+        results = self._each("get_metrics", lambda i, c: c.get_metrics())
+        return {name: r for name, r in zip(self._names, results, strict=True) if r}
+
     def on_new_request(self, request: Request) -> None:
         self._each("on_new_request", lambda i, c: c.on_new_request(request))
 

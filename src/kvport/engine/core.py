@@ -24,7 +24,7 @@ from kvport.engine.scheduler import Scheduler
 from kvport.model.loader import LoadedModel, load_model
 from kvport.engine.executor import Executor, InProcExecutor, ProcessExecutor, build_runner
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from kvport.model.runner import KV_LAYOUT, ModelRunner, kv_block_bytes
+from kvport.model.runner import KV_LAYOUT, ModelRunner, kv_block_bytes, kv_cache_spec
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,11 @@ class EngineCore:
         ktc = config.kv_transfer_config
         # The two halves of the connector: separate objects, separate state (the worker half is
         # built next to the runner, possibly in another process).
+        self.hash_root = namespace_hash(self.loaded.identity, config.dtype, config.block_size, KV_LAYOUT)
         sched_connector = create_connector(ktc, KVConnectorRole.SCHEDULER) if ktc else None
+        if sched_connector is not None:
+            sched_connector.set_kv_cache_spec(kv_cache_spec(
+                mc, self.num_kv_blocks, config.block_size, dtype, self.hash_root))
         self.scheduler = Scheduler(config, self.kv_cache_manager, sched_connector)
         self.executor: Executor
         if in_process:
@@ -60,7 +64,6 @@ class EngineCore:
             self.executor = ProcessExecutor(config, self.num_kv_blocks)
         # (step output, its future): at most two steps in flight under async scheduling
         self._in_flight: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
-        self.hash_root = namespace_hash(self.loaded.identity, config.dtype, config.block_size, KV_LAYOUT)
         self.eos_token_ids = frozenset(mc.eos_token_ids)
 
     def _num_kv_blocks(self, block_bytes: int) -> int:

@@ -26,7 +26,8 @@ from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorRole
 from kvport.connectors.factory import create_connector
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from kvport.model.runner import ModelRunner
+from kvport.engine.hashing import namespace_hash
+from kvport.model.runner import KV_LAYOUT, ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,9 @@ def build_runner(config: EngineConfig, num_kv_blocks: int, loaded: Any | None = 
         loaded = load_model(config.model, dtype)
     ktc = config.kv_transfer_config
     connector = create_connector(ktc, KVConnectorRole.WORKER) if ktc is not None else None
-    return ModelRunner(loaded.model, loaded.config, num_kv_blocks, config.block_size, dtype, connector)
+    hash_root = namespace_hash(loaded.identity, config.dtype, config.block_size, KV_LAYOUT)
+    return ModelRunner(loaded.model, loaded.config, num_kv_blocks, config.block_size, dtype,
+                       connector, hash_root)
 
 
 class InProcExecutor(Executor):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any, Union
@@ -98,6 +99,20 @@ class LLM:
         if reset_connector and connector is not None:
             return connector.reset_cache()
         return None
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Cumulative counters: the engine's prefix cache, the scheduler's KV-transfer
+        bookkeeping and the connector's own (for the OffloadingConnector: per tier)."""
+        pool = self.engine.pool.stats
+        bs = self.config.block_size
+        sched = self.engine.scheduler
+        connector = sched.connector
+        return {
+            "prefix_cache": {"num_queried_tokens": pool.num_queried_blocks * bs,
+                             "num_hit_tokens": pool.num_hit_blocks * bs},
+            "kv_transfer": dataclasses.asdict(sched.xfer.stats),
+            "connector": connector.get_metrics() if connector is not None else {},
+        }
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -61,12 +61,22 @@ def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtyp
     return n * torch.tensor([], dtype=dtype).element_size()
 
 
+def kv_cache_spec(model_config: ModelConfig, num_blocks: int, block_size: int,
+                  dtype: torch.dtype, hash_root: bytes = b"") -> KVCacheSpec:
+    return KVCacheSpec(
+        num_blocks=num_blocks, block_size=block_size, num_layers=model_config.num_hidden_layers,
+        num_kv_heads=model_config.num_key_value_heads, head_dim=model_config.head_dim,
+        dtype=str(dtype).removeprefix("torch."), layout=KV_LAYOUT, hash_root=hash_root)
+
+
 class ModelRunner:
     def __init__(
         self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
         block_size: int, dtype: torch.dtype, connector: KVConnectorBase | None = None,
+        hash_root: bytes = b"",
     ) -> None:
         self.model = model
+        self.hash_root = hash_root
         self.model_config = model_config
         self.block_size = block_size
         # Zeros, not empty: padded block-table slots are read (then masked) and must not hold
@@ -79,12 +89,8 @@ class ModelRunner:
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
-        mc = self.model_config
-        return KVCacheSpec(
-            num_blocks=self.kv_cache.shape[0], block_size=self.block_size,
-            num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
-            head_dim=mc.head_dim, dtype=str(self.kv_cache.dtype).removeprefix("torch."),
-            layout=KV_LAYOUT)
+        return kv_cache_spec(self.model_config, self.kv_cache.shape[0], self.block_size,
+                             self.kv_cache.dtype, self.hash_root)
 
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(sched_out)

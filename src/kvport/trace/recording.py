@@ -206,6 +206,12 @@ class RecordingConnector(KVConnectorBase):
 
     # ---- scheduler side -------------------------------------------------------------------------
 
+    def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
+        self._inner.set_kv_cache_spec(spec)  # configuration, not a contract call: unrecorded
+
+    def get_metrics(self) -> dict[str, Any]:
+        return self._inner.get_metrics()  # a read-only view: unrecorded
+
     def on_new_request(self, request: Request) -> None:
         rec = self._head("on_new_request")
         rec["req_ids"] = [request.request_id]

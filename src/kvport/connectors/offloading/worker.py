@@ -1,261 +1,182 @@
-"""Worker-side transfer machinery: handlers per direction and the router in front of them.
+"""The OffloadingConnector's worker half: runs the jobs the scheduler half planned.
 
-Runs in the worker (next to the model runner). The connector's worker half submits jobs with
-ids it chooses and polls completions once per step:
+Every step, in the driver's order:
+    handle_preemptions  submit the stores queued last step, then this step's write-throughs, then
+                        wait for `jobs_to_flush` (stores reading blocks handed out again now)
+    start_load_kv       submit this step's loads (a promotion DISK->HOST first when needed)
+    get_finished        queue this step's stores (the forward has written their blocks), poll
+                        completions: a promotion that finished starts its HOST->ENGINE copy;
+                        a finished load reports its request in finished_recving and its failed
+                        engine blocks as load errors
+Nothing is left to wait_for_save, which no-forward steps skip.
 
-    worker.submit(job_id, src, dst)    route by (src.medium(), dst.medium()); never raises for a
-                                       handler's failure: the job is then reported failed
-    worker.get_finished()              completions since the last call; per direction in
-                                       submission order, each job exactly once
-    worker.wait(job_ids, timeout)      block until those jobs are done (unknown ids ignored)
-    worker.shutdown(timeout)           cancel queued jobs, wait for running ones at most timeout
-
-A failed job names what was not done in `failed_indices`: positions in the destination spec. For
-an ENGINE destination those are the engine blocks (positions in `EngineBlocks.block_ids`) that
-hold no valid KV; a job that failed as a whole lists every position.
+Job ids come from the scheduler half. A load's promotion stage runs under the id `-job_id`.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
-from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, LoadStoreSpec
-from kvport.connectors.offloading.tiers import TransferOutcome
+import torch
 
-if TYPE_CHECKING:
-    from kvport.connectors.offloading.tiers.disk import DiskTier
-    from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.base import KVCacheSpec
+from kvport.connectors.offloading.config import OffloadingConfig, block_factor
+from kvport.connectors.offloading.mediums import DISK, HOST, EngineBlocks, HostBlocks
+from kvport.connectors.offloading.metadata import (
+    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, StoreJob,
+)
+from kvport.connectors.offloading.scheduler import num_host_slots
+from kvport.connectors.offloading.tiers.disk import DiskTier
+from kvport.connectors.offloading.tiers.disk_format import disk_namespace
+from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.transfers import (
+    OffloadingWorker, TransferResult, build_tier_worker,
+)
 
 logger = logging.getLogger(__name__)
 
-TransferFn = Callable[[LoadStoreSpec, LoadStoreSpec], TransferOutcome]
+TransfersFactory = Callable[[HostTier, "DiskTier | None"], OffloadingWorker]
+IDLE_WAIT_S = 0.002  # a step with no forward waits this long for a transfer, instead of spinning
 
 
 @dataclass
-class TransferResult:
-    """One finished job. `seconds` is the transfer's own run time (not its queueing)."""
-
-    job_id: int
-    success: bool
-    num_bytes: int = 0
-    seconds: float = 0.0
-    transfer_type: tuple[str, str] = ("", "")  # (source medium, destination medium)
-    failed_indices: list[int] = field(default_factory=list)
+class _Load:
+    job: LoadJob
+    engine_failed: list[int]  # engine block ids left without valid KV
+    promote_failed: list[int] = field(default_factory=list)  # positions in job.promote_dst
+    copy_dst: list[int] = field(default_factory=list)  # engine blocks of the HOST->ENGINE copy
 
 
-class TransferHandler(ABC):
-    """Moves blocks in one direction. Called only from the worker-side connector's thread."""
+class OffloadingConnectorWorker:
+    def __init__(self, config: OffloadingConfig,
+                 make_transfers: TransfersFactory = build_tier_worker) -> None:
+        self.config = config
+        self._make_transfers = make_transfers
+        self.host: HostTier | None = None
+        self.disk: DiskTier | None = None
+        self.transfers: OffloadingWorker | None = None
+        self._queued: list[StoreJob] = []  # planned last step, submitted at the start of this one
+        self._loads: dict[int, _Load] = {}  # job id -> load in flight
+        self._in_flight: set[int] = set()  # ids submitted to the transfers, not yet reported
+        self._ready: list[_Load] = []  # loads done, to report in this step's get_finished
+        self._results: list[JobResult] = []  # for the next worker metadata
+        self._load_errors: set[int] = set()
 
-    @abstractmethod
-    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
-        """Start a job and return at once. May raise (the worker then reports the job failed)."""
+    def register_kv_caches(self, kv_cache: torch.Tensor, spec: KVCacheSpec) -> None:
+        f = block_factor(self.config, spec.block_size, spec.block_bytes)
+        self.host = HostTier.for_pool(kv_cache, num_host_slots(self.config, f * spec.block_bytes), f)
+        disks = self.config.disk_tiers()
+        if disks:
+            namespace = disk_namespace(spec.hash_root, spec, f * spec.block_size)
+            self.disk = DiskTier(disks[0].root_dir, disks[0].max_bytes, namespace)
+        self.transfers = self._make_transfers(self.host, self.disk)
 
-    @abstractmethod
-    def get_finished(self) -> list[TransferResult]:
-        """Jobs finished since the last call, in submission order: a job that finished early is
-        held back until every earlier job of this handler has finished. Each job exactly once."""
+    def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
+        queued, self._queued = self._queued, []
+        for job in queued:
+            self._submit(job.job_id, job.src, job.dst)
+        for write in meta.writes:
+            self._submit(write.job_id, write.src, write.dst)
+        if meta.jobs_to_flush:
+            # NOTE: no timeout: the stores copy memory into host slots, which cannot hang, and
+            # returning early would let this step's forward overwrite what they still read.
+            self._transfers().wait(meta.jobs_to_flush)
 
-    @abstractmethod
-    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
-        """Block until the named jobs finished (unknown or reported ids are ignored). Returns
-        False if the timeout passed first. Does not consume results."""
+    def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
+        for job in meta.loads:
+            load = _Load(job, engine_failed=list(job.unloadable))
+            self._loads[job.job_id] = load
+            if job.promote_src is not None:
+                self._submit(-job.job_id, job.promote_src, job.promote_dst)
+            else:
+                self._start_copy(load, job.src, job.dst)
 
-    @abstractmethod
-    def shutdown(self, timeout: float = 5.0) -> None:
-        """Cancel queued jobs (reported failed), wait at most `timeout` for running ones."""
+    def get_finished(self, meta: OffloadingConnectorMetadata | None,
+                     did_forward: bool) -> set[str]:
+        """Queues this step's stores; returns the requests whose load finished."""
+        if meta is not None:
+            self._queued.extend(meta.stores)
+        transfers = self._transfers()
+        done = transfers.get_finished()
+        if not done and not did_forward and self._in_flight:
+            transfers.wait(self._in_flight, timeout=IDLE_WAIT_S)
+            done = transfers.get_finished()
+        for result in done:
+            self._in_flight.discard(result.job_id)
+            if result.job_id < 0:
+                self._on_promoted(self._loads[-result.job_id], result)
+            elif result.job_id in self._loads:
+                load = self._loads[result.job_id]
+                load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]
+                self._ready.append(load)
+            else:
+                self._results.append(JobResult(result.job_id, result.success,
+                                               list(result.failed_indices)))
+        ready, self._ready = self._ready, []
+        return {self._finish_load(load) for load in ready}
 
+    def _on_promoted(self, load: _Load, result: TransferResult) -> None:
+        """The promotion finished: copy every block that is in host memory now to the engine."""
+        job = load.job
+        assert job.promote_dst is not None
+        load.promote_failed = list(result.failed_indices)
+        num_host = len(job.src.slot_ids) - len(job.promote_dst.slot_ids)
+        bad = {num_host + p for p in load.promote_failed}  # offload block positions in src
+        f, skip = self._factor(), job.dst.skip
+        slots: list[int] = []
+        dst: list[int] = []
+        for j, slot in enumerate(job.src.slot_ids):
+            blocks = job.dst.block_ids[max(0, j * f - skip):(j + 1) * f - skip]
+            if j in bad:
+                load.engine_failed += blocks
+            else:
+                slots.append(slot)
+                dst += blocks
+        self._start_copy(load, HostBlocks(slots), EngineBlocks(dst, 0 if 0 in bad else skip))
 
-class ThreadPoolHandler(TransferHandler):
-    """Runs `transfer(src, dst)` for each job on a pool of `num_threads` threads. A transfer that
-    raises becomes a failed result listing every destination position."""
+    def _start_copy(self, load: _Load, src: HostBlocks, dst: EngineBlocks) -> None:
+        if src.slot_ids:
+            load.copy_dst = dst.block_ids
+            self._submit(load.job.job_id, src, dst)
+        else:  # nothing to copy: reported by this step's get_finished
+            self._ready.append(load)
 
-    def __init__(self, transfer: TransferFn, num_threads: int = 1, name: str = "transfer") -> None:
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-        self._transfer = transfer
-        self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
-        # NOTE: daemon threads, not a ThreadPoolExecutor: the executor joins its threads at
-        # interpreter exit, so one transfer stuck in I/O would hang the process forever.
-        self._threads = [threading.Thread(target=self._loop, name=f"kvport-{name}-{i}",
-                                          daemon=True) for i in range(num_threads)]
-        for t in self._threads:
-            t.start()
-        self._jobs: deque[_Task] = deque()  # submission order; the head is reported first
-        self._by_id: dict[int, _Task] = {}  # job id -> task, until reported
-        self._closed = False
+    def _finish_load(self, load: _Load) -> str:
+        job = load.job
+        del self._loads[job.job_id]
+        self._load_errors.update(load.engine_failed)
+        self._results.append(JobResult(job.job_id, not load.engine_failed,
+                                       sorted(load.engine_failed), load.promote_failed))
+        return job.req_id
 
-    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
-        if self._closed:
-            raise RuntimeError(f"submit of job {job_id} after shutdown")
-        if job_id in self._by_id:
-            raise ValueError(f"job id {job_id} is already in flight")
-        task = _Task(job_id, src, dst, Future())
-        self._jobs.append(task)
-        self._by_id[job_id] = task
-        self._queue.put(task)
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
 
-    def _loop(self) -> None:
-        while (task := self._queue.get()) is not None:
-            if task.future.set_running_or_notify_cancel():  # False: cancelled while queued
-                task.future.set_result(self._run(task))
-
-    def _run(self, task: _Task) -> TransferResult:
-        start = time.perf_counter()
-        try:
-            out = self._transfer(task.src, task.dst)
-        except BaseException:  # a thread that dies would leave its job open forever
-            logger.warning("transfer job %d %s->%s failed", task.job_id, *task.kind,
-                           exc_info=True)
-            return failed_result(task.job_id, task.kind, len(task.dst),
-                                 time.perf_counter() - start)
-        return TransferResult(task.job_id, not out.failed_indices, out.num_bytes,
-                              time.perf_counter() - start, task.kind, list(out.failed_indices))
-
-    def get_finished(self) -> list[TransferResult]:
-        done: list[TransferResult] = []
-        while self._jobs and self._jobs[0].future.done():
-            task = self._jobs.popleft()
-            del self._by_id[task.job_id]
-            done.append(task.result())
-        return done
-
-    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
-        futures = [self._by_id[j].future for j in job_ids if j in self._by_id]
-        return not wait_futures(futures, timeout=timeout).not_done
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for task in self._jobs:
-            task.future.cancel()  # only queued jobs can be cancelled; they report failed
-        for _ in self._threads:
-            self._queue.put(None)
-        running = [t.future for t in self._jobs if not t.future.done()]
-        if wait_futures(running, timeout=timeout).not_done:
-            logger.warning("transfer handler shut down with jobs still running after %.1fs; "
-                           "their (daemon) threads are abandoned", timeout)
-
-
-@dataclass
-class _Task:
-    job_id: int
-    src: LoadStoreSpec
-    dst: LoadStoreSpec
-    future: Future[TransferResult]
-
-    @property
-    def kind(self) -> tuple[str, str]:
-        return (self.src.medium(), self.dst.medium())
-
-    def result(self) -> TransferResult:
-        if self.future.cancelled():  # never ran: the destination is untouched
-            return failed_result(self.job_id, self.kind, len(self.dst))
-        return self.future.result()  # _run never raises
-
-
-def failed_result(job_id: int, kind: tuple[str, str], num_dst: int,
-                  seconds: float = 0.0) -> TransferResult:
-    return TransferResult(job_id, False, 0, seconds, kind, list(range(num_dst)))
-
-
-class OffloadingWorker:
-    """Routes jobs to the handler registered for their (source, destination) mediums."""
-
-    def __init__(self) -> None:
-        self._handlers: dict[tuple[str, str], TransferHandler] = {}  # (src, dst) -> handler
-        self._job_kind: dict[int, tuple[str, str]] = {}  # job id -> route, until reported
-        self._rejected: list[TransferResult] = []  # jobs whose submit raised
-        self._lock = threading.Lock()
-
-    def register_handler(self, src_medium: str, dst_medium: str,
-                         handler: TransferHandler) -> None:
-        key = (src_medium, dst_medium)
-        assert key not in self._handlers, f"a handler for {src_medium}->{dst_medium} exists"
-        self._handlers[key] = handler
-
-    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> bool:
-        """Start a job; False if its handler refused it (the job is then reported failed with
-        every destination position by the next get_finished). An unregistered pair is a bug and
-        raises KeyError."""
-        kind = (src.medium(), dst.medium())
-        handler = self._handlers.get(kind)
-        if handler is None:
-            raise KeyError(f"no transfer handler for {kind[0]}->{kind[1]}; registered: "
-                           f"{sorted(self._handlers)}")
-        try:
-            handler.submit(job_id, src, dst)
-        except Exception:
-            logger.exception("submit of job %d %s->%s failed", job_id, *kind)
-            with self._lock:
-                self._rejected.append(failed_result(job_id, kind, len(dst)))
-            return False
-        self._job_kind[job_id] = kind
-        return True
-
-    def get_finished(self) -> list[TransferResult]:
-        """Completions of every handler (each in submission order), then refused submits."""
-        results: list[TransferResult] = []
-        for handler in self._handlers.values():
-            results.extend(handler.get_finished())
-        with self._lock:
-            results.extend(self._rejected)
-            self._rejected.clear()
-        for r in results:
-            self._job_kind.pop(r.job_id, None)
-        return results
-
-    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
-        """Block until the named jobs finished; False if `timeout` seconds passed first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        by_handler: dict[tuple[str, str], list[int]] = {}
-        for j in job_ids:
-            if j in self._job_kind:
-                by_handler.setdefault(self._job_kind[j], []).append(j)
-        for kind, ids in by_handler.items():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._handlers[kind].wait(ids, left):
-                return False
-        return True
+    def build_worker_meta(self) -> OffloadingWorkerMetadata | None:
+        if not self._results:
+            return None
+        results, self._results = self._results, []
+        stats = {HOST: self.host.stats.snapshot()} if self.host is not None else {}
+        if self.disk is not None:
+            stats[DISK] = self.disk.stats.snapshot()
+        return OffloadingWorkerMetadata(results, stats)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Shut every handler down (each waits at most `timeout`), even if one raises."""
-        errors: list[BaseException] = []
-        for handler in self._handlers.values():
-            try:
-                handler.shutdown(timeout)
-            except Exception as exc:  # noqa: BLE001 - the others must still shut down
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        if self.transfers is not None:
+            self.transfers.shutdown(timeout)
 
+    def _submit(self, job_id: int, src: object, dst: object) -> None:
+        self._in_flight.add(job_id)
+        self._transfers().submit(job_id, src, dst)  # type: ignore[arg-type]
 
-def build_tier_worker(host: HostTier, disk: DiskTier | None = None, host_threads: int = 1,
-                      disk_threads: int = 2) -> OffloadingWorker:
-    """The standard wiring: ENGINE<->HOST copies and, with a disk tier, HOST<->DISK file I/O.
+    def _transfers(self) -> OffloadingWorker:
+        assert self.transfers is not None, "OffloadingConnector: register_kv_caches was not called"
+        return self.transfers
 
-    NOTE: one host thread per direction is enough: torch already spreads one large copy over
-    its intra-op threads. Disk jobs wait on I/O, so several threads overlap them."""
-    worker = OffloadingWorker()
-    worker.register_handler(ENGINE, HOST, ThreadPoolHandler(
-        host.store, host_threads, "engine-host"))  # type: ignore[arg-type]
-    worker.register_handler(HOST, ENGINE, ThreadPoolHandler(
-        host.load, host_threads, "host-engine"))  # type: ignore[arg-type]
-    if disk is not None:
-        worker.register_handler(HOST, DISK, ThreadPoolHandler(
-            lambda s, d: disk.store_from_host(host, s, d),  # type: ignore[arg-type]
-            disk_threads, "host-disk"))
-        worker.register_handler(DISK, HOST, ThreadPoolHandler(
-            lambda s, d: disk.load_to_host(host, s, d),  # type: ignore[arg-type]
-            disk_threads, "disk-host"))
-    return worker
+    def _factor(self) -> int:
+        assert self.host is not None
+        return self.host.blocks_per_slot
+

@@ -21,7 +21,6 @@ their own view.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import threading
@@ -34,8 +33,8 @@ import torch
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
-    FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUFFIX, checksum, disk_namespace, header_ok,
-    pack_header,
+    FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUFFIX, DiskLocation, checksum, disk_namespace,
+    header_ok, pack_header,
 )
 from kvport.connectors.offloading.tiers.host import HostTier
 
@@ -55,8 +54,9 @@ class DiskTier:
         if not root.is_dir():
             raise OSError(errno.ENOENT, f"disk tier root_dir {str(root)!r} is not a directory")
         self.max_bytes = max_bytes
-        self.namespace_digest = hashlib.sha256(namespace).digest()
-        self.dir = root / self.namespace_digest.hex()[:16]
+        self.location = DiskLocation(root, namespace)
+        self.namespace_digest = self.location.namespace_digest
+        self.dir = self.location.dir
         self.dir.mkdir(exist_ok=True)
         self.stats = TierStats()
         self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> file bytes, LRU first
@@ -68,8 +68,7 @@ class DiskTier:
     # --- paths and index ----------------------------------------------------------------------
 
     def path(self, key: bytes) -> Path:
-        h = key.hex()
-        return self.dir / h[:2] / f"{h}{SUFFIX}"
+        return self.location.path(key)
 
     def _rebuild_index(self) -> None:
         now = time.time()

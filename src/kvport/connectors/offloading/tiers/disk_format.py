@@ -23,7 +23,9 @@ a 1 MiB offload block).
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
+from pathlib import Path
 
 import xxhash
 
@@ -66,3 +68,20 @@ def header_ok(namespace_digest: bytes, raw: bytes, key: bytes, payload_len: int)
     magic, version, hsize, _, ns, kd, length, _ = HEADER.unpack_from(raw)
     return bool(magic == MAGIC and version == FORMAT_VERSION and hsize == HEADER_SIZE
                 and ns == namespace_digest and kd == key_digest(key) and length == payload_len)
+
+
+class DiskLocation:
+    """Where a disk tier's entries live: `<root>/<namespace digest hex[:16]>/<key hex[:2]>/<key
+    hex>.kvb`. The scheduler half uses it alone, as a read-only view of the directory (the worker's
+    DiskTier writes and evicts, so a file's existence is the truth)."""
+
+    def __init__(self, root_dir: str | os.PathLike[str], namespace: bytes) -> None:
+        self.namespace_digest = hashlib.sha256(namespace).digest()
+        self.dir = Path(root_dir) / self.namespace_digest.hex()[:16]
+
+    def path(self, key: bytes) -> Path:
+        h = key.hex()
+        return self.dir / h[:2] / f"{h}{SUFFIX}"
+
+    def exists(self, key: bytes) -> bool:
+        return self.path(key).is_file()

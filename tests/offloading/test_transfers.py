@@ -22,7 +22,7 @@ from kvport.connectors.offloading.mediums import (
     HostBlocks,
 )
 from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.worker import (
+from kvport.connectors.offloading.transfers import (
     OffloadingWorker,
     ThreadPoolHandler,
     TransferResult,

@@ -1,0 +1,148 @@
+"""OffloadingConnector: tiered KV offload to host memory and, below it, local disk.
+
+Configuration (`kv_connector_extra_config`, vLLM's names; see config.OffloadingConfig):
+    cpu_bytes_to_use   host tier size in bytes (required)
+    block_size         offload block in tokens (a multiple of the engine's; default about 1 MiB)
+    eviction_policy    "lru" (default) or "arc"
+    store_threshold    store a block only after it was looked up this many times (0: always)
+    secondary_tiers    [{"type": "disk", "root_dir": PATH, "max_bytes": N}]
+
+This class only routes the API to the half its role builds: `scheduler.OffloadingScheduler`
+(hits, job planning, the block-reuse fence) or `worker.OffloadingConnectorWorker` (transfers).
+Their module docstrings describe the design.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvport.connectors.base import (
+    ForwardContext, KVCacheEvent, KVCacheSpec, KVConnectorBase, KVConnectorOutput,
+    KVConnectorRole,
+)
+from kvport.connectors.factory import parse_extra_config
+from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.metadata import (
+    OffloadingConnectorMetadata, OffloadingWorkerMetadata,
+)
+from kvport.connectors.offloading.scheduler import OffloadingScheduler
+from kvport.connectors.offloading.worker import OffloadingConnectorWorker
+
+if TYPE_CHECKING:
+    from kvport.config import KVTransferConfig
+    from kvport.engine.outputs import SchedulerOutput
+    from kvport.engine.request import Request
+
+
+class OffloadingConnector(KVConnectorBase):
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
+        super().__init__(config, role)
+        self.offloading_config = parse_extra_config(OffloadingConfig, config)
+        self._scheduler: OffloadingScheduler | None = None  # built by set_kv_cache_spec
+        self._worker = (self.make_worker(self.offloading_config)
+                        if role == KVConnectorRole.WORKER else None)
+        self._did_forward = False
+
+    def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
+        """The worker half (a seam: tests build one with faulty transfers)."""
+        return OffloadingConnectorWorker(config)
+
+    # ---- scheduler side ---------------------------------------------------------------------
+
+    def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
+        self._scheduler = OffloadingScheduler(self.offloading_config, spec)
+
+    @property
+    def scheduler_half(self) -> OffloadingScheduler:
+        assert self._scheduler is not None, "OffloadingConnector: set_kv_cache_spec was not called"
+        return self._scheduler
+
+    @property
+    def worker_half(self) -> OffloadingConnectorWorker:
+        assert self._worker is not None, "OffloadingConnector: not the worker half"
+        return self._worker
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self.scheduler_half.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, block_ids: list[int], num_external_tokens: int
+    ) -> None:
+        self.scheduler_half.update_state_after_alloc(request, block_ids, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OffloadingConnectorMetadata:
+        return self.scheduler_half.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self.scheduler_half.update_connector_output(connector_output)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """(False, None): the blocks are freed now; the fence protects pending stores."""
+        self.scheduler_half.request_finished(request)
+        return False, None
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.scheduler_half.take_events()
+
+    def has_pending_work(self) -> bool:
+        return self.scheduler_half.has_pending_work()
+
+    def reset_cache(self) -> bool | None:
+        """Drops the host tier, not the disk tier (other engines may share its directory).
+        False while host blocks are being read or written."""
+        return self.scheduler_half.reset_cache()
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Cumulative counters per tier (see OffloadingScheduler.metrics)."""
+        return self.scheduler_half.metrics()
+
+    # ---- worker side ------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_cache: torch.Tensor, spec: KVCacheSpec) -> None:
+        self.worker_half.register_kv_caches(kv_cache, spec)
+
+    def handle_preemptions(self, metadata: Any) -> None:
+        self.worker_half.handle_preemptions(_checked(metadata))
+
+    def start_load_kv(self, ctx: ForwardContext) -> None:
+        self._did_forward = bool(ctx.num_scheduled_tokens)
+        self.worker_half.start_load_kv(_checked(self._get_connector_metadata()))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """No-op: a load completes before its request is scheduled (all loads are async)."""
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
+        """No-op: stores copy whole blocks (every layer at once) after the forward."""
+
+    def wait_for_save(self) -> None:
+        """No-op: stores are queued in get_finished, which runs every step."""
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        recving = self.worker_half.get_finished(_checked(meta) if meta is not None else None,
+                                                self._did_forward)
+        self._did_forward = False
+        return None, recving
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker_half.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self) -> OffloadingWorkerMetadata | None:
+        return self.worker_half.build_worker_meta()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+
+
+def _checked(metadata: Any) -> OffloadingConnectorMetadata:
+    if not isinstance(metadata, OffloadingConnectorMetadata):
+        raise TypeError(f"OffloadingConnector: expected OffloadingConnectorMetadata, got "
+                        f"{type(metadata).__name__}")
+    return metadata

@@ -1,0 +1,402 @@
+"""The OffloadingConnector's scheduler half: which offload blocks to load and store, as jobs.
+
+Keys: offload block i of a request (f engine blocks, obs = f * block_size tokens) is keyed by the
+chained hash of its last engine block (`config.offload_keys`). Only full offload blocks are
+stored or loaded.
+
+Hits (`get_num_new_matched_tokens`): after the engine's own prefix hit, the leading run of keys
+ready in the host tier, extended by keys whose disk entry exists. Every load is async (the
+request waits in WAITING_FOR_REMOTE_KVS). Disk-only keys are promoted through host slots
+reserved with prepare_store, in the same job as the host-to-engine copy.
+
+No convoys: a key that is being written to the host tier (another request's promotion or store
+in flight) ends the hit run, and the request computes it. Why not share the other request's
+load: it would tie this request's latency and failure to another job's, while computing the
+rest costs at most what a fresh request costs; host hits of the same keys are never shared,
+each request copies its own (reads of ready slots run in parallel).
+
+Stores (`build_connector_meta`): every full offload block that the step computes (or that a hit
+covered without it being in the host tier) gets a slot from prepare_store and one ENGINE->HOST
+job per request and step. A full host tier (None) retries the next step. When a store
+completes, a HOST->DISK job writes the same slots through to disk while they stay pinned.
+
+The fence: `request_finished` returns False, so a finished or preempted request's blocks go back
+to the pool at once, while its store jobs may not have read them yet. Every step, the pending
+store jobs that read a block handed out again in this step (and every store job of a preempted
+request) go into `jobs_to_flush`; the worker finishes them before anything writes KV. A request
+re-admitted while its own stores are pending is answered None (ask again) until they are done,
+so a request is never loaded and stored at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvport.connectors.base import KVCacheEvent, KVCacheSpec, KVConnectorOutput
+from kvport.connectors.offloading.admission import AdmissionFilter
+from kvport.connectors.offloading.arc import ARCManager
+from kvport.connectors.offloading.config import OffloadingConfig, block_factor, offload_keys
+from kvport.connectors.offloading.lru import LRUManager
+from kvport.connectors.offloading.manager import OffloadingManager
+from kvport.connectors.offloading.mediums import DISK, HOST, DiskBlocks, EngineBlocks, HostBlocks
+from kvport.connectors.offloading.metadata import (
+    LOAD, STORE, WRITE, JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata,
+    StoreJob, WriteJob,
+)
+from kvport.connectors.offloading.tiers.disk_format import DiskLocation, disk_namespace
+
+if TYPE_CHECKING:
+    from kvport.engine.outputs import SchedulerOutput
+    from kvport.engine.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    kind: str  # STORE, LOAD or WRITE
+    req_id: str
+    keys: list[bytes]  # STORE/WRITE: the slots' keys; LOAD: the host hits (pinned)
+    src_blocks: list[int] = field(default_factory=list)  # STORE: engine blocks read (fence)
+    promoted: list[bytes] = field(default_factory=list)  # LOAD: keys promoted from disk
+
+
+@dataclass
+class _ReqState:
+    request: Request | None = None
+    block_ids: list[int] = field(default_factory=list)  # the request's block table
+    next_store_idx: int = 0  # offload blocks below this were offered to the host tier
+    store_jobs: set[int] = field(default_factory=set)
+    load_job: int | None = None
+
+
+@dataclass
+class _Match:
+    """What get_num_new_matched_tokens found, for update_state_after_alloc."""
+
+    num_local: int
+    start: int  # first offload block not fully covered by the local hit
+    host_keys: list[bytes]
+    disk_keys: list[bytes]
+
+
+@dataclass
+class HitStats:
+    num_queried_tokens: int = 0  # prompt tokens beyond the local hit, asked of the connector
+    num_host_hit_tokens: int = 0
+    num_disk_hit_tokens: int = 0
+    num_load_jobs: int = 0
+    num_failed_loads: int = 0
+    num_store_jobs: int = 0
+    num_failed_stores: int = 0
+    num_flushed_jobs: int = 0
+    num_busy_answers: int = 0  # None answers: the request's own stores were still pending
+
+
+def make_manager(config: OffloadingConfig, num_slots: int) -> tuple[OffloadingManager, OffloadingManager]:
+    """(manager the connector calls, the policy manager under any admission filter)."""
+    policy: OffloadingManager = (LRUManager(num_slots, HOST) if config.eviction_policy == "lru"
+                                 else ARCManager(num_slots, HOST))
+    if config.store_threshold >= 2:
+        return AdmissionFilter(policy, config.store_threshold), policy
+    return policy, policy
+
+
+class OffloadingScheduler:
+    def __init__(self, config: OffloadingConfig, spec: KVCacheSpec) -> None:
+        block_bytes = spec.block_bytes
+        self.block_size = spec.block_size
+        self.factor = block_factor(config, spec.block_size, block_bytes)  # f
+        self.offload_tokens = self.factor * spec.block_size  # obs
+        self.num_slots = num_host_slots(config, self.factor * block_bytes)
+        self.manager, self._policy = make_manager(config, self.num_slots)
+        disks = config.disk_tiers()
+        self.disk = (DiskLocation(disks[0].root_dir,
+                                  disk_namespace(spec.hash_root, spec, self.offload_tokens))
+                     if disks else None)
+        self._reqs: dict[str, _ReqState] = {}
+        self._matches: dict[str, _Match] = {}  # req_id -> its latest match
+        self._jobs: dict[int, _Job] = {}  # in flight (planned, not reported)
+        self._readers: dict[int, set[int]] = {}  # engine block -> store jobs reading it
+        self._next_job_id = 0
+        self._fresh_blocks: set[int] = set()  # handed out in this step (after_alloc)
+        self._finished: set[str] = set()  # finished requests kept until their jobs report
+        self._loads: list[LoadJob] = []  # for the next metadata
+        self._writes: list[WriteJob] = []
+        self.stats = HitStats()
+        self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
+
+    # ---- admission -----------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Request, num_local: int) -> tuple[int | None, bool]:
+        rid = request.request_id
+        st = self._reqs.get(rid)
+        if st is not None and st.store_jobs:
+            self.stats.num_busy_answers += 1
+            return None, False  # re-admitted while its stores still read its old blocks
+        keys = offload_keys(request.block_hashes, self.factor)
+        start = num_local // self.offload_tokens
+        self._matches[rid] = _Match(num_local, start, [], [])
+        num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
+        self.manager.touch(keys[:start + num_host])  # the prefix's first block most recent
+        if start >= len(keys):
+            return 0, False
+        host_keys = keys[start:start + num_host]
+        disk_keys: list[bytes] = []
+        if self.disk is not None:
+            # Promotions need host slots: never more than the tier could free for them.
+            room = (self.num_slots - num_host - self.manager.num_pinned
+                    - self.manager.num_being_written)
+            for key in keys[start + num_host:start + num_host + max(0, room)]:
+                # A key being written to the host tier ends the run: no waiting on another job.
+                if self.manager.contains(key) or not self.disk.exists(key):
+                    break
+                disk_keys.append(key)
+        end = start + num_host + len(disk_keys)
+        num_external = end * self.offload_tokens - num_local
+        if num_external <= 0:
+            return 0, False
+        self._matches[rid] = _Match(num_local, start, host_keys, disk_keys)
+        return num_external, True
+
+    def update_state_after_alloc(self, request: Request, block_ids: list[int],
+                                 num_external: int) -> None:
+        rid = request.request_id
+        old = self._reqs.get(rid)
+        match = self._matches.pop(rid, None)
+        st = _ReqState(request, list(block_ids), store_jobs=set(old.store_jobs) if old else set())
+        self._reqs[rid] = st
+        # Blocks new to this request may have been freed by another one with a store pending.
+        if old is not None and old.block_ids and old.block_ids == block_ids[:len(old.block_ids)]:
+            self._fresh_blocks.update(block_ids[len(old.block_ids):])  # resumed after a load
+        else:
+            num_local = match.num_local if match is not None else request.num_computed_tokens
+            self._fresh_blocks.update(block_ids[num_local // self.block_size:])
+        if match is not None:  # counted here, once per admission (matches may be retried)
+            self.stats.num_queried_tokens += max(0, request.num_tokens - match.num_local)
+        if num_external > 0:
+            assert match is not None, f"{rid}: {num_external} external tokens without a match"
+            num_disk = len(match.disk_keys) * self.offload_tokens
+            self.stats.num_disk_hit_tokens += num_disk
+            self.stats.num_host_hit_tokens += num_external - num_disk
+            self._plan_load(rid, st, match)
+
+    def _plan_load(self, rid: str, st: _ReqState, match: _Match) -> None:
+        f = self.factor
+        first_block = match.num_local // self.block_size  # engine blocks before it are local
+        num_host, num_disk = len(match.host_keys), len(match.disk_keys)
+        slots = self.manager.prepare_load(match.host_keys)  # pinned until the load reports
+        job = _Job(LOAD, rid, list(match.host_keys))
+        promote_src = promote_dst = None
+        if num_disk:
+            out = self._policy.prepare_store(match.disk_keys)  # host slots for the promotion
+            if out is not None and out.keys_to_store == match.disk_keys:
+                job.promoted = list(match.disk_keys)
+                promote_src, promote_dst = DiskBlocks(job.promoted), HostBlocks(out.slot_ids)
+                slots = slots + out.slot_ids
+            elif out is not None:  # not expected (keys being written end the hit run)
+                self._policy.complete_store(out.keys_to_store, success=False)
+        loadable_end = (match.start + num_host + len(job.promoted)) * f
+        hit_end = (match.start + num_host + num_disk) * f
+        dst = st.block_ids[first_block:loadable_end]
+        load = LoadJob(self._new_job_id(), rid, HostBlocks(slots),
+                       EngineBlocks(dst, first_block - match.start * f if dst else 0),
+                       promote_src, promote_dst,
+                       unloadable=st.block_ids[max(first_block, loadable_end):hit_end])
+        st.load_job = load.job_id
+        self._jobs[load.job_id] = job
+        self._loads.append(load)
+        self.stats.num_load_jobs += 1
+
+    # ---- per step ------------------------------------------------------------------------------
+
+    def build_connector_meta(self, so: SchedulerOutput) -> OffloadingConnectorMetadata:
+        meta = OffloadingConnectorMetadata(writes=self._writes, loads=self._loads)
+        self._writes, self._loads = [], []
+        flush: set[int] = set()
+        for rid in so.preempted_req_ids:
+            st = self._reqs.get(rid)
+            if st is not None:
+                flush |= st.store_jobs
+                st.block_ids, st.next_store_idx = [], 0
+        computed: dict[str, int] = {}
+        fresh, self._fresh_blocks = self._fresh_blocks, set()
+        for new in so.scheduled_new_reqs:
+            st = self._reqs.setdefault(new.req_id, _ReqState())
+            if st.block_ids != new.block_ids[:len(st.block_ids)]:
+                fresh.update(new.block_ids[new.num_computed_tokens // self.block_size:])
+            st.block_ids = list(new.block_ids)
+            computed[new.req_id] = new.num_computed_tokens
+        for cached in so.scheduled_cached_reqs:
+            st = self._reqs.setdefault(cached.req_id, _ReqState())
+            st.block_ids.extend(cached.new_block_ids)
+            fresh.update(cached.new_block_ids)
+            computed[cached.req_id] = cached.num_computed_tokens
+        for block in fresh:
+            flush |= self._readers.get(block, set())
+        meta.jobs_to_flush = flush
+        self.stats.num_flushed_jobs += len(flush)
+        for rid, num_computed in computed.items():
+            job = self._plan_store(rid, num_computed + so.num_scheduled_tokens.get(rid, 0))
+            if job is not None:
+                meta.stores.append(job)
+        return meta
+
+    def _plan_store(self, rid: str, num_tokens_done: int) -> StoreJob | None:
+        st = self._reqs[rid]
+        req = st.request
+        if req is None:
+            return None
+        keys = offload_keys(req.block_hashes, self.factor)
+        end = min(num_tokens_done // self.offload_tokens, len(keys),
+                  len(st.block_ids) // self.factor)
+        if end <= st.next_store_idx:
+            return None
+        # At most what the tier could free: a run longer than the tier is stored a part per
+        # step (its first blocks first) instead of being refused forever.
+        room = self.num_slots - self.manager.num_pinned - self.manager.num_being_written
+        wanted = keys[st.next_store_idx:min(end, st.next_store_idx + room)]
+        out = self.manager.prepare_store(wanted) if wanted else None
+        if out is None:
+            return None  # full of pinned or in-flight blocks: offer them again next step
+        first = st.next_store_idx
+        st.next_store_idx += len(wanted)
+        if not out.keys_to_store:
+            return None
+        f = self.factor
+        position = {k: first + i for i, k in enumerate(wanted)}
+        src = [b for k in out.keys_to_store
+               for b in st.block_ids[position[k] * f:(position[k] + 1) * f]]
+        job_id = self._new_job_id()
+        self._jobs[job_id] = _Job(STORE, rid, list(out.keys_to_store), src)
+        st.store_jobs.add(job_id)
+        for b in src:
+            self._readers.setdefault(b, set()).add(job_id)
+        self.stats.num_store_jobs += 1
+        return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids))
+
+    def update_connector_output(self, out: KVConnectorOutput) -> None:
+        meta = out.worker_meta
+        if meta is None:
+            return
+        assert isinstance(meta, OffloadingWorkerMetadata), f"not the offloading worker's: {meta!r}"
+        self.tier_stats.update(meta.tier_stats)
+        for result in meta.results:
+            job = self._jobs.pop(result.job_id, None)
+            if job is None:
+                logger.warning("OffloadingConnector: result of unknown job %d", result.job_id)
+                continue
+            if job.kind == STORE:
+                self._finish_store(result, job)
+            elif job.kind == LOAD:
+                self._finish_load(result, job)
+            else:
+                self.manager.complete_load(job.keys)  # write-through done: unpin
+
+    def _finish_store(self, result: JobResult, job: _Job) -> None:
+        for b in job.src_blocks:
+            readers = self._readers.get(b)
+            if readers is not None:
+                readers.discard(result.job_id)
+                if not readers:
+                    del self._readers[b]
+        st = self._reqs.get(job.req_id)
+        if st is not None:
+            st.store_jobs.discard(result.job_id)
+            self._forget_if_done(job.req_id)
+        failed = set(result.failed_indices)
+        good = [k for i, k in enumerate(job.keys) if i not in failed]
+        bad = [k for i, k in enumerate(job.keys) if i in failed]
+        if bad:
+            self.stats.num_failed_stores += 1
+            self.manager.complete_store(bad, success=False)
+        self.manager.complete_store(good, success=True)
+        if self.disk is not None and good:
+            slots = self.manager.prepare_load(good)  # pinned until the disk write is done
+            job_id = self._new_job_id()
+            self._jobs[job_id] = _Job(WRITE, job.req_id, good)
+            self._writes.append(WriteJob(job_id, HostBlocks(slots), DiskBlocks(good)))
+
+    def _finish_load(self, result: JobResult, job: _Job) -> None:
+        self.manager.complete_load(job.keys)
+        if job.promoted:
+            failed = set(result.promote_failed)
+            self._policy.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+                                        success=False)
+            self._policy.complete_store([k for i, k in enumerate(job.promoted)
+                                         if i not in failed])
+        if not result.success:
+            self.stats.num_failed_loads += 1
+        st = self._reqs.get(job.req_id)
+        if st is not None:
+            st.load_job = None
+            self._forget_if_done(job.req_id)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def request_finished(self, request: Request) -> None:
+        """The blocks are freed now; pending stores keep reading them under the fence."""
+        rid = request.request_id
+        self._matches.pop(rid, None)
+        st = self._reqs.get(rid)
+        if st is not None:
+            st.request, st.block_ids, st.next_store_idx = None, [], 0
+            self._finished.add(rid)
+            self._forget_if_done(rid)
+
+    def _forget_if_done(self, rid: str) -> None:
+        st = self._reqs.get(rid)
+        if (st is not None and rid in self._finished and not st.store_jobs
+                and st.load_job is None):
+            del self._reqs[rid]
+            self._finished.discard(rid)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return [KVCacheEvent(tuple(e.keys), e.medium, e.removed)
+                for e in self.manager.take_events()]
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs)
+
+    def reset_cache(self) -> bool:
+        """Drops the host tier (not the disk tier: other engines may share it). False while any
+        host block is being read or written."""
+        return self.manager.reset()
+
+    def _new_job_id(self) -> int:
+        self._next_job_id += 1
+        return self._next_job_id
+
+    def metrics(self) -> dict[str, Any]:
+        m = self.manager.stats
+        host = dict(self.tier_stats.get(HOST, {}))
+        host.update(num_slots=self.num_slots, num_free_slots=self.manager.num_free_slots,
+                    num_lookups=m.num_lookups, num_hit_blocks=m.num_hit_blocks,
+                    evictions=m.num_evicted_blocks, num_rejected_stores=m.num_rejected_stores,
+                    num_deferred_blocks=m.num_deferred_blocks,
+                    hit_tokens=self.stats.num_host_hit_tokens)
+        out: dict[str, Any] = {"offload_block_tokens": self.offload_tokens, "host": host,
+                               "requests": vars(self.stats).copy()}
+        if self.disk is not None:
+            disk = dict(self.tier_stats.get(DISK, {}))
+            disk["hit_tokens"] = self.stats.num_disk_hit_tokens
+            out["disk"] = disk
+        return out
+
+    def check_no_leaks(self) -> None:
+        """Raise if any job, pinned or half-written host block is left (tests call it)."""
+        self.manager.check_integrity()
+        if self._jobs or self.manager.num_pinned or self.manager.num_being_written:
+            raise RuntimeError(f"OffloadingConnector: {len(self._jobs)} jobs in flight, "
+                               f"{self.manager.num_pinned} pinned and "
+                               f"{self.manager.num_being_written} half-written host blocks")
+
+
+def num_host_slots(config: OffloadingConfig, slot_bytes: int) -> int:
+    num = config.cpu_bytes_to_use // slot_bytes
+    if num < 1:
+        raise ValueError(f"OffloadingConnector: cpu_bytes_to_use={config.cpu_bytes_to_use} is "
+                         f"smaller than one offload block ({slot_bytes} bytes)")
+    return num

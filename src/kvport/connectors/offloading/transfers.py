@@ -1,0 +1,261 @@
+"""Worker-side transfer machinery: handlers per direction and the router in front of them.
+
+Runs in the worker (next to the model runner). The connector's worker half submits jobs with
+ids it chooses and polls completions once per step:
+
+    worker.submit(job_id, src, dst)    route by (src.medium(), dst.medium()); never raises for a
+                                       handler's failure: the job is then reported failed
+    worker.get_finished()              completions since the last call; per direction in
+                                       submission order, each job exactly once
+    worker.wait(job_ids, timeout)      block until those jobs are done (unknown ids ignored)
+    worker.shutdown(timeout)           cancel queued jobs, wait for running ones at most timeout
+
+A failed job names what was not done in `failed_indices`: positions in the destination spec. For
+an ENGINE destination those are the engine blocks (positions in `EngineBlocks.block_ids`) that
+hold no valid KV; a job that failed as a whole lists every position.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, LoadStoreSpec
+from kvport.connectors.offloading.tiers import TransferOutcome
+
+if TYPE_CHECKING:
+    from kvport.connectors.offloading.tiers.disk import DiskTier
+    from kvport.connectors.offloading.tiers.host import HostTier
+
+logger = logging.getLogger(__name__)
+
+TransferFn = Callable[[LoadStoreSpec, LoadStoreSpec], TransferOutcome]
+
+
+@dataclass
+class TransferResult:
+    """One finished job. `seconds` is the transfer's own run time (not its queueing)."""
+
+    job_id: int
+    success: bool
+    num_bytes: int = 0
+    seconds: float = 0.0
+    transfer_type: tuple[str, str] = ("", "")  # (source medium, destination medium)
+    failed_indices: list[int] = field(default_factory=list)
+
+
+class TransferHandler(ABC):
+    """Moves blocks in one direction. Called only from the worker-side connector's thread."""
+
+    @abstractmethod
+    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
+        """Start a job and return at once. May raise (the worker then reports the job failed)."""
+
+    @abstractmethod
+    def get_finished(self) -> list[TransferResult]:
+        """Jobs finished since the last call, in submission order: a job that finished early is
+        held back until every earlier job of this handler has finished. Each job exactly once."""
+
+    @abstractmethod
+    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
+        """Block until the named jobs finished (unknown or reported ids are ignored). Returns
+        False if the timeout passed first. Does not consume results."""
+
+    @abstractmethod
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Cancel queued jobs (reported failed), wait at most `timeout` for running ones."""
+
+
+class ThreadPoolHandler(TransferHandler):
+    """Runs `transfer(src, dst)` for each job on a pool of `num_threads` threads. A transfer that
+    raises becomes a failed result listing every destination position."""
+
+    def __init__(self, transfer: TransferFn, num_threads: int = 1, name: str = "transfer") -> None:
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        self._transfer = transfer
+        self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        # NOTE: daemon threads, not a ThreadPoolExecutor: the executor joins its threads at
+        # interpreter exit, so one transfer stuck in I/O would hang the process forever.
+        self._threads = [threading.Thread(target=self._loop, name=f"kvport-{name}-{i}",
+                                          daemon=True) for i in range(num_threads)]
+        for t in self._threads:
+            t.start()
+        self._jobs: deque[_Task] = deque()  # submission order; the head is reported first
+        self._by_id: dict[int, _Task] = {}  # job id -> task, until reported
+        self._closed = False
+
+    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
+        if self._closed:
+            raise RuntimeError(f"submit of job {job_id} after shutdown")
+        if job_id in self._by_id:
+            raise ValueError(f"job id {job_id} is already in flight")
+        task = _Task(job_id, src, dst, Future())
+        self._jobs.append(task)
+        self._by_id[job_id] = task
+        self._queue.put(task)
+
+    def _loop(self) -> None:
+        while (task := self._queue.get()) is not None:
+            if task.future.set_running_or_notify_cancel():  # False: cancelled while queued
+                task.future.set_result(self._run(task))
+
+    def _run(self, task: _Task) -> TransferResult:
+        start = time.perf_counter()
+        try:
+            out = self._transfer(task.src, task.dst)
+        except BaseException:  # a thread that dies would leave its job open forever
+            logger.warning("transfer job %d %s->%s failed", task.job_id, *task.kind,
+                           exc_info=True)
+            return failed_result(task.job_id, task.kind, len(task.dst),
+                                 time.perf_counter() - start)
+        return TransferResult(task.job_id, not out.failed_indices, out.num_bytes,
+                              time.perf_counter() - start, task.kind, list(out.failed_indices))
+
+    def get_finished(self) -> list[TransferResult]:
+        done: list[TransferResult] = []
+        while self._jobs and self._jobs[0].future.done():
+            task = self._jobs.popleft()
+            del self._by_id[task.job_id]
+            done.append(task.result())
+        return done
+
+    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
+        futures = [self._by_id[j].future for j in job_ids if j in self._by_id]
+        return not wait_futures(futures, timeout=timeout).not_done
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._jobs:
+            task.future.cancel()  # only queued jobs can be cancelled; they report failed
+        for _ in self._threads:
+            self._queue.put(None)
+        running = [t.future for t in self._jobs if not t.future.done()]
+        if wait_futures(running, timeout=timeout).not_done:
+            logger.warning("transfer handler shut down with jobs still running after %.1fs; "
+                           "their (daemon) threads are abandoned", timeout)
+
+
+@dataclass
+class _Task:
+    job_id: int
+    src: LoadStoreSpec
+    dst: LoadStoreSpec
+    future: Future[TransferResult]
+
+    @property
+    def kind(self) -> tuple[str, str]:
+        return (self.src.medium(), self.dst.medium())
+
+    def result(self) -> TransferResult:
+        if self.future.cancelled():  # never ran: the destination is untouched
+            return failed_result(self.job_id, self.kind, len(self.dst))
+        return self.future.result()  # _run never raises
+
+
+def failed_result(job_id: int, kind: tuple[str, str], num_dst: int,
+                  seconds: float = 0.0) -> TransferResult:
+    return TransferResult(job_id, False, 0, seconds, kind, list(range(num_dst)))
+
+
+class OffloadingWorker:
+    """Routes jobs to the handler registered for their (source, destination) mediums."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[tuple[str, str], TransferHandler] = {}  # (src, dst) -> handler
+        self._job_kind: dict[int, tuple[str, str]] = {}  # job id -> route, until reported
+        self._rejected: list[TransferResult] = []  # jobs whose submit raised
+        self._lock = threading.Lock()
+
+    def register_handler(self, src_medium: str, dst_medium: str,
+                         handler: TransferHandler) -> None:
+        key = (src_medium, dst_medium)
+        assert key not in self._handlers, f"a handler for {src_medium}->{dst_medium} exists"
+        self._handlers[key] = handler
+
+    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> bool:
+        """Start a job; False if its handler refused it (the job is then reported failed with
+        every destination position by the next get_finished). An unregistered pair is a bug and
+        raises KeyError."""
+        kind = (src.medium(), dst.medium())
+        handler = self._handlers.get(kind)
+        if handler is None:
+            raise KeyError(f"no transfer handler for {kind[0]}->{kind[1]}; registered: "
+                           f"{sorted(self._handlers)}")
+        try:
+            handler.submit(job_id, src, dst)
+        except Exception:
+            logger.exception("submit of job %d %s->%s failed", job_id, *kind)
+            with self._lock:
+                self._rejected.append(failed_result(job_id, kind, len(dst)))
+            return False
+        self._job_kind[job_id] = kind
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        """Completions of every handler (each in submission order), then refused submits."""
+        results: list[TransferResult] = []
+        for handler in self._handlers.values():
+            results.extend(handler.get_finished())
+        with self._lock:
+            results.extend(self._rejected)
+            self._rejected.clear()
+        for r in results:
+            self._job_kind.pop(r.job_id, None)
+        return results
+
+    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
+        """Block until the named jobs finished; False if `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        by_handler: dict[tuple[str, str], list[int]] = {}
+        for j in job_ids:
+            if j in self._job_kind:
+                by_handler.setdefault(self._job_kind[j], []).append(j)
+        for kind, ids in by_handler.items():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._handlers[kind].wait(ids, left):
+                return False
+        return True
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Shut every handler down (each waits at most `timeout`), even if one raises."""
+        errors: list[BaseException] = []
+        for handler in self._handlers.values():
+            try:
+                handler.shutdown(timeout)
+            except Exception as exc:  # noqa: BLE001 - the others must still shut down
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+def build_tier_worker(host: HostTier, disk: DiskTier | None = None, host_threads: int = 1,
+                      disk_threads: int = 2) -> OffloadingWorker:
+    """The standard wiring: ENGINE<->HOST copies and, with a disk tier, HOST<->DISK file I/O.
+
+    NOTE: one host thread per direction is enough: torch already spreads one large copy over
+    its intra-op threads. Disk jobs wait on I/O, so several threads overlap them."""
+    worker = OffloadingWorker()
+    worker.register_handler(ENGINE, HOST, ThreadPoolHandler(
+        host.store, host_threads, "engine-host"))  # type: ignore[arg-type]
+    worker.register_handler(HOST, ENGINE, ThreadPoolHandler(
+        host.load, host_threads, "host-engine"))  # type: ignore[arg-type]
+    if disk is not None:
+        worker.register_handler(HOST, DISK, ThreadPoolHandler(
+            lambda s, d: disk.store_from_host(host, s, d),  # type: ignore[arg-type]
+            disk_threads, "host-disk"))
+        worker.register_handler(DISK, HOST, ThreadPoolHandler(
+            lambda s, d: disk.load_to_host(host, s, d),  # type: ignore[arg-type]
+            disk_threads, "disk-host"))
+    return worker

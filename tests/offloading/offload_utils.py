@@ -1,0 +1,68 @@
+"""Shared pieces of the OffloadingConnector engine tests: configs, prompts, the leak check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvport import LLM, SamplingParams
+from kvport.connectors.offloading.connector import OffloadingConnector
+from kvport.connectors.offloading.scheduler import OffloadingScheduler
+
+BLOCK_SIZE = 4  # engine block (tokens)
+OFFLOAD_BLOCK = 8  # two engine blocks per offload block: partial first blocks get exercised
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+MODES: dict[str, dict[str, Any]] = {
+    "sync": {},
+    "async": {"async_scheduling": True},
+    "process": {"worker": "process"},
+}
+
+
+def offload_config(cpu_bytes: int = 16 << 20, disk_dir: Path | None = None,
+                   disk_bytes: int = 64 << 20, **extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"cpu_bytes_to_use": cpu_bytes, "block_size": OFFLOAD_BLOCK, **extra}
+    if disk_dir is not None:
+        cfg["secondary_tiers"] = [{"type": "disk", "root_dir": str(disk_dir),
+                                   "max_bytes": disk_bytes}]
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": cfg}
+
+
+def make_llm(kv_transfer_config: dict[str, Any] | None = None, **kwargs: Any) -> LLM:
+    kwargs.setdefault("num_kv_blocks", 48)
+    kwargs.setdefault("max_model_len", 128)
+    return LLM("builtin:tiny-llama", block_size=BLOCK_SIZE,
+               kv_transfer_config=kv_transfer_config, **kwargs)
+
+
+def prompts(n: int = 6, length: int = 61, seed: int = 0) -> list[list[int]]:
+    """n prompts; pairs share a 40-token prefix; lengths not aligned to any block."""
+    out = []
+    for i in range(n):
+        base = [(t * 37 + 11 * (i // 2) + seed * 101) % 250 + 3 for t in range(length)]
+        out.append(base[:40] + [(t * 13 + i) % 250 + 3 for t in range(length - 40 - i)])
+    return out
+
+
+def run(llm: LLM, ps: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    outs = llm.generate(ps, GREEDY, use_tqdm=False)
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    return [o.outputs[0].token_ids for o in outs], [o.num_cached_tokens for o in outs]
+
+
+def offloading_half(llm: LLM) -> OffloadingScheduler:
+    connector = llm.engine.scheduler.connector
+    connector = getattr(connector, "inner", connector)  # unwrap a trace recorder
+    assert isinstance(connector, OffloadingConnector), connector
+    return connector.scheduler_half
+
+
+def assert_nothing_leaked(llm: LLM) -> None:
+    llm.engine.check_no_leaks()
+    offloading_half(llm).check_no_leaks()
+
+
+def host_metrics(llm: LLM) -> dict[str, Any]:
+    return llm.get_metrics()["connector"]["requests"]

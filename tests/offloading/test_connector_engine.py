@@ -1,0 +1,213 @@
+"""OffloadingConnector in the engine: repeated prefixes come back from the host tier (after the
+engine pool evicted them, after reset_prefix_cache), from disk (after host eviction, in a new
+process), with greedy output equal to no connector, and nothing leaked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kvport import SamplingParams
+from kvport.connectors.offloading.config import offload_keys
+from kvport.connectors.offloading.metadata import OffloadingConnectorMetadata
+from kvport.engine.outputs import SchedulerOutput
+from offload_utils import (
+    MODES, OFFLOAD_BLOCK, assert_nothing_leaked, host_metrics, make_llm, offload_config,
+    offloading_half, prompts, run,
+)
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    llm = make_llm(enable_prefix_caching=False)
+    return run(llm, prompts())[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_host_tier_serves_prefixes_the_pool_evicted(reference: list[list[int]], mode: str) -> None:
+    # 48 blocks of 4 tokens hold three 61-token requests: later prompts evict earlier ones.
+    llm = make_llm(offload_config(), **MODES[mode])
+    tokens, _ = run(llm, prompts())
+    assert tokens == reference
+    tokens, cached = run(llm, prompts())  # the pool kept only the last prompts
+    assert tokens == reference
+    assert all_blocks_hit(cached), cached  # every full offload block came back
+    assert host_metrics(llm)["num_host_hit_tokens"] > 0
+    assert_nothing_leaked(llm)
+    llm.reset_prefix_cache()
+    tokens, cached = run(llm, prompts())
+    assert tokens == reference and all_blocks_hit(cached), cached
+    assert_nothing_leaked(llm)
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_disk_tier_serves_what_the_host_tier_evicted(
+    tmp_path: Path, reference: list[list[int]], mode: str,
+) -> None:
+    # The host tier holds 8 offload blocks: one prompt's 7, far from all 42.
+    llm = make_llm(offload_config(cpu_bytes=8 * offload_block_bytes(), disk_dir=tmp_path),
+                   **MODES[mode])
+    for p, want in zip(prompts(), reference):  # one at a time: every block fits the host tier
+        assert run(llm, [p])[0] == [want]
+    llm.reset_prefix_cache()
+    tokens, cached = run_one_by_one(llm)  # each finds all its blocks on disk
+    assert tokens == reference
+    assert all_blocks_hit(cached), cached
+    llm.reset_prefix_cache()
+    assert run(llm, prompts())[0] == reference  # a batch: promotions compete for the slots
+    m = host_metrics(llm)
+    assert m["num_disk_hit_tokens"] > 0 and m["num_failed_loads"] == 0, m
+    assert_nothing_leaked(llm)
+    llm.shutdown()
+
+
+def test_a_hit_larger_than_the_host_tier_promotes_what_fits(
+    tmp_path: Path, reference: list[list[int]],
+) -> None:
+    # 4 host slots, 7 offload blocks per prompt: stores go a part per step (all reach disk),
+    # a hit promotes the first 4 and computes the rest.
+    llm = make_llm(offload_config(cpu_bytes=4 * offload_block_bytes(), disk_dir=tmp_path))
+    for p, want in zip(prompts(), reference):
+        assert run(llm, [p])[0] == [want]
+    llm.reset_prefix_cache()
+    for p, want in zip(prompts(), reference):
+        tokens, cached = run(llm, [p])
+        assert tokens == [want] and cached[0] >= 4 * OFFLOAD_BLOCK, cached
+    llm.reset_prefix_cache()
+    assert run(llm, prompts())[0] == reference  # a batch: promotions compete for the slots
+    assert_nothing_leaked(llm)
+
+
+def test_host_reset_leaves_the_disk_tier(tmp_path: Path, reference: list[list[int]]) -> None:
+    llm = make_llm(offload_config(disk_dir=tmp_path))
+    run(llm, prompts())
+    assert llm.reset_prefix_cache(reset_connector=True) is True
+    assert offloading_half(llm).manager.num_free_slots == offloading_half(llm).num_slots
+    tokens, cached = run_one_by_one(llm)
+    assert tokens == reference and all_blocks_hit(cached), cached
+    assert host_metrics(llm)["num_host_hit_tokens"] == 0  # all from disk
+    assert_nothing_leaked(llm)
+
+
+def test_a_new_process_reads_the_disk_tier(tmp_path: Path, reference: list[list[int]]) -> None:
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from offload_utils import make_llm, offload_config, prompts, run
+        llm = make_llm(offload_config(disk_dir={str(tmp_path)!r}))
+        print(run(llm, prompts())[0])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == str(reference)
+    llm = make_llm(offload_config(disk_dir=tmp_path), worker="process")
+    tokens, cached = run_one_by_one(llm)
+    assert tokens == reference and all_blocks_hit(cached), cached
+    assert host_metrics(llm)["num_disk_hit_tokens"] >= 3 * 56  # the rest are local hits
+    assert_nothing_leaked(llm)
+    llm.shutdown()
+
+
+def test_no_store_is_lost_when_every_other_step_has_no_forward(
+    reference: list[list[int]],
+) -> None:
+    # Async scheduling, and a token budget of 0 on every other step: those steps skip
+    # wait_for_save, and requests finish while they are processed.
+    llm = make_llm(offload_config(), async_scheduling=True, num_kv_blocks=200)
+    sched = llm.engine.scheduler
+    budget = sched.config.max_num_batched_tokens
+    schedule = sched.schedule
+    empty_steps = 0
+
+    def alternate() -> object:
+        nonlocal empty_steps
+        if sched.step_id % 2:
+            object.__setattr__(sched.config, "max_num_batched_tokens", 0)
+            empty_steps += 1
+        try:
+            return schedule()
+        finally:
+            object.__setattr__(sched.config, "max_num_batched_tokens", budget)
+
+    sched.schedule = alternate  # type: ignore[method-assign]
+    tokens, _ = run(llm, prompts())
+    assert tokens == reference and empty_steps >= 5
+    half = offloading_half(llm)
+    assert half.stats.num_store_jobs > 0 and half.stats.num_failed_stores == 0
+    for p in prompts():  # every full offload block of every prompt reached the host tier
+        req_keys = offload_keys(_hashes(llm, p), OFFLOAD_BLOCK // 4)
+        assert all(half.manager.contains(k) for k in req_keys)
+    assert_nothing_leaked(llm)
+
+
+def test_preempted_request_flushes_its_stores_and_loads_them_back() -> None:
+    # Two 40-token prompts fit a pool of 24 blocks (4 tokens each), but not while they decode
+    # 24 tokens each: the newest is preempted when the oldest needs a block, which is when the
+    # store of the newest one's last full block (offload block = engine block) is pending.
+    ps = [p[:40] for p in prompts(4, seed=3)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in make_llm(max_model_len=96).generate(
+        ps, params, use_tqdm=False)]
+    llm = make_llm(offload_config(block_size=4), num_kv_blocks=24, max_model_len=96)
+    half = offloading_half(llm)
+    build = half.build_connector_meta
+    checked = 0
+
+    def checked_build(so: SchedulerOutput) -> OffloadingConnectorMetadata:
+        nonlocal checked
+        pending = {rid: set(st.store_jobs) for rid, st in half._reqs.items()}
+        readers = {b: set(jobs) for b, jobs in half._readers.items()}
+        meta = build(so)
+        # Expected from the scheduler's output alone: the preempted requests' pending stores,
+        # and the pending stores that read a block handed out in this step.
+        fresh = {b for c in so.scheduled_cached_reqs for b in c.new_block_ids}
+        fresh |= {b for n in so.scheduled_new_reqs for b in n.block_ids[n.num_computed_tokens // 4:]}
+        expected = {j for rid in so.preempted_req_ids for j in pending.get(rid, ())}
+        expected |= {j for b in fresh for j in readers.get(b, ())}
+        assert meta.jobs_to_flush == expected
+        checked += bool(so.preempted_req_ids and expected)
+        return meta
+
+    half.build_connector_meta = checked_build  # type: ignore[method-assign]
+    outs = llm.generate(ps, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert sum(o.metrics.num_preemptions for o in outs) > 0 and checked > 0
+    assert half.stats.num_host_hit_tokens > 0  # a preempted request loaded its blocks back
+    assert_nothing_leaked(llm)
+
+
+def run_one_by_one(llm: object) -> tuple[list[list[int]], list[int]]:
+    """In a batch, a request whose prefix another request is promoting from disk computes it
+    instead of waiting (no convoy); one at a time, every disk hit is taken."""
+    tokens, cached = [], []
+    for p in prompts():
+        t, c = run(llm, [p])  # type: ignore[arg-type]
+        tokens += t
+        cached += c
+    return tokens, cached
+
+
+def all_blocks_hit(cached: list[int]) -> bool:
+    """Every full offload block of every prompt was a hit (a hit leaves one token to compute)."""
+    return all(c >= min(len(p) // OFFLOAD_BLOCK * OFFLOAD_BLOCK, len(p) - 1)
+               for c, p in zip(cached, prompts(), strict=True))
+
+
+def _hashes(llm: object, prompt: list[int]) -> list[bytes]:
+    from kvport.engine.hashing import hash_blocks
+
+    out: list[bytes] = []
+    hash_blocks(llm.engine.hash_root, prompt, 4, out)  # type: ignore[attr-defined]
+    return out
+
+
+def offload_block_bytes() -> int:
+    llm = make_llm()
+    spec = llm.engine.runner.kv_cache_spec
+    return spec.block_bytes * (OFFLOAD_BLOCK // spec.block_size)
