@@ -164,9 +164,12 @@ class OffloadingConnectorWorker:
             stats[DISK] = self.disk.stats.snapshot()
         return OffloadingWorkerMetadata(results, stats)
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    shutdown_timeout_s = 5.0  # how long shutdown waits for running transfers
+
+    def shutdown(self) -> None:
+        """Cancels queued transfers and waits a bounded time for running ones."""
         if self.transfers is not None:
-            self.transfers.shutdown(timeout)
+            self.transfers.shutdown(self.shutdown_timeout_s)
 
     def _submit(self, job_id: int, src: object, dst: object) -> None:
         self._in_flight.add(job_id)

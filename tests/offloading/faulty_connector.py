@@ -1,0 +1,38 @@
+"""An OffloadingConnector whose transfers go through FaultyTransfer (in-process tests only).
+
+A test sets FAULTS[(src medium, dst medium)] = {"fail_on": {...}, "hold_on": {...}} before it
+builds the LLM; the wrappers of the last connector built are in WRAPPERS."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fault_tiers import FaultyTransfer
+from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.connector import OffloadingConnector
+from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
+from kvport.connectors.offloading.tiers.disk import DiskTier
+from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.transfers import OffloadingWorker, ThreadPoolHandler
+from kvport.connectors.offloading.worker import OffloadingConnectorWorker
+
+FAULTS: dict[tuple[str, str], dict[str, Any]] = {}
+WRAPPERS: dict[tuple[str, str], FaultyTransfer] = {}
+
+
+def faulty_transfers(host: HostTier, disk: DiskTier | None) -> OffloadingWorker:
+    routes: dict[tuple[str, str], Any] = {(ENGINE, HOST): host.store, (HOST, ENGINE): host.load}
+    if disk is not None:
+        routes[(HOST, DISK)] = lambda s, d: disk.store_from_host(host, s, d)
+        routes[(DISK, HOST)] = lambda s, d: disk.load_to_host(host, s, d)
+    worker = OffloadingWorker()
+    WRAPPERS.clear()
+    for (src, dst), fn in routes.items():
+        WRAPPERS[(src, dst)] = wrapper = FaultyTransfer(fn, **FAULTS.get((src, dst), {}))
+        worker.register_handler(src, dst, ThreadPoolHandler(wrapper, 1, f"{src}-{dst}"))
+    return worker
+
+
+class FaultyOffloadingConnector(OffloadingConnector):
+    def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
+        return OffloadingConnectorWorker(config, make_transfers=faulty_transfers)

@@ -1,0 +1,161 @@
+"""OffloadingConnector under injected faults: failed loads and stores, failed or skipped disk
+writes, corrupt disk entries, a transfer that never completes. Outputs stay equal to no
+connector, nothing leaks, and the recorded trace passes the checker."""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import faulty_connector
+from kvport import LLM
+from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
+from kvport.trace.checker import check_file
+from offload_utils import (
+    GREEDY, assert_nothing_leaked, host_metrics, make_llm, offload_config, prompts, run,
+)
+from fault_tiers import wait_until
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    return run(make_llm(enable_prefix_caching=False), prompts())[0]
+
+
+@pytest.fixture(autouse=True)
+def no_faults() -> Iterator[None]:
+    faulty_connector.FAULTS.clear()
+    yield
+    faulty_connector.FAULTS.clear()
+
+
+def faulty_llm(tmp_path: Path, faults: dict[tuple[str, str], dict[str, Any]],
+               disk: bool = True, disk_bytes: int = 64 << 20, **kwargs: Any) -> LLM:
+    faulty_connector.FAULTS.clear()
+    faulty_connector.FAULTS.update(faults)
+    ktc = offload_config(disk_dir=tmp_path if disk else None, disk_bytes=disk_bytes,
+                         record_trace=str(tmp_path / "trace.jsonl"))
+    ktc["kv_connector_module_path"] = "faulty_connector"
+    ktc["kv_connector"] = "FaultyOffloadingConnector"
+    return make_llm(ktc, **kwargs)
+
+
+def finish(llm: LLM, tmp_path: Path) -> None:
+    assert_nothing_leaked(llm)
+    llm.shutdown()
+    assert check_file(str(tmp_path / "trace.jsonl")) == []
+
+
+def test_failed_loads_are_recomputed(tmp_path: Path, reference: list[list[int]]) -> None:
+    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"fail_on": {1, 3}}}, disk=False)
+    assert run(llm, prompts())[0] == reference
+    llm.reset_prefix_cache()
+    assert run(llm, prompts())[0] == reference
+    m = llm.get_metrics()
+    assert m["kv_transfer"]["num_invalid_blocks"] > 0 and m["connector"]["requests"][
+        "num_failed_loads"] == 2
+    llm.reset_prefix_cache()
+    tokens, cached = run(llm, prompts())  # the host tier still serves every other load
+    assert tokens == reference and max(cached) > 0
+    finish(llm, tmp_path)
+
+
+def test_failed_stores_free_their_slots(tmp_path: Path, reference: list[list[int]]) -> None:
+    llm = faulty_llm(tmp_path, {(ENGINE, HOST): {"fail_on": {1, 2}}}, disk=False)
+    assert run(llm, prompts())[0] == reference
+    assert host_metrics(llm)["num_failed_stores"] == 2
+    llm.reset_prefix_cache()
+    assert run(llm, prompts())[0] == reference
+    finish(llm, tmp_path)
+
+
+def test_corrupt_disk_entries_are_misses(tmp_path: Path, reference: list[list[int]]) -> None:
+    llm = faulty_llm(tmp_path, {})
+    assert run(llm, prompts())[0] == reference
+    entries = sorted(tmp_path.rglob("*.kvb"))
+    assert entries
+    for i, path in enumerate(entries[::2]):  # flip a payload byte (even) or a header byte
+        with open(path, "r+b") as f:
+            f.seek(4096 + 100 if i % 2 == 0 else 8)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    assert llm.reset_prefix_cache(reset_connector=True)
+    assert run(llm, prompts())[0] == reference
+    disk = llm.get_metrics()["connector"]["disk"]
+    assert disk["failures"] > 0 and llm.get_metrics()["kv_transfer"]["num_invalid_blocks"] > 0
+    # Bad entries were removed; the recomputed blocks were written through again, intact.
+    assert llm.reset_prefix_cache(reset_connector=True)
+    assert run(llm, prompts())[0] == reference
+    assert llm.get_metrics()["connector"]["disk"]["failures"] == disk["failures"]
+    finish(llm, tmp_path)
+
+
+def test_disk_write_errors_and_a_full_disk_skip_stores(
+    tmp_path: Path, reference: list[list[int]],
+) -> None:
+    (tmp_path / "a").mkdir()
+    llm = faulty_llm(tmp_path / "a", {(HOST, DISK): {"fail_on": set(range(1, 100))}})
+    assert run(llm, prompts())[0] == reference
+    assert not list((tmp_path / "a").rglob("*.kvb"))  # nothing half-written stays
+    finish(llm, tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    full = faulty_llm(tmp_path / "b", {}, disk_bytes=1000)  # smaller than one entry
+    assert run(full, prompts())[0] == reference
+    assert full.get_metrics()["connector"]["disk"]["skipped_stores"] > 0
+    full.reset_prefix_cache()
+    assert run(full, prompts())[0] == reference  # the host tier still serves
+    finish(full, tmp_path / "b")
+
+
+def test_a_load_that_never_completes_holds_only_its_request(
+    tmp_path: Path, reference: list[list[int]],
+) -> None:
+    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"hold_on": {1}}}, disk=False)
+    assert run(llm, prompts())[0] == reference
+    llm.reset_prefix_cache()
+    engine = llm.engine
+    held = engine.add_request("held", prompts()[0], GREEDY)
+    wait_until(lambda: bool(engine.step() or True) and 1 in
+               faulty_connector.WRAPPERS[(HOST, ENGINE)].started)
+    # A request without hits is served while the load hangs (loads after the hung one would
+    # wait: completions are reported in submission order per direction).
+    fresh = prompts(1, seed=7)[0]
+    want = run(make_llm(), [fresh])[0][0]
+    other = engine.add_request("other", fresh, GREEDY)
+    deadline = time.monotonic() + 60
+    while not other.is_finished:
+        engine.step()
+        assert time.monotonic() < deadline
+    assert other.output_token_ids == want and not held.is_finished
+    engine.abort_requests(["held"])
+    for _ in range(3):
+        engine.step()
+    assert engine.scheduler.xfer.held_request_ids == ["held"]  # its blocks wait for the load
+    faulty_connector.WRAPPERS[(HOST, ENGINE)].release_all()
+    deadline = time.monotonic() + 60
+    while engine.has_pending_work():
+        engine.step()
+        assert time.monotonic() < deadline
+    finish(llm, tmp_path)
+
+
+def test_shutdown_with_a_hung_transfer_returns(tmp_path: Path) -> None:
+    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"hold_on": {1}}}, disk=False)
+    run(llm, prompts()[:1])
+    llm.reset_prefix_cache()
+    llm.engine.add_request("held", prompts()[0], GREEDY)
+    wait_until(lambda: bool(llm.engine.step() or True) and 1 in
+               faulty_connector.WRAPPERS[(HOST, ENGINE)].started)
+    worker = llm.engine.runner.driver.connector.inner.worker_half  # type: ignore[union-attr]
+    worker.shutdown_timeout_s = 0.2
+    start = time.monotonic()
+    llm.engine.abort_requests(["held"])
+    llm.shutdown()
+    assert time.monotonic() - start < 5
+    faulty_connector.WRAPPERS[(HOST, ENGINE)].release_all()
