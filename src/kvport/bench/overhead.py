@@ -1,7 +1,8 @@
 """The connector framework's own cost: decode throughput with a no-op connector vs none.
 
-Three engines on the same model live in one process: no connector, `NoOpConnector`, and
-`NoOpConnector` with call recording on. Each round times, for each engine in turn, one batch of
+Four engines on the same model live in one process: no connector, `OffloadingConnector` storing
+every block to a host tier without ever loading (kv_producer: offloading with no hits),
+`NoOpConnector`, and `NoOpConnector` with call recording on. Each round times, for each engine in turn, one batch of
 `batch` prompts decoding `decode_tokens` tokens and the same batch decoding 1 token; decode tokens/s
 = batch * (decode_tokens - 1) / (t_long - t_short). Rounds rotate the engines' order (each engine
 runs first, second and third equally often: the slot after another engine's run measured ~3 %
@@ -47,8 +48,15 @@ def _engines(cfg: OverheadConfig, trace_dir: Path) -> dict[str, Any]:
     noop = {"kv_connector": "NoOpConnector"}
     recorded = {"kv_connector": "NoOpConnector",
                 "kv_connector_extra_config": {"record_trace": str(trace_dir / "trace.jsonl")}}
+    # Stores every full 16-token block to a host tier and never loads (kv_producer): the cost
+    # of offloading when nothing hits.
+    offloading = {"kv_connector": "OffloadingConnector", "kv_role": "kv_producer",
+                  "kv_connector_extra_config": {"cpu_bytes_to_use": 512 << 20,
+                                                "block_size": 16}}
     return {
         "no-connector": LLM(cfg.model, **common),
+        "offloading-stores-no-hits": LLM(cfg.model, block_size=16,
+                                         kv_transfer_config=offloading, **common),
         "noop-connector": LLM(cfg.model, kv_transfer_config=noop, **common),
         "noop-connector+recording": LLM(cfg.model, kv_transfer_config=recorded, **common),
     }

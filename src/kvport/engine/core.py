@@ -137,6 +137,8 @@ class EngineCore:
             self._in_flight.append((sched_out, self.executor.submit(sched_out)))
             if len(self._in_flight) < 2:
                 return []
+        if not self._in_flight:  # an idle engine: nothing to do
+            return []
         sched_out, future = self._in_flight.popleft()
         return self.scheduler.update_from_output(sched_out, future.result())
 

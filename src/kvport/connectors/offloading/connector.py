@@ -52,7 +52,10 @@ class OffloadingConnector(KVConnectorBase):
     # ---- scheduler side ---------------------------------------------------------------------
 
     def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
-        self._scheduler = OffloadingScheduler(self.offloading_config, spec)
+        role = self._config.kv_role  # kv_both, or only loads (consumer) or stores (producer)
+        self._scheduler = OffloadingScheduler(self.offloading_config, spec,
+                                              load=role != "kv_producer",
+                                              store=role != "kv_consumer")
 
     @property
     def scheduler_half(self) -> OffloadingScheduler:

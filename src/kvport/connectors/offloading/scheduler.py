@@ -105,7 +105,9 @@ def make_manager(config: OffloadingConfig, num_slots: int) -> tuple[OffloadingMa
 
 
 class OffloadingScheduler:
-    def __init__(self, config: OffloadingConfig, spec: KVCacheSpec) -> None:
+    def __init__(self, config: OffloadingConfig, spec: KVCacheSpec, load: bool = True,
+                 store: bool = True) -> None:
+        self.load_enabled, self.store_enabled = load, store  # kv_role consumer / producer
         block_bytes = spec.block_bytes
         self.block_size = spec.block_size
         self.factor = block_factor(config, spec.block_size, block_bytes)  # f
@@ -139,6 +141,8 @@ class OffloadingScheduler:
         keys = offload_keys(request.block_hashes, self.factor)
         start = num_local // self.offload_tokens
         self._matches[rid] = _Match(num_local, start, [], [])
+        if not self.load_enabled:
+            return 0, False
         num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
         self.manager.touch(keys[:start + num_host])  # the prefix's first block most recent
         if start >= len(keys):
@@ -247,7 +251,7 @@ class OffloadingScheduler:
     def _plan_store(self, rid: str, num_tokens_done: int) -> StoreJob | None:
         st = self._reqs[rid]
         req = st.request
-        if req is None:
+        if req is None or not self.store_enabled:
             return None
         keys = offload_keys(req.block_hashes, self.factor)
         end = min(num_tokens_done // self.offload_tokens, len(keys),

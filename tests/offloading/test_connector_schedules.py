@@ -1,0 +1,91 @@
+"""Hypothesis-generated schedules for the OffloadingConnector: request mixes that share
+prefixes, aborts, small pools (preemption), tiny host tiers (eviction, partial promotion), a disk
+tier, async scheduling and no-forward steps. Every run passes the trace checker, non-aborted
+requests match the output of no connector, and nothing leaks."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvport import SamplingParams
+from kvport.trace.checker import check_file
+from offload_utils import assert_nothing_leaked, make_llm, offload_config
+
+PARAMS = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+FAMILY = [(t * 29 + 5) % 250 + 3 for t in range(80)]  # prompts are prefixes of it, plus tails
+
+prompt_st = st.builds(
+    lambda n, tail: FAMILY[:n] + tail,
+    st.integers(1, 60), st.lists(st.integers(3, 250), max_size=6))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    waves=st.lists(st.lists(prompt_st, min_size=1, max_size=4), min_size=1, max_size=3),
+    aborts=st.sets(st.integers(0, 11), max_size=3),
+    num_kv_blocks=st.integers(32, 60),  # 32: one max_model_len request
+    host_blocks=st.integers(2, 40),
+    disk=st.booleans(),
+    async_scheduling=st.booleans(),
+    empty_every=st.sampled_from([0, 2, 3]),
+)
+def test_random_schedules(waves: list[list[list[int]]], aborts: set[int], num_kv_blocks: int,
+                          host_blocks: int, disk: bool, async_scheduling: bool,
+                          empty_every: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.jsonl"
+        ktc = offload_config(cpu_bytes=host_blocks * 16384, record_trace=str(trace),
+                             disk_dir=Path(tmp) if disk else None)
+        llm = make_llm(ktc, num_kv_blocks=num_kv_blocks, async_scheduling=async_scheduling)
+        engine, sched = llm.engine, llm.engine.scheduler
+        budget = sched.config.max_num_batched_tokens
+        schedule = sched.schedule
+
+        def maybe_empty() -> object:  # every empty_every-th step schedules nothing
+            if empty_every and sched.step_id % empty_every == 0:
+                object.__setattr__(sched.config, "max_num_batched_tokens", 0)
+            try:
+                return schedule()
+            finally:
+                object.__setattr__(sched.config, "max_num_batched_tokens", budget)
+
+        sched.schedule = maybe_empty  # type: ignore[method-assign]
+        requests, n = {}, 0
+        for wave in waves:
+            for prompt in wave:
+                requests[str(n)] = (prompt, engine.add_request(str(n), prompt, PARAMS))
+                n += 1
+            for step in range(6):
+                engine.step()
+                doomed = [rid for rid in requests if int(rid) in aborts and step == 2]
+                engine.abort_requests(doomed)
+        for _ in range(2000):
+            if not engine.has_pending_work():
+                break
+            engine.step()
+        assert not engine.has_pending_work()
+        assert_nothing_leaked(llm)
+        llm.shutdown()
+        assert check_file(str(trace)) == []
+        for rid, (prompt, req) in requests.items():
+            if req.status.name != "FINISHED_ABORTED":
+                assert req.output_token_ids == reference(prompt), rid
+
+
+_REFERENCE: dict[tuple[int, ...], list[int]] = {}
+
+
+def reference(prompt: list[int]) -> list[int]:
+    if tuple(prompt) not in _REFERENCE:
+        if "llm" not in _REFERENCE_LLM:
+            _REFERENCE_LLM["llm"] = make_llm(enable_prefix_caching=False)
+        out = _REFERENCE_LLM["llm"].generate([prompt], PARAMS, use_tqdm=False)
+        _REFERENCE[tuple(prompt)] = out[0].outputs[0].token_ids
+    return _REFERENCE[tuple(prompt)]
+
+
+_REFERENCE_LLM: dict[str, object] = {}
