@@ -166,7 +166,8 @@ def test_connector_overhead_tiny_run(tmp_path: Path) -> None:
                        "--decode-tokens", "4", "--rounds", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     names = [s["name"] for s in result["systems"]]
-    assert names == ["no-connector", "noop-connector", "noop-connector+recording"]
+    assert names == ["no-connector", "offloading-stores-no-hits", "noop-connector",
+                     "noop-connector+recording"]
     assert result["systems"][0]["ratio_to_no_connector"] == 1.0
     assert all(s["decode_tokens_per_s"] > 0 for s in result["systems"])
     assert result["trace_lines_written"] > 0
