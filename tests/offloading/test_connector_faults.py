@@ -4,7 +4,6 @@ connector, nothing leaks, and the recorded trace passes the checker."""
 
 from __future__ import annotations
 
-import errno
 import time
 from collections.abc import Iterator
 from pathlib import Path
