@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from kvport.bench.vllm_baseline import DEFAULT_VLLM_PYTHON
+from kvport.bench.workload_cli import add_workload_parsers
 
 
 def add_bench_parser(subparsers: Any) -> None:
@@ -21,6 +22,7 @@ def add_bench_parser(subparsers: Any) -> None:
     _add_throughput(commands)
     _add_connector_overhead(commands)
     _add_transfer(commands)
+    add_workload_parsers(commands)
 
 
 def _int_list(text: str) -> tuple[int, ...]:

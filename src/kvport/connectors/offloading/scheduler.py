@@ -182,9 +182,11 @@ class OffloadingScheduler:
             self.stats.num_queried_tokens += max(0, request.num_tokens - match.num_local)
         if num_external > 0:
             assert match is not None, f"{rid}: {num_external} external tokens without a match"
-            num_disk = len(match.disk_keys) * self.offload_tokens
-            self.stats.num_disk_hit_tokens += num_disk
-            self.stats.num_host_hit_tokens += num_external - num_disk
+            # The local hit may end inside the first offload block, host hit or not.
+            host_end = (match.start + len(match.host_keys)) * self.offload_tokens
+            num_host = max(0, host_end - match.num_local)
+            self.stats.num_host_hit_tokens += num_host
+            self.stats.num_disk_hit_tokens += num_external - num_host
             self._plan_load(rid, st, match)
 
     def _plan_load(self, rid: str, st: _ReqState, match: _Match) -> None:

@@ -1,0 +1,226 @@
+"""Results of the workload benchmarks: the result dict (JSON), the terminal table, the plot.
+
+Latencies, token rates and the engine's and connector's hit rates come from the requests
+themselves (timestamps, tokens, cached and loaded tokens); per-tier hit rates and bytes moved from
+the connector's counters in `LLM.get_metrics()` (None where this kvport or connector has none).
+Every ratio is against `no-connector` measured in the same run; targets come from issue 5.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from kvport.bench.serving import RequestRecord
+
+BASELINE = "no-connector"
+# (workload, config, metric, limit, at_least): ratio to the baseline must be <= limit (or >=)
+TARGETS = (
+    ("long-doc", "host", "ttft_p50_repeat_s", 1 / 8, False),
+    ("long-doc", "disk-cold-host", "ttft_p50_repeat_s", 1 / 5, False),
+    ("multi-turn", "host", "total_tokens_per_s", 2.0, True),
+    ("multi-turn", "host", "ttft_p50_after_round1_s", 1 / 3, False),
+)
+TIERS = ("host", "disk")
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * p / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _rate(hit: Any, total: Any) -> float | None:
+    return hit / total if isinstance(hit, (int, float)) and isinstance(total, (int, float)) \
+        and total > 0 else None
+
+
+def summarize(name: str, outcome: dict[str, Any], workload: str) -> dict[str, Any]:
+    """One configuration's item of `configs`."""
+    recs: list[RequestRecord] = outcome["records"]
+    ttft = [r.ttft_s for r in recs]
+    repeat = [r.ttft_s for r in recs if r.index >= 1]  # round >= 2 / a document's later queries
+    n_in = sum(r.prompt_tokens for r in recs)
+    n_out = sum(r.output_tokens for r in recs)
+    wall = outcome["busy_s"]
+    m = outcome["metrics"] or {}
+    local = sum(r.num_cached_tokens - r.num_external_tokens for r in recs)
+    item: dict[str, Any] = {
+        "name": name, "kv_transfer_config": outcome["kv_transfer_config"],
+        "num_requests": len(recs), "input_tokens": n_in, "output_tokens": n_out, "wall_s": wall,
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+        "ttft_p99_s": percentile(ttft, 99),
+        "e2e_p50_s": percentile([r.e2e_s for r in recs], 50),
+        "input_tokens_per_s": n_in / wall if wall else None,
+        "output_tokens_per_s": n_out / wall if wall else None,
+        "total_tokens_per_s": (n_in + n_out) / wall if wall else None,
+        # From the requests, not from the engine's counters: those count a lookup each time a
+        # waiting request is tried again, which dilutes the rate when the pool is full.
+        "prefix_hit_rate": _rate(local, n_in),
+        "connector_hit_rate": _rate(sum(r.num_external_tokens for r in recs), n_in),
+        "cached_token_rate": _rate(sum(r.num_cached_tokens for r in recs), n_in),
+        "ideal_ttft_p50_s": None,
+        "resets_unsupported": outcome["resets_unsupported"],
+        "metrics": outcome["metrics"],
+    }
+    tiers = m.get("connector") or {}
+    # per tier: the share of all prompt tokens it served, comparable with prefix_hit_rate
+    item["tier_hit_rates"] = {t: _rate(tiers.get(t, {}).get("hit_tokens"), n_in) for t in TIERS}
+    item["bytes_loaded"] = {t: tiers.get(t, {}).get("bytes_loaded") for t in TIERS}
+    item["bytes_stored"] = {t: tiers.get(t, {}).get("bytes_stored") for t in TIERS}
+    item[repeat_key(workload)] = percentile(repeat, 50)
+    item["per_request"] = [r.to_json() for r in recs]
+    return item
+
+
+def repeat_key(workload: str) -> str:
+    return "ttft_p50_after_round1_s" if workload == "multi-turn" else "ttft_p50_repeat_s"
+
+
+def _ratio_key(key: str) -> str:
+    return key.removesuffix("_s") + "_ratio_vs_baseline"
+
+
+def build_result(workload: str, model: str, machine: dict[str, Any], params: dict[str, Any],
+                 outcomes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    items = {name: summarize(name, o, workload) for name, o in outcomes.items()}
+    ideal = next((items.pop(n) for n, o in outcomes.items() if o["ideal"]), None)
+    base = items[BASELINE]
+    rk = repeat_key(workload)
+    for item in items.values():
+        item["ttft_ratio_vs_baseline"] = _ratio(item["ttft_p50_s"], base["ttft_p50_s"])
+        item["throughput_ratio_vs_baseline"] = _ratio(item["total_tokens_per_s"],
+                                                      base["total_tokens_per_s"])
+        item[_ratio_key(rk)] = _ratio(item[rk], base[rk])
+        if ideal is not None and item["name"] != BASELINE:
+            item["ideal_ttft_p50_s"] = ideal["ttft_p50_s"]
+            item["ideal_" + rk] = ideal[rk]
+    result = {"benchmark": workload, "workload": workload, "model": model, "machine": machine,
+              "params": params, "configs": list(items.values()), "ideal": ideal}
+    result["targets"] = evaluate_targets(result)
+    return result
+
+
+def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    items = {c["name"]: c for c in result["configs"]}
+    base, ideal = items.get(BASELINE), result.get("ideal")
+    out = []
+    for workload, name, metric, limit, at_least in TARGETS:
+        if workload != result["workload"] or name not in items or base is None:
+            continue
+        ratio = _ratio(items[name][metric], base[metric])
+        ideal_ratio = _ratio(ideal[metric], base[metric]) if ideal else None
+        met = None if ratio is None else (ratio >= limit if at_least else ratio <= limit)
+        out.append({"config": name, "metric": metric, "ratio": ratio, "ideal_ratio": ideal_ratio,
+                    "limit": limit, "at_least": at_least, "met": met})
+    return out
+
+
+def _f(value: Any, fmt: str = "{:.3f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{value / (1 << 20):.0f}"
+
+
+def format_result(result: dict[str, Any]) -> str:
+    rk = repeat_key(result["workload"])
+    rk_head = "TTFT p50 r>=2" if result["workload"] == "multi-turn" else "TTFT p50 rep"
+    rows = [["config", "TTFT p50", "p90", "p99", rk_head, "ideal", "e2e p50", "in tok/s",
+             "out tok/s", "tot tok/s", "TTFT x", "rep x", "tput x"]]
+    ideal = result.get("ideal")
+    for c in result["configs"] + ([dict(ideal, name="(ideal)")] if ideal else []):
+        rows.append([c["name"], _f(c["ttft_p50_s"]), _f(c["ttft_p90_s"]), _f(c["ttft_p99_s"]),
+                     _f(c[rk]), _f(c.get("ideal_" + rk)), _f(c["e2e_p50_s"]),
+                     _f(c["input_tokens_per_s"], "{:.0f}"), _f(c["output_tokens_per_s"], "{:.1f}"),
+                     _f(c["total_tokens_per_s"], "{:.0f}"),
+                     _f(c.get("ttft_ratio_vs_baseline"), "{:.2f}"),
+                     _f(c.get(_ratio_key(rk)), "{:.2f}"),
+                     _f(c.get("throughput_ratio_vs_baseline"), "{:.2f}")])
+    hits = [["config", "prefix hit", "conn hit", "host hit", "disk hit", "MiB loaded h/d",
+             "MiB stored h/d"]]
+    for c in result["configs"]:
+        hits.append([c["name"], _f(c["prefix_hit_rate"], "{:.2f}"),
+                     _f(c["connector_hit_rate"], "{:.2f}"),
+                     _f(c["tier_hit_rates"]["host"], "{:.2f}"),
+                     _f(c["tier_hit_rates"]["disk"], "{:.2f}"),
+                     f"{_mib(c['bytes_loaded']['host'])}/{_mib(c['bytes_loaded']['disk'])}",
+                     f"{_mib(c['bytes_stored']['host'])}/{_mib(c['bytes_stored']['disk'])}"])
+    p = result["params"]
+    title = (f"kvport bench {result['workload']}: {result['model']}, {p['workload']}, "
+             f"concurrency {p['concurrency']}, pool {p['plan']['num_kv_blocks']} blocks "
+             f"({p['plan']['effective_pool_fraction']:.2f} of the working set); seconds, "
+             f"x = ratio to {BASELINE}; "
+             f"other load {_f(result.get('other_load_cores'), '{:.2f}')} cores")
+    lines = [title]
+    lines += _table(rows) + [""] + _table(hits)
+    for t in result["targets"]:
+        op = ">=" if t["at_least"] else "<="
+        verdict = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
+        lines.append(f"target {t['config']} {t['metric']}: {_f(t['ratio'], '{:.3f}')}x "
+                     f"{op} {t['limit']:.3f}x: {verdict} (ideal {_f(t['ideal_ratio'], '{:.3f}x')})")
+    unsupported = [c["name"] for c in result["configs"] if c["resets_unsupported"]]
+    if unsupported:
+        lines.append(f"note: {unsupported}: the connector could not drop its cache (reset_cache "
+                     f"returned None), so the cold-host condition did not hold")
+    return "\n".join(lines)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                      enumerate(zip(row, widths))) for row in rows]
+
+
+def plot_result(result: dict[str, Any], path: str) -> None:
+    """TTFT per round (multi-turn: median over users) or per query in run order (long-doc)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install 'kvport[bench]' "
+                           "(or pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    multi = result["workload"] == "multi-turn"
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series = result["configs"] + ([dict(result["ideal"], name="ideal")] if result["ideal"] else [])
+    for c in series:
+        by_x: dict[int, list[float]] = {}
+        for r in c["per_request"]:
+            by_x.setdefault(r["index"] + 1 if multi else r["phase"] + 1, []).append(r["ttft_s"])
+        xs = sorted(by_x)
+        ys = [statistics.median(by_x[x]) for x in xs]
+        ax.plot(xs, ys, marker="o", label=c["name"], linestyle="--" if c["name"] == "ideal" else "-")
+    ax.set_xlabel("round" if multi else "query (run order; documents round-robin)")
+    ax.set_ylabel("TTFT, s" + (" (median over users)" if multi else ""))
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    # plain numbers on the log axis (0.2, 0.5, 1, 2, 5), not 2x10^-1
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_two_five))
+    ax.set_title(f"kvport bench {result['workload']}: {result['model']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _two_five(value: float, _pos: int) -> str:
+    """Label the 2x and 5x minor ticks of a log axis."""
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return f"{value:g}" if round(mantissa, 6) in (2.0, 5.0) else ""

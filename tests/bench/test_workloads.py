@@ -1,0 +1,254 @@
+"""`kvport bench multi-turn` / `long-doc`: seeded generators, engine sizing, tiny end-to-end runs
+of both workloads (result schema), and the guard that fails when configurations disagree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvport.bench import resolve_model_dir, special_token_ids
+from kvport.bench.cli import main
+from kvport.bench.report import format_result, percentile, plot_result
+from kvport.bench.serving import ConfigRunner, RequestRecord
+from kvport.bench.workload_bench import (
+    ConfigSpec,
+    OutputMismatch,
+    WorkloadBenchConfig,
+    build_config_specs,
+    check_equal_outputs,
+    offloading_config,
+    plan_engine,
+    run_workload_bench,
+)
+from kvport.bench.workloads import (
+    LongDocSpec,
+    MultiTurnSpec,
+    RandomTokens,
+    TextTokens,
+    make_long_doc,
+    make_multi_turn,
+)
+from kvport.connectors.factory import registered_connectors
+from kvport.model.tokenizer import Tokenizer
+
+TINY = "builtin:tiny-llama"
+MT = MultiTurnSpec(users=3, rounds=3, system_len=32, context_len=48, question_len=8,
+                   answer_tokens=4)
+LD = LongDocSpec(docs=3, doc_len=96, queries=2, question_len=8, answer_tokens=4)
+HAS_OFFLOADING = "OffloadingConnector" in registered_connectors()
+CONFIG_KEYS = {"name", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "total_tokens_per_s",
+               "output_tokens_per_s", "input_tokens_per_s", "ideal_ttft_p50_s",
+               "ttft_ratio_vs_baseline", "throughput_ratio_vs_baseline", "prefix_hit_rate",
+               "connector_hit_rate", "tier_hit_rates", "bytes_loaded", "bytes_stored",
+               "per_request"}
+RECORD_KEYS = {"config", "session", "index", "phase", "prompt_tokens", "output_tokens", "ttft_s",
+               "e2e_s", "num_cached_tokens", "num_external_tokens", "num_preemptions"}
+
+
+def _random(seed: int) -> RandomTokens:
+    return RandomTokens(resolve_model_dir(TINY), seed)
+
+
+def _text(seed: int) -> TextTokens:
+    return TextTokens(Tokenizer.from_dir(resolve_model_dir(TINY)), seed)
+
+
+@pytest.mark.parametrize("source", [_random, _text])
+def test_generators_are_deterministic_for_a_seed(source: Any) -> None:
+    a, b, c = (make_multi_turn(MT, source(s)) for s in (1, 1, 2))
+    assert a == b and a != c
+    d, e, f = (make_long_doc(LD, source(s)) for s in (1, 1, 2))
+    assert d == e and d != f
+
+
+@pytest.mark.parametrize("source", [_random, _text])
+def test_lengths_are_exact_in_tokens_and_avoid_special_ids(source: Any) -> None:
+    special = special_token_ids(resolve_model_dir(TINY))
+    w = make_long_doc(LongDocSpec(docs=2, doc_len=2048, queries=3, question_len=8), source(0))
+    assert [len(d) for d in w.documents] == [2048, 2048]
+    questions = [q for per_doc in w.questions for q in per_doc]
+    assert all(len(q) == 8 for q in questions) and len(set(questions)) == len(questions)
+    assert not special & {t for d in w.documents for t in d}
+    m = make_multi_turn(MT, source(0))
+    assert len(m.system) == 32 and [len(c) for c in m.contexts] == [48] * 3
+
+
+def test_text_tokens_decode_to_words() -> None:
+    tok = Tokenizer.from_dir(resolve_model_dir(TINY))
+    text = tok.decode(TextTokens(tok, 5).take(200))
+    assert text.count(" ") > 20 and "." in text
+
+
+def test_long_doc_interleaves_documents() -> None:
+    w = make_long_doc(LD, _random(0))
+    assert w.order() == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+    state = w.start()
+    [p] = state.prompts(4)
+    assert (p.session, p.index, p.phase) == (1, 1, 4)
+    assert p.token_ids == w.documents[1] + w.questions[1][1]
+
+
+def test_multi_turn_round_extends_the_previous_prompt_with_its_answer() -> None:
+    w = make_multi_turn(MT, _random(0))
+    state = w.start()
+    first = state.prompts(0)
+    assert all(p.token_ids == w.system + w.contexts[p.session] + w.questions[p.session][0]
+               for p in first)
+    for p in first:
+        state.answer(p, [7, 8, 9, 10])
+    second = state.prompts(1)
+    assert second[2].token_ids == first[2].token_ids + (7, 8, 9, 10) + w.questions[2][1]
+    assert MT.max_seq_len == 32 + 48 + 3 * (8 + 4) >= len(second[2].token_ids) + 4
+
+
+def test_engine_plan_sizes_the_pool_from_the_working_set() -> None:
+    spec = MultiTurnSpec(users=8, rounds=4, system_len=64, context_len=256, question_len=16,
+                         answer_tokens=16)
+    plan = plan_engine(WorkloadBenchConfig("multi-turn", spec, model=TINY, pool_fraction=0.5))
+    assert plan.working_set_tokens == 64 + 8 * (256 + 4 * 32)
+    assert plan.num_kv_blocks == -(-plan.working_set_tokens // 2 // 16)
+    assert plan.max_model_len == spec.max_seq_len
+    small = plan_engine(WorkloadBenchConfig("multi-turn", spec, model=TINY, pool_fraction=0.01))
+    assert small.num_kv_blocks == -(-spec.max_seq_len // 16)  # never below one whole request
+    assert plan.ideal_num_kv_blocks * 16 > 2 * plan.working_set_tokens
+
+
+def test_bad_values_are_named() -> None:
+    with pytest.raises(ValueError, match="pool_fraction"):
+        WorkloadBenchConfig("long-doc", LD, pool_fraction=0)
+    with pytest.raises(ValueError, match="'bogus'"):
+        WorkloadBenchConfig("long-doc", LD, configs=("no-connector", "bogus"))
+    with pytest.raises(ValueError, match="users"):
+        MultiTurnSpec(users=0)
+    with pytest.raises(ValueError, match="doc_len"):
+        LongDocSpec(doc_len=-1)
+
+
+def test_offloading_config_has_vllm_shape(tmp_path: Path) -> None:
+    host = offloading_config(1 << 26)
+    assert host == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 26}}
+    disk = offloading_config(1 << 26, str(tmp_path), 1 << 27)
+    assert disk["kv_connector_extra_config"]["secondary_tiers"] == [
+        {"type": "disk", "root_dir": str(tmp_path), "max_bytes": 1 << 27}]
+
+
+def _record(config: str, session: int, index: int, out: list[int]) -> RequestRecord:
+    return RequestRecord(config, session, index, index, 10, len(out), 0.1, 0.2, 0, 0, 0, out)
+
+
+def test_output_guard_names_the_first_differing_request() -> None:
+    same = {"a": [_record("a", 0, 0, [1, 2]), _record("a", 1, 0, [3, 4])],
+            "b": [_record("b", 0, 0, [1, 2]), _record("b", 1, 0, [3, 4])]}
+    check_equal_outputs(same)
+    same["b"][1] = _record("b", 1, 0, [3, 5])
+    with pytest.raises(OutputMismatch, match=r"session=1 index=0 .*'a' and 'b'.*token 1"):
+        check_equal_outputs(same)
+
+
+def _specs(cfg: WorkloadBenchConfig, tmp_path: Path) -> list[ConfigSpec]:
+    """The offloading configurations when the connector exists, else ExampleConnector."""
+    if HAS_OFFLOADING:
+        # tiny-llama's KV is small: 1 MiB offload blocks would be longer than these prompts
+        return build_config_specs(cfg, plan_engine(cfg), tmp_path, block_tokens=16)
+    example = {"kv_connector": "ExampleConnector",
+               "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}
+    return [ConfigSpec("no-connector"), ConfigSpec("example", example), ConfigSpec("ideal", ideal=True)]
+
+
+def _check_schema(result: dict[str, Any], workload: str) -> None:
+    result = json.loads(json.dumps(result))  # what --json writes
+    assert result["workload"] == workload and result["model"] == TINY
+    assert {"machine", "params", "configs", "targets"} <= result.keys()
+    names = [c["name"] for c in result["configs"]]
+    assert names[0] == "no-connector" and "ideal" not in names
+    key = "ttft_p50_after_round1_s" if workload == "multi-turn" else "ttft_p50_repeat_s"
+    for c in result["configs"]:
+        assert CONFIG_KEYS | {key} <= c.keys(), CONFIG_KEYS - c.keys()
+        assert c["ttft_p50_s"] > 0 and c["total_tokens_per_s"] > 0
+        assert all(RECORD_KEYS == r.keys() for r in c["per_request"])
+        assert (c["ideal_ttft_p50_s"] is None) == (c["name"] == "no-connector")
+    assert result["configs"][0]["ttft_ratio_vs_baseline"] == 1.0
+
+
+@pytest.mark.parametrize("workload,spec", [("multi-turn", MT), ("long-doc", LD)])
+def test_tiny_workload_runs_every_configuration(workload: str, spec: Any, tmp_path: Path) -> None:
+    names = ("no-connector", "host", "host+disk", "disk-cold-host", "ideal") if HAS_OFFLOADING \
+        else ("no-connector", "ideal")
+    cfg = WorkloadBenchConfig(workload, spec, model=TINY, concurrency=2, configs=names)
+    result = run_workload_bench(cfg, _specs(cfg, tmp_path), progress=False)
+    _check_schema(result, workload)
+    per_config = {c["name"]: c for c in result["configs"]}
+    n = MT.users * MT.rounds if workload == "multi-turn" else LD.docs * LD.queries
+    assert all(len(c["per_request"]) == n for c in per_config.values())
+    if HAS_OFFLOADING:  # later rounds/queries find their prefix in a tier
+        assert per_config["host"]["connector_hit_rate"] > 0
+        assert per_config["disk-cold-host"]["resets_unsupported"] == 0
+        assert "disk-cold-host" in format_result(result)
+
+
+def test_a_configuration_with_other_outputs_fails_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = ConfigRunner._record
+
+    def corrupt(self: ConfigRunner, prompt: Any, req: Any, external: int) -> RequestRecord:
+        rec = original(self, prompt, req, external)
+        if self.name != "no-connector" and prompt.phase == 1:
+            rec = dataclasses.replace(rec, output_token_ids=[t + 1 for t in rec.output_token_ids])
+        return rec
+
+    monkeypatch.setattr(ConfigRunner, "_record", corrupt)
+    cfg = WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal"))
+    with pytest.raises(OutputMismatch, match=r"session=1 index=0 \(phase 1\).*'no-connector'"):
+        run_workload_bench(cfg, _specs(cfg, tmp_path), progress=False)
+
+
+def test_cli_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    extra = json.dumps({"kv_connector": "ExampleConnector",
+                        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}})
+    plot = ["--plot", str(png)] if _has_matplotlib() else []
+    rc = main(["bench", "long-doc", "--model", TINY, "--configs", "no-connector,ideal",
+               "--kv-transfer-config", extra, "--docs", "2", "--doc-len", "64", "--queries", "2",
+               "--max-tokens", "3", "--json", str(out), *plot])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    _check_schema(result, "long-doc")
+    assert [c["name"] for c in result["configs"]] == ["no-connector", "user"]
+    assert result["params"]["workload"]["doc_len"] == 64
+    assert "TTFT p50" in capsys.readouterr().out
+    if plot:
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_rejects_bad_options_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "multi-turn", "--model", TINY, "--pool-fraction", "1.5"]) == 2
+    assert "pool_fraction" in capsys.readouterr().err
+    assert main(["bench", "long-doc", "--model", TINY, "--kv-transfer-config", "{nope"]) == 2
+    assert "--kv-transfer-config" in capsys.readouterr().err
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([1.0, 2.0], 90) == pytest.approx(1.9)
+
+
+def _has_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.mark.skipif(not _has_matplotlib(), reason="matplotlib (the bench extra) not installed")
+def test_plot_draws_one_line_per_configuration(tmp_path: Path) -> None:
+    recs = [{"index": i, "phase": i, "ttft_s": 0.1 * (i + 1)} for i in range(3)]
+    result = {"workload": "multi-turn", "model": TINY, "ideal": None,
+              "configs": [{"name": "no-connector", "per_request": recs},
+                          {"name": "host", "per_request": recs}]}
+    plot_result(result, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000
