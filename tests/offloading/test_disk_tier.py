@@ -182,6 +182,25 @@ def test_host_disk_transfers_report_failed_positions(tmp_path: Path) -> None:
     assert torch.equal(pool[5], before[2]) and torch.equal(pool[4], before[3])
 
 
+@pytest.mark.parametrize("nowait", [True, False])
+def test_cached_reads_first_then_waiting_reads(tmp_path: Path, nowait: bool) -> None:
+    disk = DiskTier(tmp_path, 1 << 20, NS)
+    disk._nowait_ok = nowait  # False: a file system without RWF_NOWAIT; every read waits
+    for i in range(4):
+        assert disk.write(key(i), payload(i))
+    out = torch.zeros(PAYLOAD, dtype=torch.uint8)
+    assert disk.read_into(key(0), out, cached_only=True) is (True if nowait else None)
+    with open(disk.path(key(2)), "r+b") as f:  # a short entry: not done without waiting
+        f.truncate(ENTRY - 10)
+    host = HostTier(4, PAYLOAD)
+    loaded = disk.load_to_host(host, DiskBlocks([key(i) for i in range(4)]),
+                               HostBlocks([3, 2, 1, 0]))
+    assert loaded.failed_indices == [2] and not disk.path(key(2)).exists()
+    for i, slot in ((0, 3), (1, 2), (3, 0)):
+        assert torch.equal(host.slot(slot), payload(i))
+    disk.check_integrity()
+
+
 def test_namespace_covers_geometry() -> None:
     spec = KVCacheSpec(num_blocks=8, block_size=16, num_layers=4, num_kv_heads=2, head_dim=32,
                        dtype="float32", layout="blocks-layers-kv-tokens-heads-dim")

@@ -63,6 +63,7 @@ class DiskTier:
         self._used = 0  # sum of self._index's sizes
         self._reserved = 0  # bytes of writes in flight (room made, not yet in the index)
         self._lock = threading.Lock()
+        self._nowait_ok = hasattr(os, "RWF_NOWAIT")  # reads that fail instead of waiting
         self._rebuild_index()
 
     # --- paths and index ----------------------------------------------------------------------
@@ -227,10 +228,13 @@ class DiskTier:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         return fds
 
-    def read_into(self, key: bytes, out: torch.Tensor, fd: int | None = None) -> bool:
+    def read_into(self, key: bytes, out: torch.Tensor, fd: int | None = None,
+                  cached_only: bool = False) -> bool | None:
         """Fill out ((n,) uint8, contiguous) with key's payload (from `fd` if given: it is then
         closed). False on a missing entry, an I/O error or a header/checksum mismatch (the bad
-        file is removed); out may then be garbage."""
+        file is removed); out may then be garbage. With `cached_only`, None (and nothing
+        counted) when the entry is not wholly in the page cache: the read would wait for the
+        device."""
         path = self.path(key)
         start = time.perf_counter()
         data = out.numpy().data
@@ -241,7 +245,22 @@ class DiskTier:
             if fd is None:
                 fd = os.open(path, os.O_RDONLY)
             try:
-                got = os.preadv(fd, [raw, data], 0)
+                if cached_only:
+                    if not self._nowait_ok:
+                        return None
+                    try:
+                        got = os.preadv(fd, [raw, data], 0, os.RWF_NOWAIT)
+                    except BlockingIOError:
+                        return None
+                    except OSError as exc:
+                        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                            raise
+                        self._nowait_ok = False  # this file system cannot tell: always wait
+                        return None
+                    if got != HEADER_SIZE + data.nbytes:
+                        return None  # partly cached (or short: the waiting read decides)
+                else:
+                    got = os.preadv(fd, [raw, data], 0)
             finally:
                 os.close(fd)
             if not header_ok(self.namespace_digest, bytes(raw), key, data.nbytes):
@@ -282,16 +301,31 @@ class DiskTier:
         return TransferOutcome((len(dst.keys) - len(failed)) * host.slot_bytes, failed)
 
     def load_to_host(self, host: HostTier, src: DiskBlocks, dst: HostBlocks) -> TransferOutcome:
-        """DISK -> HOST (promotion): entry src.keys[i] fills slot dst.slot_ids[i]."""
+        """DISK -> HOST (promotion): entry src.keys[i] fills slot dst.slot_ids[i].
+
+        Entries wholly in the page cache are read first, without waiting (RWF_NOWAIT). The
+        others are then prefetched together (so the device fetches them concurrently) and read.
+        NOTE: prefetching every entry up front cost 15 us per warm 720 KiB entry (the kernel
+        walks the file's cached pages), 20 % of its read time."""
         _check_pairs(src.keys, dst.slot_ids)
-        fds = self.prefetch(src.keys) if len(src.keys) > 1 else {}
+        failed: list[int] = []
+        cold: list[int] = []
+        for i, (k, s) in enumerate(zip(src.keys, dst.slot_ids)):
+            done = self.read_into(k, host.slot(s), cached_only=True)
+            if done is None:
+                cold.append(i)
+            elif not done:
+                failed.append(i)
+        cold_keys = [src.keys[i] for i in cold]
+        fds = self.prefetch(cold_keys) if len(cold) > 1 else {}
         try:
-            failed = [i for i, (k, s) in enumerate(zip(src.keys, dst.slot_ids))
-                      if not self.read_into(k, host.slot(s), fds.pop(k, None))]
+            failed += [i for i in cold
+                       if not self.read_into(src.keys[i], host.slot(dst.slot_ids[i]),
+                                             fds.pop(src.keys[i], None))]
         finally:
             for fd in fds.values():  # left open only if a read raised
                 os.close(fd)
-        return TransferOutcome((len(src.keys) - len(failed)) * host.slot_bytes, failed)
+        return TransferOutcome((len(src.keys) - len(failed)) * host.slot_bytes, sorted(failed))
 
 
 def _check_pairs(src: list[int] | list[bytes], dst: list[int] | list[bytes]) -> None:
