@@ -11,8 +11,10 @@ from kvport.engine.hashing import BlockHash
 
 EVICTION_POLICIES = ("lru", "arc")
 TIER_TYPES = {"disk": {"root_dir", "max_bytes"}}  # type -> accepted keys besides "type"
-# Default offload block: about this many bytes (whole engine blocks). `kvport bench transfer`
-# measured host copies at 0.76-0.92x of a plain torch copy from 1 MiB up, less below.
+# Default offload block: the fewest whole engine blocks holding at least this many bytes.
+# `kvport bench transfer` measured host copies at 0.8-0.9x of a plain torch copy from 1 MiB up
+# (less below), and cold disk loads at 0.48-0.57x of one sequential file for 720 KiB entries
+# but 0.6-0.8x from 1 MiB up (BENCHMARKS.md).
 TARGET_OFFLOAD_BLOCK_BYTES = 1 << 20
 
 
@@ -66,9 +68,9 @@ class OffloadingConfig:
 
 def block_factor(config: OffloadingConfig, engine_block_size: int, engine_block_bytes: int) -> int:
     """Engine blocks per offload block (f). The configured block_size must be a whole number of
-    engine blocks; the default is the largest f whose offload block stays within ~1 MiB (>= 1)."""
+    engine blocks; the default is the smallest f whose offload block holds at least 1 MiB."""
     if config.block_size is None:
-        return max(1, TARGET_OFFLOAD_BLOCK_BYTES // engine_block_bytes)
+        return max(1, -(-TARGET_OFFLOAD_BLOCK_BYTES // engine_block_bytes))
     if config.block_size % engine_block_size:
         raise ValueError(f"OffloadingConnector: block_size={config.block_size} is not a multiple "
                          f"of the engine's block_size={engine_block_size}")
