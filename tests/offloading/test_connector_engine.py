@@ -94,7 +94,10 @@ def test_host_reset_leaves_the_disk_tier(tmp_path: Path, reference: list[list[in
     assert_nothing_leaked(llm)
 
 
-def test_a_new_process_reads_the_disk_tier(tmp_path: Path, reference: list[list[int]]) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_new_process_reads_the_disk_tier(
+    tmp_path: Path, reference: list[list[int]], mode: str,
+) -> None:
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
@@ -106,7 +109,7 @@ def test_a_new_process_reads_the_disk_tier(tmp_path: Path, reference: list[list[
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == str(reference)
-    llm = make_llm(offload_config(disk_dir=tmp_path), worker="process")
+    llm = make_llm(offload_config(disk_dir=tmp_path), **MODES[mode])
     tokens, cached = run_one_by_one(llm)
     assert tokens == reference and all_blocks_hit(cached), cached
     assert host_metrics(llm)["num_disk_hit_tokens"] >= 3 * 56  # the rest are local hits
