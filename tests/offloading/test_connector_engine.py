@@ -4,6 +4,7 @@ process), with greedy output equal to no connector, and nothing leaked."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -85,9 +86,16 @@ def test_a_hit_larger_than_the_host_tier_promotes_what_fits(
 
 def test_host_reset_leaves_the_disk_tier(tmp_path: Path, reference: list[list[int]]) -> None:
     llm = make_llm(offload_config(disk_dir=tmp_path))
-    run(llm, prompts())
+    outputs, _ = run(llm, prompts())
+    # Every full offload block whose KV was computed (the last output token's never is).
+    stored = {k for p, out in zip(prompts(), outputs)
+              for k in offload_keys(_hashes(llm, p + out[:-1]), OFFLOAD_BLOCK // 4)}
+    host = llm.get_metrics()["connector"]["host"]
+    assert host["occupancy_blocks"] == len(stored)
+    assert host["occupancy_bytes"] == host["occupancy_blocks"] * offload_block_bytes()
     assert llm.reset_prefix_cache(reset_connector=True) is True
     assert offloading_half(llm).manager.num_free_slots == offloading_half(llm).num_slots
+    assert llm.get_metrics()["connector"]["host"]["occupancy_blocks"] == 0
     tokens, cached = run_one_by_one(llm)
     assert tokens == reference and all_blocks_hit(cached), cached
     assert host_metrics(llm)["num_host_hit_tokens"] == 0  # all from disk
@@ -210,7 +218,7 @@ def _hashes(llm: object, prompt: list[int]) -> list[bytes]:
     return out
 
 
+@functools.cache
 def offload_block_bytes() -> int:
-    llm = make_llm()
-    spec = llm.engine.runner.kv_cache_spec
+    spec = make_llm().engine.runner.kv_cache_spec
     return spec.block_bytes * (OFFLOAD_BLOCK // spec.block_size)

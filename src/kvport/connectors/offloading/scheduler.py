@@ -112,7 +112,8 @@ class OffloadingScheduler:
         self.block_size = spec.block_size
         self.factor = block_factor(config, spec.block_size, block_bytes)  # f
         self.offload_tokens = self.factor * spec.block_size  # obs
-        self.num_slots = num_host_slots(config, self.factor * block_bytes)
+        self.slot_bytes = self.factor * block_bytes
+        self.num_slots = num_host_slots(config, self.slot_bytes)
         self.manager, self._policy = make_manager(config, self.num_slots)
         disks = config.disk_tiers()
         self.disk = (DiskLocation(disks[0].root_dir,
@@ -151,8 +152,7 @@ class OffloadingScheduler:
         disk_keys: list[bytes] = []
         if self.disk is not None:
             # Promotions need host slots: never more than the tier could free for them.
-            room = (self.num_slots - num_host - self.manager.num_pinned
-                    - self.manager.num_being_written)
+            room = self._room() - num_host
             for key in keys[start + num_host:start + num_host + max(0, room)]:
                 # A key being written to the host tier ends the run: no waiting on another job.
                 if self.manager.contains(key) or not self.disk.exists(key):
@@ -255,15 +255,15 @@ class OffloadingScheduler:
         req = st.request
         if req is None or not self.store_enabled:
             return None
-        keys = offload_keys(req.block_hashes, self.factor)
-        end = min(num_tokens_done // self.offload_tokens, len(keys),
-                  len(st.block_ids) // self.factor)
+        f = self.factor
+        end = min(num_tokens_done // self.offload_tokens, len(req.block_hashes) // f,
+                  len(st.block_ids) // f)
         if end <= st.next_store_idx:
-            return None
+            return None  # most steps (decodes inside a block): nothing to slice or hash
         # At most what the tier could free: a run longer than the tier is stored a part per
         # step (its first blocks first) instead of being refused forever.
-        room = self.num_slots - self.manager.num_pinned - self.manager.num_being_written
-        wanted = keys[st.next_store_idx:min(end, st.next_store_idx + room)]
+        end = min(end, st.next_store_idx + self._room())
+        wanted = offload_keys(req.block_hashes[:end * f], f)[st.next_store_idx:]
         out = self.manager.prepare_store(wanted) if wanted else None
         if out is None:
             return None  # full of pinned or in-flight blocks: offer them again next step
@@ -271,7 +271,6 @@ class OffloadingScheduler:
         st.next_store_idx += len(wanted)
         if not out.keys_to_store:
             return None
-        f = self.factor
         position = {k: first + i for i, k in enumerate(wanted)}
         src = [b for k in out.keys_to_store
                for b in st.block_ids[position[k] * f:(position[k] + 1) * f]]
@@ -371,22 +370,32 @@ class OffloadingScheduler:
         host block is being read or written."""
         return self.manager.reset()
 
+    def _room(self) -> int:
+        """Host slots that are free or could be freed (not pinned, not being written)."""
+        return self.num_slots - self.manager.num_pinned - self.manager.num_being_written
+
     def _new_job_id(self) -> int:
         self._next_job_id += 1
         return self._next_job_id
 
     def metrics(self) -> dict[str, Any]:
+        """Per tier: the worker's transfer counters, with what only this half knows (lookups,
+        hits, evictions and occupancy of the host tier are the manager's)."""
         m = self.manager.stats
+        used = self.num_slots - self.manager.num_free_slots
         host = dict(self.tier_stats.get(HOST, {}))
-        host.update(num_slots=self.num_slots, num_free_slots=self.manager.num_free_slots,
-                    num_lookups=m.num_lookups, num_hit_blocks=m.num_hit_blocks,
-                    evictions=m.num_evicted_blocks, num_rejected_stores=m.num_rejected_stores,
+        host.update(num_slots=self.num_slots, occupancy_blocks=used,
+                    occupancy_bytes=used * self.slot_bytes, lookups=m.num_lookups,
+                    hits=m.num_hit_blocks, evictions=m.num_evicted_blocks,
+                    num_rejected_stores=m.num_rejected_stores,
                     num_deferred_blocks=m.num_deferred_blocks,
                     hit_tokens=self.stats.num_host_hit_tokens)
         out: dict[str, Any] = {"offload_block_tokens": self.offload_tokens, "host": host,
                                "requests": vars(self.stats).copy()}
         if self.disk is not None:
-            disk = dict(self.tier_stats.get(DISK, {}))
+            # This half checks the directory itself (DiskLocation): its hits are hit_tokens.
+            disk = {k: v for k, v in self.tier_stats.get(DISK, {}).items()
+                    if k not in ("lookups", "hits")}
             disk["hit_tokens"] = self.stats.num_disk_hit_tokens
             out["disk"] = disk
         return out

@@ -22,7 +22,6 @@ BENCHMARKS.md):
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -161,12 +160,12 @@ class HostTier:
         self.strategy = strategy
         # NOTE: pin_memory would only help a GPU's DMA engine; the engine pool is host memory.
         self.buffer = torch.empty((num_slots, slot_bytes), dtype=torch.uint8)  # (slots, slot_bytes)
+        # Counts bytes and blocks moved. Occupancy is not tracked here: the scheduler's manager
+        # owns the slots (which hold data, which are free) and reports it.
         self.stats = TierStats()
         self._pool: torch.Tensor | None = None  # (num_blocks, block row) view of kv_cache
         self._rows: torch.Tensor | None = None  # (num_slots * f, block row) view of buffer
         self.blocks_per_slot = 0  # f, set by register_engine_pool
-        self._occupied: set[int] = set()  # slots holding a stored block (for occupancy stats)
-        self._lock = threading.Lock()
         # Copy threads per transfer, the caller's included: torch's count by default, so a
         # transfer uses the cores a plain torch copy would.
         self.num_threads = torch.get_num_threads() if num_threads is None else num_threads
@@ -222,12 +221,8 @@ class HostTier:
         copy_rows(pool, rows, src.block_ids, dst_rows, self.strategy, self._helpers,
                   self.num_threads - 1)
         num_bytes = len(dst.slot_ids) * self.slot_bytes
-        with self._lock:
-            self._occupied.update(dst.slot_ids)
-            occupied = len(self._occupied)
         self.stats.add(bytes_stored=num_bytes, blocks_stored=len(dst.slot_ids),
                        store_seconds=time.perf_counter() - start)
-        self._set_occupancy(occupied)
         return TransferOutcome(num_bytes)
 
     def load(self, src: HostBlocks, dst: EngineBlocks) -> TransferOutcome:
@@ -248,18 +243,6 @@ class HostTier:
         self.stats.add(bytes_loaded=num_bytes, blocks_loaded=len(src.slot_ids),
                        load_seconds=time.perf_counter() - start)
         return TransferOutcome(num_bytes)
-
-    def free(self, slot_ids: Sequence[int]) -> None:
-        """Optional: tell the tier slots no longer hold data (only occupancy stats use it)."""
-        with self._lock:
-            self._occupied.difference_update(slot_ids)
-            occupied = len(self._occupied)
-        self._set_occupancy(occupied)
-
-    def _set_occupancy(self, occupied: int) -> None:
-        with self.stats._lock:
-            self.stats.occupancy_blocks = occupied
-            self.stats.occupancy_bytes = occupied * self.slot_bytes
 
     def _registered(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         if self._pool is None or self._rows is None:
