@@ -48,6 +48,26 @@ def save_json(result: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(result, indent=2) + "\n")
 
 
+def run_bench_command(name: str, json_path: str | None, make_config: Callable[[], Any],
+                      run: Callable[[Any], dict[str, Any]],
+                      fmt: Callable[[dict[str, Any]], str],
+                      finish: Callable[[dict[str, Any]], int] | None = None) -> int:
+    """The shape of every `kvport bench` subcommand: build the config (a bad value: exit 2 with
+    its message), run, print the table, write --json, then `finish(result)` gives the exit code
+    (default 0)."""
+    try:
+        cfg = make_config()
+    except ValueError as exc:
+        print(f"kvport bench {name}: {exc}", file=sys.stderr)
+        return 2
+    result = run(cfg)
+    print(fmt(result))
+    if json_path:
+        save_json(result, json_path)
+        print(f"wrote {json_path}")
+    return finish(result) if finish is not None else 0
+
+
 def resolve_model_dir(spec: str) -> Path:
     """`builtin:NAME` -> the Hugging Face-format directory kvport materializes for it (so that
     baselines load the very same weights); anything else must be such a directory."""

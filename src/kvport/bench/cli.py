@@ -8,10 +8,10 @@ transformers) happen inside the functions, so `kvport --help` stays fast.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 import sys
 from typing import Any
 
+from kvport.bench import run_bench_command
 from kvport.bench.vllm_baseline import DEFAULT_VLLM_PYTHON
 from kvport.bench.workload_cli import add_workload_parsers
 
@@ -104,7 +104,7 @@ def _add_transfer(commands: Any) -> None:
 def run_transfer_command(args: argparse.Namespace) -> int:
     from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
 
-    return _run_bench("transfer", args, lambda: TransferBenchConfig(
+    return run_bench_command("transfer", args.json, lambda: TransferBenchConfig(
         geometry=args.geometry, block_sizes=args.block_sizes, total_mib=args.total_mib,
         repeats=args.repeats, disk=args.disk, disk_mib=args.disk_mib, disk_dir=args.disk_dir,
         disk_threads=args.disk_threads), run_transfer, format_transfer)
@@ -113,55 +113,29 @@ def run_transfer_command(args: argparse.Namespace) -> int:
 def run_overhead_command(args: argparse.Namespace) -> int:
     from kvport.bench.overhead import OverheadConfig, format_overhead, run_overhead
 
-    return _run_bench("connector-overhead", args, lambda: OverheadConfig(
+    return run_bench_command("connector-overhead", args.json, lambda: OverheadConfig(
         model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
         decode_tokens=args.decode_tokens, rounds=args.rounds), run_overhead, format_overhead)
 
 
-def _run_bench(name: str, args: argparse.Namespace, make_config: Callable[[], Any],
-               run: Callable[[Any], dict[str, Any]],
-               fmt: Callable[[dict[str, Any]], str]) -> int:
-    """Build the config (a bad value: exit 2 with its message), run, print, write --json."""
-    from kvport.bench import save_json
-
-    try:
-        cfg = make_config()
-    except ValueError as exc:
-        print(f"kvport bench {name}: {exc}", file=sys.stderr)
-        return 2
-    result = run(cfg)
-    print(fmt(result))
-    if args.json:
-        save_json(result, args.json)
-        print(f"wrote {args.json}")
-    return 0
-
-
 def run_throughput_command(args: argparse.Namespace) -> int:
-    from kvport.bench import save_json
     from kvport.bench.throughput import ThroughputConfig, run_throughput
 
     extra: dict[str, Any] = {}
     if args.vllm_python is not None:
         extra["vllm_python"] = args.vllm_python
-    try:
-        cfg = ThroughputConfig(
-            models=tuple(args.models or ("builtin:tiny-llama", "builtin:smollm2-135m")),
-            dtype=args.dtype, batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
-            decode_tokens=args.decode_tokens, prefill_len=args.prefill_len, repeats=args.repeats,
-            baselines=args.baselines, vllm_kv_space_gib=args.vllm_kv_space_gib, seed=args.seed,
-            **extra)
-    except ValueError as exc:
-        print(f"kvport bench throughput: {exc}", file=sys.stderr)
-        return 2
-    result = run_throughput(cfg)
-    print(format_throughput(result))
-    if args.json:
-        save_json(result, args.json)
-        print(f"wrote {args.json}")
-    ok = all(s["status"] == "ok" for m in result["models"] for s in m["systems"]
-             if s["system"].startswith("kvport"))
-    return 0 if ok else 1
+
+    def kvport_ok(result: dict[str, Any]) -> int:
+        ok = all(s["status"] == "ok" for m in result["models"] for s in m["systems"]
+                 if s["system"].startswith("kvport"))
+        return 0 if ok else 1
+
+    return run_bench_command("throughput", args.json, lambda: ThroughputConfig(
+        models=tuple(args.models or ("builtin:tiny-llama", "builtin:smollm2-135m")),
+        dtype=args.dtype, batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
+        decode_tokens=args.decode_tokens, prefill_len=args.prefill_len, repeats=args.repeats,
+        baselines=args.baselines, vllm_kv_space_gib=args.vllm_kv_space_gib, seed=args.seed,
+        **extra), run_throughput, format_throughput, kvport_ok)
 
 
 def format_throughput(result: dict[str, Any]) -> str:

@@ -106,26 +106,20 @@ def _workload_config(args: argparse.Namespace) -> Any:
 
 
 def run_workload_command(args: argparse.Namespace) -> int:
-    from kvport.bench import save_json
+    from kvport.bench import run_bench_command
     from kvport.bench.report import format_result, plot_result
     from kvport.bench.workload_bench import OutputMismatch, run_workload_bench
 
-    name = f"kvport bench {args.workload}"
+    def plot(result: dict[str, Any]) -> int:
+        if args.plot:
+            plot_result(result, args.plot)
+            print(f"wrote {args.plot}")
+        return 0
+
     try:
-        cfg = _workload_config(args)
-    except ValueError as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        result = run_workload_bench(cfg)
+        return run_bench_command(args.workload, args.json, lambda: _workload_config(args),
+                                 run_workload_bench, format_result, plot)
     except OutputMismatch as exc:
-        print(f"{name}: FAILED, configurations disagree: {exc}", file=sys.stderr)
+        print(f"kvport bench {args.workload}: FAILED, configurations disagree: {exc}",
+              file=sys.stderr)
         return 1
-    print(format_result(result))
-    if args.json:
-        save_json(result, args.json)
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot_result(result, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
