@@ -38,7 +38,7 @@ def read(tier: DiskTier, k: bytes) -> torch.Tensor | None:
 
 def test_empty_tier_misses_and_bad_root_raises(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 10 * ENTRY, NS)
-    assert not tier.lookup(key(1))
+    assert not tier.location.exists(key(1))
     assert read(tier, key(1)) is None
     with pytest.raises(OSError, match="not a directory"):
         DiskTier(tmp_path / "missing", ENTRY, NS)
@@ -60,19 +60,20 @@ def test_round_trip_survives_restart_and_file_layout(tmp_path: Path) -> None:
     assert got is not None and torch.equal(got, payload(1))
     assert path.exists()  # a load keeps the entry
     other_ns = DiskTier(tmp_path, 10 * ENTRY, b"other-model")
-    assert not other_ns.lookup(key(1))
+    assert not other_ns.location.exists(key(1))
 
 
-def test_lookup_finds_another_live_instances_new_entry(tmp_path: Path) -> None:
+def test_another_live_instances_new_entry_is_found_and_adopted(tmp_path: Path) -> None:
     a = DiskTier(tmp_path, 10 * ENTRY, NS)
     b = DiskTier(tmp_path, 10 * ENTRY, NS)
     assert a.write(key(2), payload(2))
     assert key(2) not in b
-    assert b.lookup(key(2))
+    assert b.location.exists(key(2))
     got = read(b, key(2))
     assert got is not None and torch.equal(got, payload(2))
+    assert key(2) in b  # adopted by the load
     s = b.stats.snapshot()
-    assert (s["lookups"], s["hits"], s["blocks_loaded"], s["bytes_loaded"]) == (1, 1, 1, PAYLOAD)
+    assert (s["blocks_loaded"], s["bytes_loaded"], s["occupancy_blocks"]) == (1, PAYLOAD, 1)
 
 
 @pytest.mark.parametrize("where", ["payload", "header", "truncated"])
@@ -87,7 +88,7 @@ def test_corrupt_entry_is_a_miss_and_removed(tmp_path: Path, where: str) -> None
         os.truncate(tier.path(key(3)), ENTRY - 1)
     assert read(tier, key(3)) is None
     assert not tier.path(key(3)).exists()
-    assert not tier.lookup(key(3))
+    assert not tier.location.exists(key(3))
     assert tier.stats.snapshot()["failures"] == 1
 
 
@@ -96,7 +97,7 @@ def test_wrong_key_or_namespace_in_header_is_a_miss(tmp_path: Path) -> None:
     tier.write(key(4), payload(4))
     tier.path(key(5)).parent.mkdir(exist_ok=True)
     os.replace(tier.path(key(4)), tier.path(key(5)))
-    assert tier.lookup(key(5))  # found by name ...
+    assert tier.location.exists(key(5))  # found by name ...
     assert read(tier, key(5)) is None  # ... but its header names another key
     assert not tier.path(key(5)).exists()
 
@@ -111,7 +112,7 @@ def test_torn_temp_files_are_ignored(tmp_path: Path) -> None:
     torn.parent.mkdir(exist_ok=True)
     torn.write_bytes(b"KVPORTKV" + b"\0" * 10)
     restarted = DiskTier(tmp_path, 10 * ENTRY, NS)
-    assert not restarted.lookup(key(6)) and not restarted.lookup(key(7))
+    assert not restarted.location.exists(key(6)) and not restarted.location.exists(key(7))
     assert restarted.stats.snapshot()["occupancy_blocks"] == 0
     assert not list(tmp_path.rglob(f".{key(6).hex()}*"))  # our own half write was removed
 
@@ -122,8 +123,8 @@ def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
         assert tier.write(key(i), payload(i))
     assert read(tier, key(1)) is not None  # 1 is now the most recently used; 2 is the victim
     assert tier.write(key(4), payload(4))
-    assert not tier.path(key(2)).exists() and not tier.lookup(key(2))
-    assert all(tier.lookup(key(i)) for i in (1, 3, 4))
+    assert not tier.path(key(2)).exists() and not tier.location.exists(key(2))
+    assert all(tier.location.exists(key(i)) for i in (1, 3, 4))
     s = tier.stats.snapshot()
     assert (s["evictions"], s["occupancy_blocks"], s["occupancy_bytes"]) == (1, 3, 3 * ENTRY)
     assert not tier.write(b"big", torch.zeros(4 * ENTRY, dtype=torch.uint8))  # never fits
@@ -160,7 +161,7 @@ def test_full_disk_skips_the_store_and_counts_it(tmp_path: Path) -> None:
     assert not tier.write(key(8), payload(8))
     s = tier.stats.snapshot()
     assert (s["skipped_stores"], s["failures"], s["blocks_stored"]) == (1, 0, 0)
-    assert not tier.lookup(key(8))
+    assert not tier.location.exists(key(8))
     assert not list(tmp_path.rglob("*.tmp"))  # the half-written temp file is gone
     tier.write_errno = None  # space again: serving goes on
     assert tier.write(key(8), payload(8))

@@ -393,9 +393,7 @@ class OffloadingScheduler:
         out: dict[str, Any] = {"offload_block_tokens": self.offload_tokens, "host": host,
                                "requests": vars(self.stats).copy()}
         if self.disk is not None:
-            # This half checks the directory itself (DiskLocation): its hits are hit_tokens.
-            disk = {k: v for k, v in self.tier_stats.get(DISK, {}).items()
-                    if k not in ("lookups", "hits")}
+            disk = dict(self.tier_stats.get(DISK, {}))
             disk["hit_tokens"] = self.stats.num_disk_hit_tokens
             out["disk"] = disk
         return out

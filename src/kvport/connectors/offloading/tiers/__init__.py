@@ -33,8 +33,6 @@ class TierStats:
     blocks_loaded: int = 0
     store_seconds: float = 0.0
     load_seconds: float = 0.0
-    lookups: int = 0
-    hits: int = 0
     evictions: int = 0
     skipped_stores: int = 0  # not stored for lack of space (full disk, entry larger than the tier)
     failures: int = 0  # I/O errors, missing or corrupt entries on load

@@ -12,8 +12,8 @@ removes the file.
 Index: at start the tier lists its directory and orders entries by mtime (write time), oldest
 first. No file is read: headers are checked lazily, on load, so a start costs one stat per entry.
 Loads refresh recency in memory only (touching mtime would cost a metadata write per load).
-`lookup` checks the index, then the file system, so an entry another live process wrote is found
-and adopted. The size limit covers the entries this process knows and is enforced at store time
+Whether an entry exists is asked of the file system (`DiskLocation.exists`, which the scheduler
+half uses), so an entry another live process wrote is found; a load adopts it into the index. The size limit covers the entries this process knows and is enforced at store time
 by removing the least recently stored or loaded ones; processes sharing a directory each enforce
 their own view.
 """
@@ -124,22 +124,6 @@ class DiskTier:
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
             return key in self._index
-
-    def lookup(self, key: bytes) -> bool:
-        """True if an entry for key exists (in the index, or written by another process since)."""
-        self.stats.add(lookups=1)
-        with self._lock:
-            hit = key in self._index
-        if not hit:
-            try:
-                size = self.path(key).stat().st_size
-            except OSError:
-                return False
-            with self._lock:
-                self._put(key, size)  # adopted; its header is checked when it is loaded
-                self._update_occupancy()
-        self.stats.add(hits=1)
-        return True
 
     # --- store ----------------------------------------------------------------------------------
 
