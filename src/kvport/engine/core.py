@@ -17,14 +17,15 @@ from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorRole
 from kvport.connectors.factory import create_connector
 from kvport.engine.block_pool import BlockPool
-from kvport.engine.hashing import namespace_hash
 from kvport.engine.kv_cache_manager import KVCacheManager
 from kvport.engine.request import Request, RequestStatus
 from kvport.engine.scheduler import Scheduler
 from kvport.model.loader import LoadedModel, load_model
-from kvport.engine.executor import Executor, InProcExecutor, ProcessExecutor, build_runner
+from kvport.engine.executor import (
+    Executor, InProcExecutor, ProcessExecutor, build_runner, engine_hash_root,
+)
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from kvport.model.runner import KV_LAYOUT, ModelRunner, kv_block_bytes, kv_cache_spec
+from kvport.model.runner import ModelRunner, kv_block_bytes, kv_cache_spec
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class EngineCore:
         ktc = config.kv_transfer_config
         # The two halves of the connector: separate objects, separate state (the worker half is
         # built next to the runner, possibly in another process).
-        self.hash_root = namespace_hash(self.loaded.identity, config.dtype, config.block_size, KV_LAYOUT)
+        self.hash_root = engine_hash_root(config, self.loaded.identity)
         sched_connector = create_connector(ktc, KVConnectorRole.SCHEDULER) if ktc else None
         if sched_connector is not None:
             sched_connector.set_kv_cache_spec(kv_cache_spec(

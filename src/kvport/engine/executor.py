@@ -58,9 +58,14 @@ def build_runner(config: EngineConfig, num_kv_blocks: int, loaded: Any | None = 
         loaded = load_model(config.model, dtype)
     ktc = config.kv_transfer_config
     connector = create_connector(ktc, KVConnectorRole.WORKER) if ktc is not None else None
-    hash_root = namespace_hash(loaded.identity, config.dtype, config.block_size, KV_LAYOUT)
     return ModelRunner(loaded.model, loaded.config, num_kv_blocks, config.block_size, dtype,
-                       connector, hash_root)
+                       connector, engine_hash_root(config, loaded.identity))
+
+
+def engine_hash_root(config: EngineConfig, model_identity: str) -> bytes:
+    """The root of every block hash: model, dtype, block size and pool layout. Both the scheduler
+    and the runner (possibly in another process) derive it."""
+    return namespace_hash(model_identity, config.dtype, config.block_size, KV_LAYOUT)
 
 
 class InProcExecutor(Executor):
