@@ -44,12 +44,6 @@ class RequestRecord:
         return out
 
 
-def metrics_snapshot(llm: Any) -> dict[str, Any] | None:
-    """`llm.get_metrics()` if this kvport has it (cumulative counters), else None."""
-    get = getattr(llm, "get_metrics", None)
-    return get() if callable(get) else None
-
-
 def metrics_delta(before: Any, after: Any) -> Any:
     """after - before, leaf by leaf, for nested dicts of numbers (other leaves: the after value)."""
     if isinstance(after, dict):
@@ -80,7 +74,7 @@ class ConfigRunner:
         self.records: list[RequestRecord] = []
         self.busy_s = 0.0  # wall time inside run_phase, resets excluded
         self.resets_unsupported = 0
-        self._metrics_start = metrics_snapshot(llm)
+        self._metrics_start = llm.get_metrics()
 
     def warm_up(self, prompt: list[int]) -> None:
         """One short untimed request (first-call costs), then forget it in the engine's cache."""
@@ -89,7 +83,7 @@ class ConfigRunner:
         self.llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
                           use_tqdm=False)
         self.llm.reset_prefix_cache()
-        self._metrics_start = metrics_snapshot(self.llm)
+        self._metrics_start = self.llm.get_metrics()
 
     def prewarm(self, prefixes: list[list[int]]) -> None:
         """Compute every prefix once (untimed) so that the run finds them in the prefix cache:
@@ -98,7 +92,7 @@ class ConfigRunner:
 
         self.llm.generate(prefixes, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
                           use_tqdm=False)
-        self._metrics_start = metrics_snapshot(self.llm)
+        self._metrics_start = self.llm.get_metrics()
 
     def run_phase(self, phase: int) -> list[RequestRecord]:
         engine = self.llm.engine
@@ -162,10 +156,9 @@ class ConfigRunner:
         raise RuntimeError(f"config {self.name}: the connector refused reset_cache "
                            f"{MAX_RESET_ATTEMPTS} times with no request in flight")
 
-    def metrics(self) -> dict[str, Any] | None:
-        """Connector and cache counters of this configuration's run (None: not available)."""
-        end = metrics_snapshot(self.llm)
-        return None if end is None else metrics_delta(self._metrics_start, end)
+    def metrics(self) -> dict[str, Any]:
+        """Connector and cache counters of this configuration's run."""
+        return metrics_delta(self._metrics_start, self.llm.get_metrics())
 
     def shutdown(self) -> None:
         self.llm.shutdown()
