@@ -39,6 +39,23 @@ def test_prefix_caching_gives_the_same_output_and_hits(reference: list[list[int]
     llm.engine.check_no_leaks()
 
 
+def test_prefix_lookups_are_counted_once_per_admission() -> None:
+    # 10 blocks of 8 tokens hold one of these 60-token prompts at a time: the others are looked
+    # up again on every step they wait, and must still count once (one token each: no decode
+    # growth, so no preemption and no second admission).
+    llm = LLM("builtin:tiny-llama", block_size=8, num_kv_blocks=10, max_model_len=80)
+    ps = [[(t * 7 + i * 31) % 250 + 3 for t in range(60)] for i in range(3)]
+    lookups = []
+    get_computed_blocks = llm.engine.kv_cache_manager.get_computed_blocks
+    llm.engine.kv_cache_manager.get_computed_blocks = (  # type: ignore[method-assign]
+        lambda req: lookups.append(req.request_id) or get_computed_blocks(req))
+    llm.generate(ps, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    assert len(lookups) > len(ps)  # the waiting requests were looked up more than once
+    stats = llm.engine.pool.stats
+    assert stats.num_queried_blocks == sum((len(p) - 1) // 8 for p in ps)
+    llm.engine.check_no_leaks()
+
+
 @pytest.mark.parametrize("budget", [1, 7, 16, 33])
 def test_chunked_prefill_gives_the_same_output(reference: list[list[int]], budget: int) -> None:
     llm = LLM("builtin:tiny-llama", max_num_batched_tokens=budget, block_size=4)

@@ -63,8 +63,7 @@ def summarize(name: str, outcome: dict[str, Any], workload: str) -> dict[str, An
         "input_tokens_per_s": n_in / wall if wall else None,
         "output_tokens_per_s": n_out / wall if wall else None,
         "total_tokens_per_s": (n_in + n_out) / wall if wall else None,
-        # From the requests, not from the engine's counters: those count a lookup each time a
-        # waiting request is tried again, which dilutes the rate when the pool is full.
+        # From the requests themselves: the share of prompt tokens each source provided.
         "prefix_hit_rate": _rate(local, n_in),
         "connector_hit_rate": _rate(sum(r.num_external_tokens for r in recs), n_in),
         "cached_token_rate": _rate(sum(r.num_cached_tokens for r in recs), n_in),

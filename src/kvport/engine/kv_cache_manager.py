@@ -35,9 +35,15 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.pool.stats.num_queried_blocks += max_blocks
-        self.pool.stats.num_hit_blocks += len(hits)
         return hits, len(hits) * self.block_size
+
+    def count_prefix_lookup(self, request: Request, num_hit_blocks: int) -> None:
+        """Counts one admission's lookup in the pool stats. Called once the request got its
+        blocks: a request tried again (no room yet) looks up again but is counted once."""
+        if not self.pool.enable_caching:
+            return
+        self.pool.stats.num_queried_blocks += (request.num_tokens - 1) // self.block_size
+        self.pool.stats.num_hit_blocks += num_hit_blocks
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int,
                           new_computed_blocks: list[KVBlock], num_external_tokens: int = 0) -> int:

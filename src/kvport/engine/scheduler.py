@@ -160,6 +160,8 @@ class Scheduler:
                 if self._reclaim_from_waiting(skipped + list(self.waiting), keep=req):
                     continue  # try the same request again
                 break
+            if req.num_computed_tokens == 0:
+                self.kv.count_prefix_lookup(req, len(hits))
             if not self.xfer.after_alloc(req, num_external, load_async, num_computed):
                 continue  # the connector failed the request
             if load_async:
