@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from utils import (
@@ -138,22 +139,17 @@ def test_failed_sync_load_recomputes_from_the_last_good_block() -> None:
     assert_scheduler_empty(sched)
 
 
-def test_failed_async_load_resumes_from_the_last_good_block() -> None:
-    sched, worker = setup(hit_blocks=3, is_async=True, fail_first_load_block=2)
+@pytest.mark.parametrize("failed_block, cached", [
+    (2, 8),  # resumes from the last good block
+    (0, 0),  # nothing usable arrived: starts over without the connector
+])
+def test_failed_async_load_resumes_from_the_last_good_block(failed_block: int,
+                                                            cached: int) -> None:
+    sched, worker = setup(hit_blocks=3, is_async=True, fail_first_load_block=failed_block)
     req = make_request("a", PROMPT, max_tokens=2)
     sched.add_request(req)
     drain(sched, worker)
-    assert req.num_cached_tokens == 8
-    assert req.output_token_ids == expected_tokens(14, 2)
-    assert_scheduler_empty(sched)
-
-
-def test_failed_load_at_the_first_block_starts_over_without_the_connector() -> None:
-    sched, worker = setup(hit_blocks=3, is_async=True, fail_first_load_block=0)
-    req = make_request("a", PROMPT, max_tokens=2)
-    sched.add_request(req)
-    drain(sched, worker)
-    assert req.num_cached_tokens == 0
+    assert req.num_cached_tokens == cached
     assert req.output_token_ids == expected_tokens(14, 2)
     assert_scheduler_empty(sched)
 
