@@ -1,7 +1,7 @@
 """Connectors for tests, loaded through `kv_connector_module_path="connector_fakes"`.
 
 - `FakeConnector`: records every call in `calls` and answers what the test sets on it.
-- `TracingFakeConnector`: the same, plus the duck-typed `trace_step` hook.
+- `TracingFakeConnector`: the same, and it records the `trace_step` calls too.
 - `LoggingExampleConnector`: a real ExampleConnector that appends one line per
   `update_state_after_alloc` / load / store to a log file, so engine tests can see which child
   of a MultiConnector did what (the connector objects live inside the engine).

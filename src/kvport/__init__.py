@@ -5,21 +5,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "KVTransferConfig", "RequestOutput",
+           "CompletionOutput", "RequestMetrics"]
 
 if TYPE_CHECKING:
-    from kvport.config import EngineConfig
+    from kvport.config import EngineConfig, KVTransferConfig
     from kvport.engine.llm import LLM
-    from kvport.outputs import CompletionOutput, RequestOutput
+    from kvport.outputs import CompletionOutput, RequestMetrics, RequestOutput
     from kvport.sampling_params import SamplingParams
 
 _LAZY = {
     "LLM": "kvport.engine.llm",
     "SamplingParams": "kvport.sampling_params",
     "EngineConfig": "kvport.config",
+    "KVTransferConfig": "kvport.config",
     "RequestOutput": "kvport.outputs",
     "CompletionOutput": "kvport.outputs",
+    "RequestMetrics": "kvport.outputs",
 }
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def __getattr__(name: str) -> Any:

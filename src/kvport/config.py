@@ -19,7 +19,9 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # None: enough for max_num_seqs full requests, capped
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    max_model_len: int = 4096
+    # None: the model's own limit (max_position_embeddings), capped by what the pool can hold;
+    # the engine core resolves it (EngineCore.config always holds a number).
+    max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False  # schedule step N+1 while step N runs
@@ -32,6 +34,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
+            if value is None and name == "max_model_len":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int)
@@ -44,7 +48,8 @@ class EngineConfig:
         if self.worker not in WORKER_MODES:
             raise ValueError(f"worker must be one of {WORKER_MODES}, got {self.worker!r}")
         object.__setattr__(self, "kv_transfer_config", KVTransferConfig.from_any(self.kv_transfer_config))
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        if (not self.enable_chunked_prefill and self.max_model_len is not None
+                and self.max_num_batched_tokens < self.max_model_len):
             raise ValueError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
                 f"must be >= max_model_len ({self.max_model_len})")

@@ -29,9 +29,7 @@ class BindFirstDriver(KVConnectorDriver):
     def pre_forward(self, sched_out: SchedulerOutput, ctx: object) -> None:  # type: ignore[override]
         self._ctx = ctx  # type: ignore[assignment]
         self._errors, self._error_req_ids = {}, set()
-        hook = getattr(self.connector, "trace_step", None)
-        if hook is not None:
-            hook(sched_out.step)
+        self.connector.trace_step(sched_out.step)
         self._call("bind_connector_metadata", sched_out.kv_connector_metadata)
         self._call("handle_preemptions", sched_out.kv_connector_metadata)
         self._call("start_load_kv", ctx)

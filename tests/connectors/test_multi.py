@@ -62,7 +62,10 @@ def test_overrides_every_public_base_method() -> None:
     public = [name for name, member in inspect.getmembers(KVConnectorBase, inspect.isfunction)
               if not name.startswith("_")]
     assert len(public) > 20
-    missing = [name for name in public if name not in MultiConnector.__dict__]
+    # Not a hook: bind/clear set the MultiConnector's own metadata together with its children's,
+    # so the inherited answer is already "every child is bound".
+    own_state = {"has_connector_metadata"}
+    missing = [name for name in public if name not in MultiConnector.__dict__ | dict.fromkeys(own_state)]
     assert missing == [], f"MultiConnector inherits {missing}: a child hook would be skipped"
 
 
@@ -296,12 +299,12 @@ def test_a_raising_child_neither_stops_the_others_nor_loses_completions() -> Non
     assert worker.build_connector_worker_meta() is None
 
 
-def test_trace_step_reaches_children_that_have_it() -> None:
+def test_trace_step_reaches_every_child() -> None:
     tracing = {**fake_child("t"), "kv_connector": "TracingFakeConnector"}
     multi = make_multi(SCHED, fake_child("a"), tracing)
     plain, traced = multi.connectors
-    assert isinstance(traced, TracingFakeConnector) and not hasattr(plain, "trace_step")
-    multi.trace_step(7)
+    assert isinstance(traced, TracingFakeConnector) and not isinstance(plain, TracingFakeConnector)
+    multi.trace_step(7)  # the plain child takes the base class's no-op
     assert calls(traced, "trace_step") == [(7,)]
 
 

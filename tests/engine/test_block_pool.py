@@ -47,7 +47,7 @@ def test_freed_cached_blocks_keep_contents_and_are_reused_in_lru_order() -> None
     first = pool.allocate(2)
     assert [b.block_id for b in first] == [3, 2]
     assert pool.get_cached_block(h(3)) is None and pool.get_cached_block(h(2)) is None
-    assert pool.take_evicted() == [h(3), h(2)]
+    assert pool.stats.num_evicted_blocks == 2  # counted, not listed: the pool runs for months
     assert pool.get_cached_block(h(0)) is blocks[0]
     (last,) = pool.allocate(1)
     assert last.block_id == 0 and pool.get_cached_block(h(0)) is None

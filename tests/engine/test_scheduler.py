@@ -13,7 +13,7 @@ def test_prompt_is_chunked_by_the_token_budget() -> None:
     sched = make_scheduler(num_blocks=16, max_num_batched_tokens=6)
     sched.add_request(make_request("a", list(range(1, 15)), max_tokens=2))  # 14 prompt tokens
     chunks = []
-    while sched.has_unfinished_requests():
+    while sched.requests:
         out, _ = run_step(sched)
         chunks.append(out.num_scheduled_tokens.get("a", 0))
     assert chunks == [6, 6, 2, 1]  # three prefill chunks, then one decode token
@@ -27,7 +27,7 @@ def test_decodes_and_prefill_share_one_budget() -> None:
     sched.add_request(make_request("b", list(range(1, 21)), max_tokens=1))
     out, _ = run_step(sched)
     assert out.num_scheduled_tokens == {"a": 1, "b": 7}  # decode first, prefill takes the rest
-    while sched.has_unfinished_requests():
+    while sched.requests:
         run_step(sched)
     assert_scheduler_empty(sched)
 
@@ -63,7 +63,7 @@ def test_preemption_takes_the_newest_request_and_frees_its_blocks() -> None:
     sched.add_request(make_request("new", [4, 5, 6], max_tokens=8))
     preempted_at = None
     steps = 0
-    while sched.has_unfinished_requests():
+    while sched.requests:
         out, _ = run_step(sched)
         steps += 1
         if out.preempted_req_ids and preempted_at is None:
@@ -95,7 +95,7 @@ def test_max_num_seqs_limits_running_requests() -> None:
         sched.add_request(make_request(str(i), [1 + i, 2, 3], max_tokens=3))
     out, _ = run_step(sched)
     assert set(out.num_scheduled_tokens) == {"0", "1"}
-    while sched.has_unfinished_requests():
+    while sched.requests:
         out, _ = run_step(sched)
         assert len(out.num_scheduled_tokens) <= 2
     assert_scheduler_empty(sched)
@@ -108,7 +108,7 @@ def test_stop_on_eos_stop_token_and_max_model_len() -> None:
     sched.add_request(make_request("len", [5, 8, 9], max_tokens=10))
     tokens = {"eos": [3, 0], "stop": [42], "len": [1] * 10}
     done = {}
-    while sched.has_unfinished_requests():
+    while sched.requests:
         _, finished = run_step(sched, next_token=lambda r: tokens[r.request_id][r.num_output_tokens])
         done.update({r.request_id: r for r in finished})
     assert done["eos"].output_token_ids == [3, 0] and done["eos"].status.finish_reason == "stop"
@@ -147,9 +147,9 @@ def test_random_workloads_finish_and_leak_nothing(
         sched.kv.pool.check_integrity()
         for r in finished:
             outputs[r.request_id] = r.output_token_ids
-        if not sched.has_unfinished_requests():
+        if not sched.requests:
             break
-    assert not sched.has_unfinished_requests(), "workload did not finish in 500 steps"
+    assert not sched.requests, "workload did not finish in 500 steps"
     # The fake model's token depends only on the sequence length: preemption, chunking and
     # prefix hits must not change what a request generates.
     for rid, toks in outputs.items():

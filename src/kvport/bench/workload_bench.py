@@ -136,7 +136,7 @@ def plan_engine(cfg: WorkloadBenchConfig) -> EnginePlan:
 
     from kvport.bench import resolve_model_dir
     from kvport.model.loader import read_config
-    from kvport.model.runner import kv_block_bytes
+    from kvport.model.attention import kv_block_bytes
 
     bs = cfg.block_size
     mc = read_config(resolve_model_dir(cfg.model))

@@ -41,10 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvport.connectors.views import RequestView, SchedulerOutputView
 if TYPE_CHECKING:
     from kvport.config import KVTransferConfig
-    from kvport.engine.outputs import SchedulerOutput
-    from kvport.engine.request import Request
 
 
 class KVConnectorRequestError(Exception):
@@ -86,10 +85,6 @@ class KVConnectorOutput:
     # KVConnectorRequestErrors fail; any other exception fails every request of the step.
     errors: dict[str, str] = field(default_factory=dict)
     error_req_ids: set[str] | None = field(default_factory=set)  # None: the whole step
-
-    def is_empty(self) -> bool:
-        return not (self.finished_sending or self.finished_recving or self.invalid_block_ids
-                    or self.worker_meta is not None or self.stats or self.errors)
 
 
 @dataclass(frozen=True)
@@ -148,6 +143,12 @@ class KVConnectorBase(ABC):
     @property
     def role(self) -> KVConnectorRole:
         return self._role
+
+    def trace_step(self, step: int) -> None:
+        """Either side: the engine announces the step that the following calls belong to: on the
+        scheduler side at the start of schedule() and of update_from_output, on the worker side
+        before handle_preemptions. A no-op here; the call recorder stamps its lines with it and
+        a MultiConnector passes it to its children."""
 
     # ---- worker side ------------------------------------------------------------------------
 
@@ -220,12 +221,12 @@ class KVConnectorBase(ABC):
         """Scheduler, once, after construction and before any request: the pool's geometry and
         hash root (the same spec the worker half gets in register_kv_caches)."""
 
-    def on_new_request(self, request: Request) -> None:
+    def on_new_request(self, request: RequestView) -> None:
         """Scheduler, when a request is added."""
 
     @abstractmethod
     def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
+        self, request: RequestView, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """Scheduler, for a waiting request with no computed tokens, after the local prefix
         lookup (`num_computed_tokens` = locally cached tokens). Returns (tokens loadable beyond
@@ -236,14 +237,14 @@ class KVConnectorBase(ABC):
 
     @abstractmethod
     def update_state_after_alloc(
-        self, request: Request, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int], num_external_tokens: int
     ) -> None:
         """Scheduler, after every successful allocation of a waiting request (0 external tokens
         included), before the step's build_connector_meta. `block_ids` is the request's whole
         block table: local hits first, then the new blocks."""
 
     @abstractmethod
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> KVConnectorMetadata:
         """Scheduler, exactly once at the end of every schedule(), empty steps included. Sees
         request.num_computed_tokens before this step's advance. Must not mutate the output."""
 
@@ -252,7 +253,7 @@ class KVConnectorBase(ABC):
         handled: consume the worker's answer."""
 
     def request_finished(
-        self, request: Request, block_ids: list[int]
+        self, request: RequestView, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         """Scheduler, exactly once per request that finishes (stop, length, abort, error), before
         its blocks are freed; never for a preemption. True: the connector still reads the blocks;

@@ -26,7 +26,7 @@ from kvport.connectors.base import (
     ForwardContext, KVCacheSpec, KVConnectorBase, KVConnectorOutput, KVConnectorRequestError,
     layer_name,
 )
-from kvport.engine.outputs import SchedulerOutput
+from kvport.connectors.views import SchedulerOutputView
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +39,14 @@ class KVConnectorDriver:
         self._error_req_ids: set[str] | None = set()  # None: a failure not tied to requests
         connector.register_kv_caches(kv_cache, spec)
         self._layer_names = [layer_name(i) for i in range(spec.num_layers)]
-        self._trace_step = getattr(connector, "trace_step", None)
         # The pool never moves: make each layer's view once, not twice per layer per step.
         self._layer_views = [kv_cache[:, i] for i in range(spec.num_layers)]
 
-    def pre_forward(self, sched_out: SchedulerOutput, ctx: ForwardContext) -> None:
+    def pre_forward(self, sched_out: SchedulerOutputView, ctx: ForwardContext) -> None:
         self._ctx = ctx
         self._errors = {}
         self._error_req_ids = set()
-        if self._trace_step is not None:
-            self._trace_step(sched_out.step)
+        self._call("trace_step", sched_out.step)
         meta = sched_out.kv_connector_metadata
         self._call("handle_preemptions", meta)
         self._call("bind_connector_metadata", meta)
@@ -68,7 +66,7 @@ class KVConnectorDriver:
         except Exception as exc:
             self._record_error("save_kv_layer", exc)
 
-    def post_forward(self, sched_out: SchedulerOutput, did_forward: bool) -> KVConnectorOutput:
+    def post_forward(self, sched_out: SchedulerOutputView, did_forward: bool) -> KVConnectorOutput:
         if did_forward:
             self._call("wait_for_save")
         finished = self._call("get_finished", set(sched_out.finished_req_ids))

@@ -28,10 +28,10 @@ from kvport.connectors.base import (
 )
 from kvport.connectors.factory import parse_extra_config
 
+from kvport.connectors.views import RequestView, SchedulerOutputView
+
 if TYPE_CHECKING:
     from kvport.config import KVTransferConfig
-    from kvport.engine.outputs import SchedulerOutput
-    from kvport.engine.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def num_aligned_tokens(num_prompt_tokens: int, block_size: int) -> int:
     return max(0, (num_prompt_tokens - 1) // block_size) * block_size
 
 
-def entry_key(request: Request) -> str | None:
+def entry_key(request: RequestView) -> str | None:
     """The key of the request's aligned prompt prefix; None if that has no full block."""
     bs = request.block_size
     num_blocks = num_aligned_tokens(request.num_prompt_tokens, bs) // bs
@@ -118,7 +118,7 @@ class ExampleConnector(KVConnectorBase):
     # ---- scheduler side ---------------------------------------------------------------------
 
     def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
+        self, request: RequestView, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """A complete entry for the aligned prompt prefix: (aligned - local hit tokens, False)."""
         key = entry_key(request)
@@ -131,7 +131,7 @@ class ExampleConnector(KVConnectorBase):
         return num_aligned - num_computed_tokens, False
 
     def update_state_after_alloc(
-        self, request: Request, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int], num_external_tokens: int
     ) -> None:
         """External tokens > 0 plan a load into the blocks after the local hits. Otherwise a store
         is planned if no entry exists yet and no other live request plans the same one."""
@@ -155,13 +155,13 @@ class ExampleConnector(KVConnectorBase):
                                                 list(block_ids))
             self._keys_planned[key] = rid
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ExampleConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> ExampleConnectorMetadata:
         """This step's loads, and the stores whose aligned prefix is computed by its end: a store
         goes out in the step where num_computed_tokens + num_scheduled_tokens reaches the aligned
         count, so save_kv_layer runs after the KV of every aligned token was written."""
         so = scheduler_output
         meta = ExampleConnectorMetadata()
-        for rid in so.preempted_req_ids - self._admitted_this_step:
+        for rid in set(so.preempted_req_ids) - self._admitted_this_step:
             self._drop_store_plan(rid)  # its blocks are gone; its re-admission plans again
         num_computed: dict[str, int] = {}  # req_id -> tokens computed before this step
         for new in so.scheduled_new_reqs:  # admitted, or running and resent in full
@@ -192,7 +192,7 @@ class ExampleConnector(KVConnectorBase):
         return meta
 
     def request_finished(
-        self, request: Request, block_ids: list[int]
+        self, request: RequestView, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         """Always (False, None): stores finish within their step, nothing reads the blocks later."""
         self._drop_store_plan(request.request_id)

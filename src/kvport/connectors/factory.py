@@ -52,7 +52,7 @@ def create_connector(config: KVTransferConfig, role: KVConnectorRole) -> KVConne
     connector = get_connector_class(config)(config, role)
     trace_path = config.kv_connector_extra_config.get("record_trace")
     if trace_path:
-        from kvport.trace.recording import RecordingConnector
+        from kvport.connectors.recording import RecordingConnector
 
         connector = RecordingConnector(connector, str(trace_path))
     return connector

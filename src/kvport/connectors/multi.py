@@ -32,12 +32,12 @@ from kvport.connectors.multi_metadata import (
     MultiConnectorConfig, MultiConnectorMetadata, MultiConnectorWorkerMetadata,
 )
 
+from kvport.connectors.views import RequestView, SchedulerOutputView
+
 if TYPE_CHECKING:
     import torch
 
     from kvport.config import KVTransferConfig
-    from kvport.engine.outputs import SchedulerOutput
-    from kvport.engine.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +62,9 @@ class MultiConnector(KVConnectorBase):
         self._num_dropped = {"finished_recving": 0, "finished_sending": 0}  # since last stats
 
     def trace_step(self, step: int) -> None:
-        """Forwarded to every child that records a trace (duck-typed `trace_step`)."""
+        """Forwarded to every child (a recording child stamps its lines with it)."""
         for c in self.connectors:
-            if callable(hook := getattr(c, "trace_step", None)):
-                hook(step)
+            c.trace_step(step)
 
     # ---- worker side ------------------------------------------------------------------------
 
@@ -90,10 +89,6 @@ class MultiConnector(KVConnectorBase):
     def clear_connector_metadata(self) -> None:
         super().clear_connector_metadata()
         self._each("clear_connector_metadata", lambda i, c: c.clear_connector_metadata())
-
-    def has_connector_metadata(self) -> bool:
-        """True between bind and clear, exactly when every child is bound too."""
-        return super().has_connector_metadata()
 
     def start_load_kv(self, ctx: ForwardContext) -> None:
         self._each("start_load_kv", lambda i, c: c.start_load_kv(ctx))
@@ -178,11 +173,11 @@ class MultiConnector(KVConnectorBase):
         results = self._each("get_metrics", lambda i, c: c.get_metrics())
         return {name: r for name, r in zip(self._names, results, strict=True) if r}
 
-    def on_new_request(self, request: Request) -> None:
+    def on_new_request(self, request: RequestView) -> None:
         self._each("on_new_request", lambda i, c: c.on_new_request(request))
 
     def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
+        self, request: RequestView, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """Every child is asked. (None, False) if any child does not know yet; otherwise the
         answer of the first child with tokens > 0, which becomes the load's owner."""
@@ -198,7 +193,7 @@ class MultiConnector(KVConnectorBase):
         return 0, False
 
     def update_state_after_alloc(
-        self, request: Request, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int], num_external_tokens: int
     ) -> None:
         """Every child gets the real blocks; only the load's owner gets the external tokens."""
         match = self._matched.pop(request.request_id, None)
@@ -211,7 +206,7 @@ class MultiConnector(KVConnectorBase):
         self._each("update_state_after_alloc", lambda i, c: c.update_state_after_alloc(
             request, list(block_ids), num_external_tokens if i == owner else 0))
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> MultiConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> MultiConnectorMetadata:
         parts = self._each("build_connector_meta",
                            lambda i, c: c.build_connector_meta(scheduler_output))
         meta = MultiConnectorMetadata(tuple(parts), self._new_async_loads, self._new_savers)
@@ -231,7 +226,7 @@ class MultiConnector(KVConnectorBase):
         self._each("update_connector_output", lambda i, c: c.update_connector_output(outputs[i]))
 
     def request_finished(
-        self, request: Request, block_ids: list[int]
+        self, request: RequestView, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         """Every child is told. True if any child keeps the blocks; the merged kv_transfer_params
         (a key returned by two children raises ValueError). A child that raises counts as not

@@ -10,8 +10,7 @@ import torch
 from kvport.config import KVTransferConfig
 from kvport.connectors.base import ForwardContext, KVConnectorBase, KVConnectorMetadata, KVConnectorRole
 from kvport.connectors.factory import parse_extra_config
-from kvport.engine.outputs import SchedulerOutput
-from kvport.engine.request import Request
+from kvport.connectors.views import RequestView, SchedulerOutputView
 
 
 @dataclass(frozen=True)
@@ -29,13 +28,13 @@ class NoOpConnector(KVConnectorBase):
         super().__init__(config, role)
         self.cfg = parse_extra_config(self.config_class, config)
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: RequestView, num_computed_tokens: int) -> tuple[int | None, bool]:
         return 0, False
 
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: RequestView, block_ids: list[int], num_external_tokens: int) -> None:
         pass
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> KVConnectorMetadata:
         return KVConnectorMetadata()
 
     def start_load_kv(self, ctx: ForwardContext) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvport.engine.hashing import BlockHash
 
@@ -36,7 +36,6 @@ class BlockPoolStats:
     num_evicted_blocks: int = 0  # cached blocks whose contents were dropped for reuse
     num_queried_blocks: int = 0
     num_hit_blocks: int = 0
-    evicted_hashes: list[BlockHash] = field(default_factory=list)  # drained by take_evicted
 
 
 class BlockPool:
@@ -107,10 +106,6 @@ class BlockPool:
             del self._cached[block.block_hash]
         block.block_hash = None
 
-    def take_evicted(self) -> list[BlockHash]:
-        out, self.stats.evicted_hashes = self.stats.evicted_hashes, []
-        return out
-
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash. Blocks in use stay valid for their requests."""
         for block in self._cached.values():
@@ -123,7 +118,6 @@ class BlockPool:
         assert self._cached.get(block.block_hash) is block, f"block {block.block_id} hash not indexed"
         del self._cached[block.block_hash]
         self.stats.num_evicted_blocks += 1
-        self.stats.evicted_hashes.append(block.block_hash)
         block.block_hash = None
 
     def check_integrity(self) -> None:

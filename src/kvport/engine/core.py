@@ -6,6 +6,7 @@ data (`SchedulerOutput`, `ModelRunnerOutput`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -25,11 +26,46 @@ from kvport.engine.executor import (
     Executor, InProcExecutor, ProcessExecutor, build_runner, engine_hash_root,
 )
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from kvport.model.runner import ModelRunner, kv_block_bytes, kv_cache_spec
+from kvport.engine.runner import ModelRunner, kv_cache_spec
+from kvport.model.attention import kv_block_bytes
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 DEFAULT_KV_CACHE_CAP_BYTES = 1 << 30  # default pool: room for max_num_seqs full requests, <= 1 GiB
+
+
+def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int) -> tuple[int, int]:
+    """(blocks in the KV pool, max_model_len). An explicit max_model_len above the model's limit
+    is an error; None means the model's limit, capped (with a log line) by what the pool can hold
+    when the pool is sized by num_kv_blocks, kv_cache_bytes or the default memory cap."""
+    bs = config.block_size
+    if config.max_model_len is not None and config.max_model_len > model_max_len:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                         f"max_position_embeddings={model_max_len}; pass max_model_len <= "
+                         f"{model_max_len}, or None for the model's own limit")
+    max_len = config.max_model_len if config.max_model_len is not None else model_max_len
+    blocks_per_seq = -(-max_len // bs)
+    if config.num_kv_blocks is not None:
+        num = config.num_kv_blocks
+    elif config.kv_cache_bytes is not None:
+        num = config.kv_cache_bytes // block_bytes
+    else:
+        wanted = config.max_num_seqs * blocks_per_seq
+        num = min(wanted, DEFAULT_KV_CACHE_CAP_BYTES // block_bytes)
+        if config.max_model_len is not None:
+            num = max(num, blocks_per_seq)  # an explicit length is honoured beyond the cap
+    if num < blocks_per_seq and config.max_model_len is None and num > 0:
+        logger.warning("max_model_len=%d: the model allows %d tokens, but the KV pool of %d blocks "
+                    "x %d tokens holds %d (pass num_kv_blocks or kv_cache_bytes for more)",
+                    num * bs, model_max_len, num, bs, num * bs)
+        return num, num * bs
+    if num < blocks_per_seq:
+        raise ValueError(
+            f"KV pool of {num} blocks x {bs} tokens cannot hold one request of "
+            f"max_model_len={max_len} tokens (needs {blocks_per_seq} blocks, "
+            f"{blocks_per_seq * block_bytes} bytes); raise num_kv_blocks/kv_cache_bytes or "
+            f"lower max_model_len")
+    return num, max_len
 
 
 class EngineCore:
@@ -41,11 +77,12 @@ class EngineCore:
             loaded = load_model(config.model, dtype, load_weights=in_process)
         self.loaded = loaded
         mc = self.loaded.config
-        if config.max_model_len > mc.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={config.max_model_len} exceeds the model's "
-                f"max_position_embeddings={mc.max_position_embeddings}")
-        self.num_kv_blocks = self._num_kv_blocks(kv_block_bytes(mc, config.block_size, dtype))
+        block_bytes = kv_block_bytes(mc, config.block_size, dtype)
+        self.num_kv_blocks, max_model_len = plan_kv_pool(config, mc.max_position_embeddings,
+                                                         block_bytes)
+        # From here on the config holds a number (the scheduler and the worker read it).
+        self.config = config = dataclasses.replace(config, max_model_len=max_model_len)
+        self.max_model_len = max_model_len
         pool = BlockPool(self.num_kv_blocks, enable_caching=config.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, config.block_size)
         ktc = config.kv_transfer_config
@@ -67,24 +104,6 @@ class EngineCore:
         self._in_flight: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
         self.eos_token_ids = frozenset(mc.eos_token_ids)
 
-    def _num_kv_blocks(self, block_bytes: int) -> int:
-        cfg = self.config
-        blocks_per_seq = -(-cfg.max_model_len // cfg.block_size)
-        if cfg.num_kv_blocks is not None:
-            num = cfg.num_kv_blocks
-        elif cfg.kv_cache_bytes is not None:
-            num = cfg.kv_cache_bytes // block_bytes
-        else:
-            wanted = cfg.max_num_seqs * blocks_per_seq
-            num = max(blocks_per_seq, min(wanted, DEFAULT_KV_CACHE_CAP_BYTES // block_bytes))
-        if num < blocks_per_seq:
-            raise ValueError(
-                f"KV pool of {num} blocks x {cfg.block_size} tokens cannot hold one request of "
-                f"max_model_len={cfg.max_model_len} tokens (needs {blocks_per_seq} blocks, "
-                f"{blocks_per_seq * block_bytes} bytes); raise num_kv_blocks/kv_cache_bytes or "
-                f"lower max_model_len")
-        return num
-
     @property
     def pool(self) -> BlockPool:
         return self.kv_cache_manager.pool
@@ -93,9 +112,9 @@ class EngineCore:
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError("prompt is empty: give at least one token")
-        if n > self.config.max_model_len:
+        if n > self.max_model_len:
             raise ValueError(f"prompt has {n} tokens, longer than max_model_len="
-                             f"{self.config.max_model_len}")
+                             f"{self.max_model_len}")
         vocab = self.loaded.config.vocab_size
         bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:

@@ -27,7 +27,8 @@ from kvport.connectors.base import KVConnectorRole
 from kvport.connectors.factory import create_connector
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from kvport.engine.hashing import namespace_hash
-from kvport.model.runner import KV_LAYOUT, ModelRunner
+from kvport.engine.runner import ModelRunner
+from kvport.model.attention import KV_LAYOUT
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +101,15 @@ class ProcessExecutor(Executor):
                                  name="kvport-worker", daemon=True)
         self._proc.start()
         child_conn.close()
-        # Sends and receives are locked separately, so step N+1 can be sent while the reply to
-        # step N is awaited. Replies come in send order; `_pending` pairs them up.
-        self._send_lock = threading.Lock()
-        self._recv_lock = threading.Lock()
+        # Replies come in send order: one reader thread resolves the oldest pending future with
+        # each reply, so step N+1 can be sent while the reply to step N is awaited.
+        self._lock = threading.Lock()  # guards _pending, _closed and the sending end
         self._pending: deque[Future[Any]] = deque()
         self._closed = False
+        self._dead: str | None = None  # why the worker can no longer answer
+        self._reader = threading.Thread(target=self._read_replies, name="kvport-worker-reader",
+                                        daemon=True)
+        self._reader.start()
         self._call_sync("ping")  # surfaces a failed start (bad model, bad connector) right here
 
     def submit(self, sched_out: SchedulerOutput) -> Future[ModelRunnerOutput]:
@@ -116,27 +120,32 @@ class ProcessExecutor(Executor):
 
     def _send(self, kind: str, payload: Any = None) -> Future[Any]:
         fut: Future[Any] = Future()
-        with self._send_lock:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("the worker process is shut down")
+            if self._dead is not None:
+                raise RuntimeError(self._dead)
             self._pending.append(fut)
             self._conn.send((kind, payload))
-        threading.Thread(target=self._read_one, daemon=True).start()
         return fut
 
-    def _read_one(self) -> None:
-        # One reader per request; whichever runs first resolves the oldest pending future.
-        with self._recv_lock:
-            fut = self._pending.popleft()
+    def _read_replies(self) -> None:
+        while True:
             try:
                 status, value = self._conn.recv()
             except (EOFError, OSError) as exc:
-                fut.set_exception(RuntimeError(f"worker process died: {exc!r}"))
+                with self._lock:
+                    self._dead = f"worker process died: {exc!r}"
+                    pending, self._pending = list(self._pending), deque()
+                for fut in pending:
+                    fut.set_exception(RuntimeError(self._dead))
                 return
-        if status == "ok":
-            fut.set_result(value)
-        else:
-            fut.set_exception(RuntimeError(f"worker process failed:\n{value}"))
+            with self._lock:
+                fut = self._pending.popleft()
+            if status == "ok":
+                fut.set_result(value)
+            else:
+                fut.set_exception(RuntimeError(f"worker process failed:\n{value}"))
 
     def _call_sync(self, kind: str) -> Any:
         return self._send(kind).result()
@@ -149,11 +158,14 @@ class ProcessExecutor(Executor):
         except Exception:
             logger.exception("worker process did not shut down cleanly")
         finally:
-            self._closed = True
+            with self._lock:
+                self._closed = True
             self._proc.join(timeout=SHUTDOWN_TIMEOUT_S)
             if self._proc.is_alive():
                 self._proc.kill()
-            self._conn.close()
+                self._proc.join(timeout=SHUTDOWN_TIMEOUT_S)
+            self._conn.close()  # the reader sees EOF or OSError and ends
+            self._reader.join(timeout=SHUTDOWN_TIMEOUT_S)
 
 
 def _worker_main(conn: Connection, config: EngineConfig, num_kv_blocks: int) -> None:

@@ -106,6 +106,13 @@ class KVCacheManager:
         if rid in self._num_published:
             self._num_published[rid] = min(self._num_published[rid], block_index)
 
+    def uncache_block_ids(self, block_ids: set[int]) -> None:
+        """Withdraw these pool blocks from the prefix cache, whoever holds them (a load into
+        them failed). Ids outside the pool are ignored: they come from a connector."""
+        for block_id in sorted(block_ids):
+            if 0 <= block_id < self.pool.num_blocks:
+                self.pool.uncache_block(self.pool.blocks[block_id])
+
     def free(self, request: Request) -> None:
         table = self.req_to_blocks.pop(request.request_id, [])
         self._num_published.pop(request.request_id, None)

@@ -1,37 +1,40 @@
-"""The scheduler's KV-connector bookkeeping: async loads, held blocks, failed loads.
+"""The scheduler's KV-connector bookkeeping: it calls the connector's scheduler half and keeps
+what the connector protocol needs between calls (async loads in flight, held blocks, events).
 
-Request states this adds, and who moves them:
+It never changes a request's status, a queue or a block table: each method returns an outcome
+(a `Match`, an error message, the requests whose blocks may now be freed) and the scheduler acts
+on it. Request states this bookkeeping follows:
 
-    WAITING --match (n, async)--> WAITING_FOR_REMOTE_KVS --finished_recving--> WAITING (resumed
+    WAITING --Match(n, async)--> WAITING_FOR_REMOTE_KVS --finished_recving--> WAITING (resumed
         with num_computed_tokens = the tokens the load delivered, capped at num_tokens - 1)
     finished --request_finished True--> held ("send") --finished_sending--> blocks freed
     aborted while loading ---------> held ("recv") --finished_recving--> blocks freed
 
-A failed load (`invalid_block_ids`) truncates every request whose block table holds a failed
-block to the last good block before it; those blocks and all after them leave the prefix cache,
-and the request recomputes them (or fails, with kv_load_failure_policy="fail").
-
-Connector hooks that raise fail the request they were called for; the engine goes on. Late,
-duplicate or unknown completions are ignored and counted.
+Connector hooks that raise fail the request they were called for (the scheduler does that with
+the message returned here); the engine goes on. Answers outside the contract are corrected and
+counted; late, duplicate or unknown completions are ignored and counted.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvport.connectors.base import KVCacheEvent, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput
-from kvport.engine.outputs import SchedulerOutput
-from kvport.engine.request import Request, RequestStatus
+from kvport.connectors.base import (
+    KVCacheEvent, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput,
+)
 
 if TYPE_CHECKING:
-    from kvport.engine.scheduler import Scheduler
+    from kvport.engine.outputs import SchedulerOutput
+    from kvport.engine.request import Request
 
 logger = logging.getLogger(__name__)
 
 SEND, RECV = "send", "recv"
+MAX_EVENTS = 10_000  # events kept for LLM.take_kv_events(); older ones are dropped and counted
 
 
 @dataclass
@@ -42,53 +45,69 @@ class KVTransferStats:
     num_ignored_completions: int = 0  # late, duplicate or unknown finished_sending/recving
     num_bad_answers: int = 0  # answers outside the contract, corrected (e.g. (0, True))
     num_hook_errors: int = 0  # scheduler-side hooks that raised
+    num_events: int = 0  # KV cache events the connector reported
+    num_dropped_events: int = 0  # events dropped because nobody took them (MAX_EVENTS)
+
+
+class MatchKind(enum.Enum):
+    MATCHED = "matched"  # num_external_tokens (maybe 0) and load_async are the answer
+    ASK_AGAIN = "ask_again"  # the connector cannot answer yet: leave the request waiting
+    FAILED = "failed"  # the hook raised: fail the request with `error`
+
+
+@dataclass(frozen=True)
+class Match:
+    """The connector's (corrected) answer for a waiting request with no computed tokens."""
+
+    kind: MatchKind
+    num_local_tokens: int = 0  # the engine's own prefix hit the connector was told about
+    num_external_tokens: int = 0
+    load_async: bool = False
+    error: str | None = None
 
 
 class KVTransferTracker:
-    def __init__(self, scheduler: Scheduler, connector: KVConnectorBase | None) -> None:
-        self.s = scheduler
+    def __init__(self, connector: KVConnectorBase | None, block_size: int) -> None:
         self.connector = connector
-        ktc = scheduler.config.kv_transfer_config
-        self.failure_policy = ktc.kv_load_failure_policy if ktc is not None else "recompute"
+        self.block_size = block_size
         self._finished_recving: set[str] = set()  # async loads done; resume at next schedule()
-        self._async_load_tokens: dict[str, int] = {}  # req_id -> tokens valid once loaded
-        self._no_external: set[str] = set()  # req_ids whose load failed: never load them again
+        self._async_load_tokens: dict[str, int] = {}  # loading req_id -> tokens valid once loaded
+        self._no_external: set[str] = set()  # req_ids whose load delivered nothing: never again
         self._held: dict[str, tuple[Request, set[str]]] = {}  # req_id -> (request, hold reasons)
-        self._resend: set[str] = set()  # req_ids whose runner state must be sent again in full
-        self.events: deque[KVCacheEvent] = deque(maxlen=10_000)
-        self._trace_step = getattr(connector, "trace_step", None)  # only a recorder has it
+        self._events: deque[KVCacheEvent] = deque(maxlen=MAX_EVENTS)
         self.stats = KVTransferStats()
+
+    def trace_step(self, step: int) -> None:
+        if self.connector is not None:
+            self.connector.trace_step(step)
 
     # ---- admission ---------------------------------------------------------------------------
 
-    def trace_step(self, step: int) -> None:
-        if self._trace_step is not None:
-            self._trace_step(step)
+    def on_new_request(self, req: Request) -> str | None:
+        """on_new_request; an error message if the hook raised (the request must fail)."""
+        if self.connector is None:
+            return None
+        try:
+            self.connector.on_new_request(req)
+        except Exception as exc:
+            return self._hook_failed("on_new_request", req, exc)
+        return None
 
-    def on_new_request(self, req: Request) -> None:
-        if self.connector is not None:
-            try:
-                self.connector.on_new_request(req)
-            except Exception as exc:
-                self._hook_failed("on_new_request", req, exc)
-                self.s.finish_requests([req.request_id], RequestStatus.FINISHED_ERROR, req.error)
-
-    def match(self, req: Request, num_local: int) -> tuple[int, bool] | None:
-        """The connector's answer for a request taken off the waiting queue (None: skip it now;
-        the request may have failed). Answers outside the contract are corrected and counted."""
+    def match(self, req: Request, num_local: int) -> Match:
+        """get_num_new_matched_tokens for a request taken off the waiting queue. May be asked
+        again for the same request (ask-again answers, no room in the pool): counts nothing."""
         if self.connector is None or req.request_id in self._no_external:
-            return 0, False
+            return Match(MatchKind.MATCHED, num_local)
         try:
             num_external, is_async = self.connector.get_num_new_matched_tokens(req, num_local)
         except Exception as exc:
-            self._hook_failed("get_num_new_matched_tokens", req, exc)
-            self.s.fail_detached(req, req.error or "")
-            return None
+            return Match(MatchKind.FAILED, num_local,
+                         error=self._hook_failed("get_num_new_matched_tokens", req, exc))
         if num_external is None:
-            return None
-        if not isinstance(num_external, int) or num_external < 0:
+            return Match(MatchKind.ASK_AGAIN, num_local)
+        if not isinstance(num_external, int) or isinstance(num_external, bool) or num_external < 0:
             self._bad_answer(req, f"matched tokens {num_external!r}")
-            return 0, False
+            return Match(MatchKind.MATCHED, num_local)
         if num_external == 0 and is_async:
             self._bad_answer(req, "(0, True): an async load of nothing")
             is_async = False
@@ -96,81 +115,59 @@ class KVTransferTracker:
             # A sync load must leave a token to compute (its logits give the next token).
             self._bad_answer(req, f"sync load of {num_external} tokens covers the whole prompt")
             # Keep it block-aligned: the connector loads whole blocks of what it is granted.
-            bs = self.s.kv.block_size
+            bs = self.block_size
             num_external = max(0, (req.num_tokens - 1) // bs * bs - num_local)
-        self.stats.num_queried_tokens += req.num_tokens - num_local
-        self.stats.num_hit_tokens += num_external
-        return num_external, bool(is_async)
+        return Match(MatchKind.MATCHED, num_local, num_external, bool(is_async))
 
-    def after_alloc(self, req: Request, num_external: int, load_async: bool, num_computed: int) -> bool:
-        """update_state_after_alloc; False if the connector failed the request."""
+    def after_alloc(self, req: Request, block_ids: list[int], match: Match | None) -> str | None:
+        """update_state_after_alloc, after the request got its blocks (`match` None: resumed after
+        an async load). Counts the admission once. An error message if the hook raised."""
+        num_external = match.num_external_tokens if match is not None else 0
+        if match is not None and self.connector is not None:
+            self.stats.num_queried_tokens += req.num_tokens - match.num_local_tokens
+            self.stats.num_hit_tokens += num_external
         if self.connector is not None:
             try:
-                block_ids = self.s.kv.get_block_ids(req.request_id)
                 self.connector.update_state_after_alloc(req, block_ids, num_external)
             except Exception as exc:
-                self._hook_failed("update_state_after_alloc", req, exc)
-                self.s.fail_detached(req, req.error or "")
-                return False
-        req.num_external_computed_tokens = num_external
-        if load_async:
-            self._async_load_tokens[req.request_id] = num_computed
-        return True
+                return self._hook_failed("update_state_after_alloc", req, exc)
+        if match is not None and match.load_async:
+            self._async_load_tokens[req.request_id] = match.num_local_tokens + num_external
+        return None
 
-    def resume_after_load(self, req: Request) -> bool:
-        """For a request in WAITING_FOR_REMOTE_KVS: True (and ready to schedule) once its load
-        has been reported finished."""
+    def take_finished_load(self, req: Request) -> int | None:
+        """For a request in WAITING_FOR_REMOTE_KVS: None while its load runs; once it has been
+        reported finished, the tokens it made valid (0: nothing usable, and the connector is
+        not asked about this request again)."""
         rid = req.request_id
         if rid not in self._finished_recving:
-            return False
+            return None
         self._finished_recving.discard(rid)
-        num_valid = min(self._async_load_tokens.pop(rid), req.num_tokens - 1)
-        if num_valid <= 0:  # nothing usable arrived: start over, without the connector
-            self.s.kv.free(req)
+        num_valid = max(0, min(self._async_load_tokens.pop(rid), req.num_tokens - 1))
+        if num_valid == 0:
             self._no_external.add(rid)
-            num_valid = 0
-        else:
-            self.s.kv.cache_blocks(req, num_valid)
-        req.num_computed_tokens = num_valid
-        req.status = RequestStatus.PREEMPTED if req.num_preemptions else RequestStatus.WAITING
-        return True
+        return num_valid
 
-    def release_blocks_of_waiting(self, req: Request) -> bool:
-        """Whether a waiting request's blocks may be freed; publishes what an async load has
-        already delivered, so a later admission finds it in the prefix cache."""
-        rid = req.request_id
-        if req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
-            return True
-        if rid not in self._finished_recving:
-            return False
-        self._finished_recving.discard(rid)
-        num_valid = min(self._async_load_tokens.pop(rid), req.num_tokens - 1)
-        if num_valid > 0:
-            self.s.kv.cache_blocks(req, num_valid)
-        req.status = RequestStatus.PREEMPTED if req.num_preemptions else RequestStatus.WAITING
-        return True
+    def limit_async_load(self, req_id: str, num_tokens: int) -> None:
+        """A load in flight reported failed blocks: at most `num_tokens` will be valid."""
+        if req_id in self._async_load_tokens:
+            self._async_load_tokens[req_id] = min(self._async_load_tokens[req_id], num_tokens)
 
     def build_connector_meta(self, out: SchedulerOutput) -> KVConnectorMetadata | None:
         if self.connector is None:
             return None
         return self.connector.build_connector_meta(out)
 
-    def take_resend(self, rid: str) -> bool:
-        if rid in self._resend:
-            self._resend.discard(rid)
-            return True
-        return False
-
     # ---- completion --------------------------------------------------------------------------
 
-    def hold_blocks_after_finish(self, req: Request, was_loading: bool) -> bool:
+    def request_finished(self, req: Request, block_ids: list[int], was_loading: bool) -> bool:
         """request_finished for a request leaving the scheduler. True: keep its blocks (the
-        connector still reads them, or a load still writes them) until the worker reports."""
+        connector still reads them, or a load still writes them) until after_step returns it."""
         rid = req.request_id
         reasons: set[str] = set()
         if self.connector is not None:
             try:
-                delay, _params = self.connector.request_finished(req, self.s.kv.get_block_ids(rid))
+                delay, _params = self.connector.request_finished(req, block_ids)
             except Exception as exc:
                 self._hook_failed("request_finished", req, exc)
                 delay = False
@@ -180,57 +177,21 @@ class KVTransferTracker:
             reasons.add(RECV)
         self._finished_recving.discard(rid)
         self._async_load_tokens.pop(rid, None)
-        self._resend.discard(rid)
         self._no_external.discard(rid)
         if reasons:
             self._held[rid] = (req, reasons)
             return True
         return False
 
-    def handle_invalid_blocks(self, invalid: set[int]) -> set[str]:
-        """Truncate every request holding a block that a load failed to fill. Returns their ids
-        (their sampled tokens of this step are discarded)."""
-        if not invalid:
-            return set()
-        self.stats.num_invalid_blocks += len(invalid)
-        kv, bs = self.s.kv, self.s.kv.block_size
-        affected: set[str] = set()
-        loading = [r for r in self.s.waiting if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
-        for req in self.s.running + loading:
-            table = kv.get_block_ids(req.request_id)
-            first = next((i for i, b in enumerate(table) if b in invalid), None)
-            if first is None:
-                continue
-            affected.add(req.request_id)
-            kv.uncache_blocks_from(req, first)
-            good = first * bs
-            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-                self._async_load_tokens[req.request_id] = min(
-                    self._async_load_tokens.get(req.request_id, 0), good)
-            else:
-                req.num_computed_tokens = min(req.num_computed_tokens, good)
-                req.num_cached_tokens = min(req.num_cached_tokens, good)
-                req.num_external_computed_tokens = 0
-                # Steps already scheduled for it (async scheduling) computed from bad KV.
-                req.num_output_placeholders = 0
-                req.discard_outputs_before_step = self.s.step_id
-                self._resend.add(req.request_id)
-        for block_id in invalid:
-            if 0 <= block_id < kv.pool.num_blocks:
-                kv.pool.uncache_block(kv.pool.blocks[block_id])
-        return affected
+    def count_invalid_blocks(self, num_blocks: int) -> None:
+        self.stats.num_invalid_blocks += num_blocks
 
-    def distrust_step_blocks(self, req: Request, out: SchedulerOutput) -> None:
-        """A step failed: withdraw from the prefix cache every block it computed or loaded."""
-        first_token = req.num_computed_tokens - out.num_scheduled_tokens.get(req.request_id, 0)
-        if any(n.req_id == req.request_id for n in out.scheduled_new_reqs):
-            first_token -= req.num_external_computed_tokens
-        self.s.kv.uncache_blocks_from(req, max(0, first_token) // self.s.kv.block_size)
-
-    def after_step(self, kv_out: KVConnectorOutput | None) -> None:
-        """update_connector_output, then finished_recving / finished_sending, then events."""
+    def after_step(self, kv_out: KVConnectorOutput | None) -> list[Request]:
+        """update_connector_output, then finished_recving / finished_sending, then take_events.
+        Returns the held requests whose blocks may now be freed."""
         if self.connector is None:
-            return
+            return []
+        released: list[Request] = []
         if kv_out is not None:
             try:
                 self.connector.update_connector_output(kv_out)
@@ -238,30 +199,46 @@ class KVTransferTracker:
                 self.stats.num_hook_errors += 1
                 logger.exception("KV connector update_connector_output failed")
             for rid in sorted(kv_out.finished_recving):
-                self._on_completion(rid, RECV)
+                released += self._on_completion(rid, RECV)
             for rid in sorted(kv_out.finished_sending):
-                self._on_completion(rid, SEND)
+                released += self._on_completion(rid, SEND)
         try:
-            self.events.extend(self.connector.take_events())
+            events = self.connector.take_events()
         except Exception:
             self.stats.num_hook_errors += 1
             logger.exception("KV connector take_events failed")
+            events = []
+        self._keep_events(events)
+        return released
 
-    def _on_completion(self, rid: str, kind: str) -> None:
-        req = self.s.requests.get(rid)
-        if (kind == RECV and req is not None and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-                and rid not in self._finished_recving):
-            self._finished_recving.add(rid)
-            return
+    def _on_completion(self, rid: str, kind: str) -> list[Request]:
+        if kind == RECV and rid in self._async_load_tokens and rid not in self._finished_recving:
+            self._finished_recving.add(rid)  # the request resumes at the next schedule()
+            return []
         held = self._held.get(rid)
         if held is not None and kind in held[1]:
             held[1].discard(kind)
             if not held[1]:
                 del self._held[rid]
-                self.s.kv.free(held[0])
-            return
+                return [held[0]]
+            return []
         self.stats.num_ignored_completions += 1
         logger.debug("ignored finished_%s for request %s (late, duplicate or unknown)", kind, rid)
+        return []
+
+    def _keep_events(self, events: list[KVCacheEvent]) -> None:
+        self.stats.num_events += len(events)
+        overflow = len(self._events) + len(events) - MAX_EVENTS
+        if overflow > 0:
+            self.stats.num_dropped_events += overflow
+        self._events.extend(events)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The connector's KV cache events (blocks stored or removed) since the last call, oldest
+        first; at most MAX_EVENTS (older ones were dropped and counted)."""
+        events = list(self._events)
+        self._events.clear()
+        return events
 
     def has_pending_work(self) -> bool:
         if self._held:
@@ -272,10 +249,11 @@ class KVTransferTracker:
     def held_request_ids(self) -> list[str]:
         return list(self._held)
 
-    def _hook_failed(self, hook: str, req: Request, exc: Exception) -> None:
+    def _hook_failed(self, hook: str, req: Request, exc: Exception) -> str:
         self.stats.num_hook_errors += 1
-        req.error = f"KV connector {hook} failed: {type(exc).__name__}: {exc}"
-        logger.warning("request %s: %s", req.request_id, req.error)
+        error = f"KV connector {hook} failed: {type(exc).__name__}: {exc}"
+        logger.warning("request %s: %s", req.request_id, error)
+        return error
 
     def _bad_answer(self, req: Request, what: str) -> None:
         self.stats.num_bad_answers += 1

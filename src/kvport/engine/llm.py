@@ -10,6 +10,7 @@ from typing import Any, Union
 from tqdm.auto import tqdm
 
 from kvport.config import EngineConfig
+from kvport.connectors.base import KVCacheEvent
 from kvport.engine.core import EngineCore
 from kvport.engine.request import Request
 from kvport.model.tokenizer import Tokenizer
@@ -21,8 +22,8 @@ PromptType = Union[str, Sequence[int]]
 
 class LLM:
     def __init__(self, model: str = "builtin:tiny-llama", **kwargs: Any) -> None:
-        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
-        self.engine = EngineCore(self.config)
+        self.engine = EngineCore(EngineConfig.from_kwargs(model=model, **kwargs))
+        self.config = self.engine.config  # max_model_len resolved
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
@@ -89,7 +90,7 @@ class LLM:
         metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time,
                                  req.finished_time, req.num_preemptions)
         return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), [completion],
-                             req.is_finished, max(req.num_cached_tokens, 0), metrics, req.error)
+                             req.is_finished, req.num_cached_tokens or 0, metrics, req.error)
 
     def reset_prefix_cache(self, reset_connector: bool = False) -> bool | None:
         """Drop the engine's own prefix cache; with `reset_connector`, also what the KV connector
@@ -113,6 +114,14 @@ class LLM:
             "kv_transfer": dataclasses.asdict(sched.xfer.stats),
             "connector": connector.get_metrics() if connector is not None else {},
         }
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        """The KV connector's cache events since the last call, oldest first: blocks it stored
+        (`removed=False`) or dropped, per medium (for the OffloadingConnector: "host"), keyed by
+        block hash. A router that places requests where their prefix lives reads these. At most
+        the last 10,000 are kept between calls; `get_metrics()["kv_transfer"]` counts the rest
+        as `num_dropped_events`."""
+        return self.engine.scheduler.xfer.take_events()
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -41,10 +41,6 @@ class SchedulerOutput:
     step: int = 0
     kv_connector_metadata: Any = None
 
-    @property
-    def is_empty(self) -> bool:
-        return self.total_num_scheduled_tokens == 0
-
 
 @dataclass
 class ModelRunnerOutput:

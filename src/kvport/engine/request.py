@@ -60,8 +60,8 @@ class Request:
         # Tokens whose KV is in the engine's pool (or is being computed by the scheduled step).
         self.num_computed_tokens = 0
         # Prompt tokens not computed by this request: local prefix hits plus connector loads.
-        # Set at first admission; -1 until then.
-        self.num_cached_tokens = -1
+        # Set at first admission; None until then.
+        self.num_cached_tokens: int | None = None
         self.num_external_computed_tokens = 0  # tokens a KV connector loads for this request
         self.num_preemptions = 0
         # Tokens being sampled by steps in flight (async scheduling): scheduled, not yet known.
@@ -104,6 +104,16 @@ class Request:
             self.logprobs.append(logprobs)
             self.cumulative_logprob += logprobs[token_id]
         hash_blocks(self._hash_root, self.all_token_ids, self.block_size, self.block_hashes)
+
+    def rewind(self, num_good_tokens: int, step: int) -> None:
+        """KV from token `num_good_tokens` on is not to be trusted (a load into it failed):
+        compute it again. Outputs of steps scheduled before `step` (in flight under async
+        scheduling) were computed from bad KV and are dropped."""
+        self.num_computed_tokens = min(self.num_computed_tokens, num_good_tokens)
+        self.num_cached_tokens = min(self.num_cached_tokens or 0, num_good_tokens)
+        self.num_external_computed_tokens = 0
+        self.num_output_placeholders = 0
+        self.discard_outputs_before_step = step
 
     def check_stop(self, max_model_len: int) -> bool:
         """Finish the request if its last token ends it. Returns whether it finished."""

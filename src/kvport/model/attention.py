@@ -25,6 +25,24 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from kvport.model.config import ModelConfig
+
+KV_LAYOUT = "blocks-layers-kv-tokens-heads-dim"  # the name of the layout below, in hashes and specs
+
+
+def kv_cache_shape(model_config: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    # (num_blocks, num_layers, K/V, block_size, num_kv_heads, head_dim)
+    return (num_blocks, model_config.num_hidden_layers, 2, block_size,
+            model_config.num_key_value_heads, model_config.head_dim)
+
+
+def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    shape = kv_cache_shape(model_config, 1, block_size)
+    n = 1
+    for d in shape:
+        n *= d
+    return n * torch.tensor([], dtype=dtype).element_size()
+
 
 class AttentionContext(Protocol):
     """What a decoder layer needs from the engine: attention for its layer index."""

@@ -26,7 +26,7 @@ from kvport.connectors.factory import create_connector
 from kvport.engine.outputs import SchedulerOutput
 from kvport.trace.checker import check_file
 from kvport.trace.events import read_events
-from kvport.trace.recording import RecordingConnector
+from kvport.connectors.recording import RecordingConnector
 
 SCHED, WORKER = KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER
 NUM_LAYERS = 2

@@ -6,6 +6,9 @@ scheduled tokens reach the end of what it knows. The runner appends its own samp
 its request state, so the next decode step needs nothing from the scheduler but block ids.
 
 KV pool layout: see kvport.model.attention (block-contiguous across layers, for whole-block copies).
+The runner also drives the worker half of the KV connector through one step
+(kvport.connectors.driver), which is why it lives in the engine, above the model and the
+connector API.
 """
 
 from __future__ import annotations
@@ -18,15 +21,14 @@ import torch
 from kvport.connectors.base import ForwardContext, KVCacheSpec, KVConnectorBase
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from kvport.model.attention import AttentionMetadata, PagedAttention, PrefillSeq
+from kvport.model.attention import (
+    KV_LAYOUT, AttentionMetadata, PagedAttention, PrefillSeq, kv_cache_shape,
+)
 from kvport.model.config import ModelConfig
 from kvport.model.sampler import sample
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-KV_LAYOUT = "blocks-layers-kv-tokens-heads-dim"  # see kvport.model.attention
-
 
 @dataclass
 class CachedRequestState:
@@ -45,20 +47,6 @@ class StepBatch:
     attn_metadata: AttentionMetadata
     sample_req_ids: list[str]  # requests that get a token this step, in logits row order
     logits_indices: torch.Tensor  # (len(sample_req_ids),) index of each one's last token
-
-
-def kv_cache_shape(model_config: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
-    # (num_blocks, num_layers, K/V, block_size, num_kv_heads, head_dim)
-    return (num_blocks, model_config.num_hidden_layers, 2, block_size,
-            model_config.num_key_value_heads, model_config.head_dim)
-
-
-def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    shape = kv_cache_shape(model_config, 1, block_size)
-    n = 1
-    for d in shape:
-        n *= d
-    return n * torch.tensor([], dtype=dtype).element_size()
 
 
 def kv_cache_spec(model_config: ModelConfig, num_blocks: int, block_size: int,

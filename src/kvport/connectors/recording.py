@@ -5,10 +5,10 @@ Every public method of KVConnectorBase is forwarded to the wrapped connector and
 returns (with its result) or raises (with an "error" field, then the exception propagates).
 Any other attribute is forwarded unrecorded by __getattr__. Return values are never changed.
 
-Steps: the engine calls `trace_step(step)` on a connector that has it (scheduler side at the start
-of schedule() and of update_from_output, worker side before handle_preemptions). The recorder
-stamps that step on every following line, writes a marker line, and passes the call on to the
-inner connector if it has `trace_step` too (so nested recorders under a MultiConnector see it).
+Steps: the engine calls `trace_step(step)` on every connector (scheduler side at the start of
+schedule() and of update_from_output, worker side before handle_preemptions; a no-op in the base
+class). The recorder stamps that step on every following line, writes a marker line, and passes
+the call on to the inner connector (so nested recorders under a MultiConnector see it).
 
 Writes: every recorder of a run appends to the same file, possibly from several processes. Each
 line is one os.write on an O_APPEND descriptor, so lines never interleave, and nothing is buffered
@@ -33,13 +33,11 @@ from kvport.connectors.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from kvport.connectors.views import RequestView, SchedulerOutputView
 from kvport.trace.events import STEP_MARKER, encode_line
 
 if TYPE_CHECKING:
     import torch
-
-    from kvport.engine.outputs import SchedulerOutput
-    from kvport.engine.request import Request
 
 _MAX_ERROR_CHARS = 300  # keeps an error line well under the 4 KiB atomic-append size
 
@@ -140,9 +138,7 @@ class RecordingConnector(KVConnectorBase):
         """Engine hook: the calls that follow belong to `step`."""
         self._step = step
         self._write(self._head(STEP_MARKER))
-        forward = getattr(self._inner, "trace_step", None)
-        if forward is not None:
-            forward(step)
+        self._inner.trace_step(step)
 
     # ---- worker side ----------------------------------------------------------------------------
 
@@ -212,13 +208,13 @@ class RecordingConnector(KVConnectorBase):
     def get_metrics(self) -> dict[str, Any]:
         return self._inner.get_metrics()  # a read-only view: unrecorded
 
-    def on_new_request(self, request: Request) -> None:
+    def on_new_request(self, request: RequestView) -> None:
         rec = self._head("on_new_request")
         rec["req_ids"] = [request.request_id]
         self._call(rec, self._inner.on_new_request, request)
 
     def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
+        self, request: RequestView, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         rec = self._head("get_num_new_matched_tokens")
         rec["req_ids"] = [request.request_id]
@@ -227,7 +223,7 @@ class RecordingConnector(KVConnectorBase):
                           num_computed_tokens, summary=lambda out: [out[0], bool(out[1])])
 
     def update_state_after_alloc(
-        self, request: Request, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int], num_external_tokens: int
     ) -> None:
         rec = self._head("update_state_after_alloc")
         rec["req_ids"] = [request.request_id]
@@ -236,7 +232,7 @@ class RecordingConnector(KVConnectorBase):
         self._call(rec, self._inner.update_state_after_alloc, request, block_ids,
                    num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> KVConnectorMetadata:
         rec = self._head("build_connector_meta")
         rec["req_ids"] = sorted(scheduler_output.num_scheduled_tokens)
         rec["ints"] = [scheduler_output.total_num_scheduled_tokens]
@@ -253,7 +249,7 @@ class RecordingConnector(KVConnectorBase):
         self._call(rec, self._inner.update_connector_output, connector_output)
 
     def request_finished(
-        self, request: Request, block_ids: list[int]
+        self, request: RequestView, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         rec = self._head("request_finished")
         rec["req_ids"] = [request.request_id]
