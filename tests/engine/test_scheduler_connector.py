@@ -66,6 +66,32 @@ def test_none_answer_retries_next_step_without_allocating() -> None:
     assert_scheduler_empty(sched)
 
 
+def test_a_request_retried_for_room_is_counted_once() -> None:
+    """The connector is asked again each step a matched request finds no room in the pool; its
+    queried and hit tokens count once, at admission (as the engine's prefix-cache stats do)."""
+    sched, worker = setup(num_blocks=6, hit_blocks=1)
+    asked: list[str] = []
+    connector = sched.connector
+    assert connector is not None
+    original = connector.get_num_new_matched_tokens
+
+    def counting(req, num_local):  # type: ignore[no-untyped-def]
+        asked.append(req.request_id)
+        return original(req, num_local)
+
+    connector.get_num_new_matched_tokens = counting  # type: ignore[method-assign]
+    big = make_request("big", PROMPT, max_tokens=6)  # 14 + 6 tokens: 5 of the 6 blocks
+    late = make_request("late", [50 + t for t in PROMPT], max_tokens=2)  # needs 4 blocks
+    sched.add_request(big)
+    sched.add_request(late)
+    drain(sched, worker)
+    assert asked.count("late") > 1  # really retried
+    assert sched.xfer.stats.num_queried_tokens == 14 + 14
+    assert sched.xfer.stats.num_hit_tokens == 4 + 4
+    assert late.output_token_ids == expected_tokens(14, 2)
+    assert_scheduler_empty(sched)
+
+
 def test_async_load_parks_the_request_until_finished_recving() -> None:
     sched, worker = setup(hit_blocks=3, is_async=True, recv_delay_steps=2)
     req = make_request("a", PROMPT, max_tokens=2)

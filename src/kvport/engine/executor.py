@@ -125,8 +125,12 @@ class ProcessExecutor(Executor):
                 raise RuntimeError("the worker process is shut down")
             if self._dead is not None:
                 raise RuntimeError(self._dead)
+            try:
+                self._conn.send((kind, payload))
+            except OSError as exc:  # the reader may not have seen the EOF yet
+                self._dead = f"worker process died: {exc!r}"
+                raise RuntimeError(self._dead) from exc
             self._pending.append(fut)
-            self._conn.send((kind, payload))
         return fut
 
     def _read_replies(self) -> None:

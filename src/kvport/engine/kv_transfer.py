@@ -67,14 +67,15 @@ class Match:
 
 
 class KVTransferTracker:
-    def __init__(self, connector: KVConnectorBase | None, block_size: int) -> None:
+    def __init__(self, connector: KVConnectorBase | None, block_size: int,
+                 max_events: int = MAX_EVENTS) -> None:
         self.connector = connector
         self.block_size = block_size
         self._finished_recving: set[str] = set()  # async loads done; resume at next schedule()
         self._async_load_tokens: dict[str, int] = {}  # loading req_id -> tokens valid once loaded
         self._no_external: set[str] = set()  # req_ids whose load delivered nothing: never again
         self._held: dict[str, tuple[Request, set[str]]] = {}  # req_id -> (request, hold reasons)
-        self._events: deque[KVCacheEvent] = deque(maxlen=MAX_EVENTS)
+        self._events: deque[KVCacheEvent] = deque(maxlen=max_events)
         self.stats = KVTransferStats()
 
     def trace_step(self, step: int) -> None:
@@ -228,14 +229,14 @@ class KVTransferTracker:
 
     def _keep_events(self, events: list[KVCacheEvent]) -> None:
         self.stats.num_events += len(events)
-        overflow = len(self._events) + len(events) - MAX_EVENTS
+        overflow = len(self._events) + len(events) - (self._events.maxlen or 0)
         if overflow > 0:
             self.stats.num_dropped_events += overflow
         self._events.extend(events)
 
     def take_events(self) -> list[KVCacheEvent]:
         """The connector's KV cache events (blocks stored or removed) since the last call, oldest
-        first; at most MAX_EVENTS (older ones were dropped and counted)."""
+        first; at most `max_events` (older ones were dropped and counted)."""
         events = list(self._events)
         self._events.clear()
         return events

@@ -117,7 +117,7 @@ class LLM:
 
     def take_kv_events(self) -> list[KVCacheEvent]:
         """The KV connector's cache events since the last call, oldest first: blocks it stored
-        (`removed=False`) or dropped, per medium (for the OffloadingConnector: "host"), keyed by
+        (`removed=False`) or dropped, per medium (for the OffloadingConnector: "HOST"), keyed by
         block hash. A router that places requests where their prefix lives reads these. At most
         the last 10,000 are kept between calls; `get_metrics()["kv_transfer"]` counts the rest
         as `num_dropped_events`."""

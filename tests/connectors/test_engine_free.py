@@ -1,0 +1,51 @@
+"""Connectors import and run without kvport's engine: another engine that supplies objects with
+the attributes of kvport.connectors.views can drive them (kvport.vllm does that for vLLM)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from utils import make_request
+
+from kvport.connectors.views import (
+    CachedRequestView, NewRequestView, RequestView, SchedulerOutputView,
+)
+from kvport.engine.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from kvport.sampling_params import SamplingParams
+
+SCRIPT = Path(__file__).with_name("engine_free_script.py")
+
+
+def example(path: Path) -> dict[str, Any]:
+    return {"kv_connector": "ExampleConnector",
+            "kv_connector_extra_config": {"shared_storage_path": str(path)}}
+
+
+@pytest.mark.parametrize("kind", ["example", "multi", "recorded"])
+def test_a_connector_runs_with_kvport_engine_unimportable(tmp_path: Path, kind: str) -> None:
+    config = example(tmp_path)
+    if kind == "multi":
+        config = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {
+            "connectors": [{"kv_connector": "NoOpConnector"}, example(tmp_path)]}}
+    if kind == "recorded":
+        config["kv_connector_extra_config"]["record_trace"] = str(tmp_path / "trace.jsonl")
+    result = subprocess.run([sys.executable, str(SCRIPT), json.dumps(config)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+    if kind == "recorded":
+        assert "update_state_after_alloc" in (tmp_path / "trace.jsonl").read_text()
+
+
+def test_the_engines_own_records_are_views() -> None:
+    """kvport's engine passes its own objects: they have every attribute the views name."""
+    assert isinstance(make_request("r", [1, 2, 3, 4, 5]), RequestView)
+    new = NewRequestData("r", [1], [], SamplingParams(), 0, [0, 1], 0)
+    cached = CachedRequestData("r", [2], 4)
+    out = SchedulerOutput([new], [cached], {"r": 1}, 1, set(), set())
+    assert isinstance(new, NewRequestView) and isinstance(cached, CachedRequestView)
+    assert isinstance(out, SchedulerOutputView)
