@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+# Deterministic by default (the same examples on every run, as CI needs); set
+# KVPORT_HYPOTHESIS=explore to draw new examples each run while hunting bugs.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("KVPORT_HYPOTHESIS", "deterministic"))
 
 
 @pytest.fixture(autouse=True)

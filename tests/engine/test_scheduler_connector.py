@@ -204,6 +204,164 @@ def test_late_duplicate_and_unknown_completions_are_ignored_and_counted() -> Non
     assert_scheduler_empty(sched)
 
 
+@pytest.mark.parametrize("answer", [(0, True), (-4, False), (True, False), (2.5, False)])
+def test_answers_outside_the_contract_are_corrected_and_counted(answer: tuple[object, bool]) -> None:
+    """(0, True) would park the request for a load that never reports; a negative or non-integer
+    count would corrupt num_computed_tokens. Each is corrected to (0, False)."""
+    sched, worker = setup(hit_blocks=2)
+    connector = sched.connector
+    assert connector is not None
+    original = connector.get_num_new_matched_tokens
+
+    def bad(req, num_local):  # type: ignore[no-untyped-def]
+        return answer if req.request_id == "bad" else original(req, num_local)
+
+    connector.get_num_new_matched_tokens = bad  # type: ignore[method-assign]
+    req = make_request("bad", PROMPT, max_tokens=2)
+    sched.add_request(req)
+    drain(sched, worker)
+    assert req.num_cached_tokens == 0 and req.output_token_ids == expected_tokens(14, 2)
+    assert sched.xfer.stats.num_bad_answers == 1
+    assert_scheduler_empty(sched)
+
+
+def step_with(sched: Scheduler, worker: FakeWorker, **extra: set[str]) -> None:
+    """One step whose connector output also carries the given (stray) completions."""
+    out = sched.schedule()
+    runner_out = worker.execute(sched, out)
+    kv_out = runner_out.kv_connector_output
+    for name, ids in extra.items():
+        getattr(kv_out, name).update(ids)
+    sched.update_from_output(out, runner_out)
+
+
+def test_a_completion_of_the_other_kind_keeps_the_blocks_held() -> None:
+    """Aborted while loading: only finished_recving may release the blocks (the load still
+    writes them); a stray finished_sending is ignored and counted."""
+    sched, worker = setup(hit_blocks=3, is_async=True, recv_delay_steps=3)
+    sched.add_request(make_request("a", PROMPT, max_tokens=2))
+    worker.step(sched)
+    sched.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    step_with(sched, worker, finished_sending={"a"})
+    assert sched.xfer.held_request_ids == ["a"]
+    assert sched.kv.pool.num_blocks - sched.kv.pool.num_free_blocks == 3
+    assert sched.xfer.stats.num_ignored_completions == 1
+    drain(sched, worker)
+    assert_scheduler_empty(sched)
+
+
+def test_a_duplicate_finished_recving_before_the_resume_is_counted() -> None:
+    """a's load is reported done, but a cannot resume while r holds the only seat; a second
+    report of the same load (a connector bug) is ignored and counted."""
+    sched = make_scheduler(32, max_num_seqs=1, kv_transfer_config=mock_connector_config(
+        hit_blocks=3, is_async=True))
+    worker = FakeWorker(sched)
+    a = make_request("a", PROMPT, max_tokens=2)
+    sched.add_request(a)
+    sched.add_request(make_request("r", [60, 61], max_tokens=6))
+    worker.step(sched)  # a parks (its load reports at once), r takes the seat
+    step_with(sched, worker, finished_recving={"a"})
+    assert a.status == RequestStatus.WAITING_FOR_REMOTE_KVS  # not resumed yet
+    assert sched.xfer.stats.num_ignored_completions == 1
+    drain(sched, worker)
+    assert a.output_token_ids == expected_tokens(14, 2)
+    assert_scheduler_empty(sched)
+
+
+def cached_prefix_tokens(sched: Scheduler, prompt: list[int]) -> int:
+    """Tokens of `prompt` that the engine's prefix cache would hand a new request."""
+    return sched.kv.get_computed_blocks(make_request("probe", prompt))[1]
+
+
+def test_failed_load_blocks_leave_the_cache_even_when_their_request_is_gone() -> None:
+    """The request is aborted while its step (a sync load, block 1 failing) is in flight, as
+    under async scheduling. Its blocks were published when scheduled; the failed ones must be
+    withdrawn although no request holds them any more."""
+    sched, worker = setup(hit_blocks=3, fail_first_load_block=1)
+    sched.add_request(make_request("a", PROMPT, max_tokens=3))
+    out = sched.schedule()
+    runner_out = worker.execute(sched, out)
+    sched.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    sched.update_from_output(out, runner_out)
+    assert cached_prefix_tokens(sched, PROMPT) == 4  # block 0 only
+    drain(sched, worker)
+    assert_scheduler_empty(sched)
+
+
+def test_blocks_computed_from_a_failed_load_are_withdrawn_with_it() -> None:
+    """Blocks 2 and 3 are computed in the step whose load of block 1 failed: they hold KV
+    computed from garbage and leave the prefix cache with block 1, until recomputed."""
+    prompt = list(range(1, 18))  # 17 tokens: 4 full blocks
+    sched, worker = setup(hit_blocks=2, fail_first_load_block=1)
+    a = make_request("a", prompt, max_tokens=2)
+    sched.add_request(a)
+    worker.step(sched)
+    pool = sched.kv.pool
+    assert pool.get_cached_block(a.block_hashes[0]) is not None
+    assert [pool.get_cached_block(h) for h in a.block_hashes[1:4]] == [None, None, None]
+    drain(sched, worker)
+    assert a.output_token_ids == expected_tokens(17, 2)
+    assert_scheduler_empty(sched)
+
+
+@pytest.mark.parametrize("hit_blocks", [0, 2])
+def test_a_failed_step_withdraws_the_blocks_it_computed_or_loaded(hit_blocks: int) -> None:
+    sched, worker = setup(hit_blocks=hit_blocks)
+    a = make_request("a", PROMPT, max_tokens=2)
+    sched.add_request(a)
+    out = sched.schedule()
+    runner_out = worker.execute(sched, out)
+    runner_out.failed_req_ids["a"] = "RuntimeError: the forward crashed half-way"
+    sched.update_from_output(out, runner_out)
+    assert a.status == RequestStatus.FINISHED_ERROR
+    assert cached_prefix_tokens(sched, PROMPT) == 0  # nothing of that step is trusted
+    drain(sched, worker)
+    assert_scheduler_empty(sched)
+
+
+def test_async_scheduling_drops_the_token_of_a_step_in_flight_behind_a_failed_load() -> None:
+    """Step 0 loads a's blocks (block 1 fails) and samples; step 1, a decode, is already in
+    flight when step 0's output rewinds a. Both steps' tokens were computed from bad KV."""
+    sched, worker = setup(hit_blocks=3, fail_first_load_block=1)
+    a = make_request("a", PROMPT, max_tokens=2)
+    sched.add_request(a)
+    out0 = sched.schedule()
+    out1 = sched.schedule()  # a's next decode, behind its output placeholder
+    assert out1.num_scheduled_tokens == {"a": 1}
+    run0 = worker.execute(sched, out0)
+    run1 = worker.execute(sched, out1)
+    run1.sampled_token_ids["a"] = [99]  # a token the fake model never samples
+    sched.update_from_output(out0, run0)
+    assert a.num_computed_tokens == 4 and a.output_token_ids == []
+    sched.update_from_output(out1, run1)
+    assert a.output_token_ids == []  # 99 was computed from the bad blocks
+    drain(sched, worker)
+    assert a.output_token_ids == expected_tokens(14, 2)
+    assert_scheduler_empty(sched)
+
+
+def test_blocks_an_async_load_writes_are_never_reclaimed_for_another_request() -> None:
+    """r runs out of blocks while a's load still writes a's; reclaiming from the waiting queue
+    must skip a (r is preempted instead), or r would compute into blocks being loaded."""
+    sched, worker = setup(num_blocks=7, hit_blocks=3, is_async=True, recv_delay_steps=20)
+    r = make_request("r", [60, 61, 62], max_tokens=16)  # no hit (too short); grows to 5 blocks
+    a = make_request("a", PROMPT, max_tokens=2)
+    sched.add_request(r)
+    sched.add_request(a)
+    parked: list[int] = []
+    for _ in range(200):
+        if not sched.has_pending_work():
+            break
+        worker.step(sched)
+        if a.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            parked = parked or sched.kv.get_block_ids("a")
+            assert sched.kv.get_block_ids("a") == parked, "a's blocks were taken mid-load"
+    assert len(parked) == 3 and r.num_preemptions >= 1  # the pressure was real
+    assert r.output_token_ids == expected_tokens(3, 16)
+    assert a.output_token_ids == expected_tokens(14, 2)
+    assert_scheduler_empty(sched)
+
+
 class RaisingConnectorHooks:
     """Patch helpers: make one scheduler-side hook raise for one request."""
 

@@ -312,20 +312,21 @@ class Scheduler:
         if self.load_failure_policy == "fail":
             finished += self.finish_requests(sorted(rewound), RequestStatus.FINISHED_ERROR,
                                              "KV load failed (kv_load_failure_policy=fail)")
-        finished += self._append_outputs(sched_out, runner_out, skip=rewound)
+        finished += self._append_outputs(sched_out, runner_out)
         for req in self.xfer.after_step(kv_out):
             self.kv.free(req)  # the connector no longer reads or writes its blocks
         return finished
 
-    def _append_outputs(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput,
-                        skip: set[str]) -> list[Request]:
+    def _append_outputs(self, sched_out: SchedulerOutput,
+                        runner_out: ModelRunnerOutput) -> list[Request]:
         now = time.monotonic()
         finished: list[Request] = []
         for rid in sched_out.num_scheduled_tokens:
             req = self.requests.get(rid)
-            if (req is None or req.is_finished or rid in skip  # aborted, failed, recomputing
-                    or sched_out.step < req.discard_outputs_before_step):
+            if req is None or req.is_finished:  # aborted or failed
                 continue
+            if sched_out.step < req.discard_outputs_before_step:
+                continue  # computed from KV that a failed load rewound (this step or later)
             tokens = runner_out.sampled_token_ids.get(rid, ())
             if tokens:
                 req.num_output_placeholders = max(0, req.num_output_placeholders - 1)
