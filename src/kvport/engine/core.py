@@ -36,7 +36,7 @@ DEFAULT_KV_CACHE_CAP_BYTES = 1 << 30  # default pool: room for max_num_seqs full
 
 def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int) -> tuple[int, int]:
     """(blocks in the KV pool, max_model_len). An explicit max_model_len above the model's limit
-    is an error; None means the model's limit, capped (with a log line) by what the pool can hold
+    is an error; None means the model's limit, capped (with a warning) by what the pool holds
     when the pool is sized by num_kv_blocks, kv_cache_bytes or the default memory cap."""
     bs = config.block_size
     if config.max_model_len is not None and config.max_model_len > model_max_len:
@@ -55,9 +55,9 @@ def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int) -> 
         if config.max_model_len is not None:
             num = max(num, blocks_per_seq)  # an explicit length is honoured beyond the cap
     if num < blocks_per_seq and config.max_model_len is None and num > 0:
-        logger.warning("max_model_len=%d: the model allows %d tokens, but the KV pool of %d blocks "
-                    "x %d tokens holds %d (pass num_kv_blocks or kv_cache_bytes for more)",
-                    num * bs, model_max_len, num, bs, num * bs)
+        logger.warning("max_model_len=%d: the model allows %d tokens, but the KV pool of %d "
+                       "blocks x %d tokens holds %d (pass num_kv_blocks or kv_cache_bytes for "
+                       "more)", num * bs, model_max_len, num, bs, num * bs)
         return num, num * bs
     if num < blocks_per_seq:
         raise ValueError(
