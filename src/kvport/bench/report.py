@@ -87,12 +87,22 @@ def summarize(name: str, outcome: dict[str, Any], workload: str) -> dict[str, An
     item["tier_hit_rates"] = {t: _rate(tiers.get(t, {}).get("hit_tokens"), n_in) for t in TIERS}
     item["bytes_loaded"] = {t: tiers.get(t, {}).get("bytes_loaded") for t in TIERS}
     item["bytes_stored"] = {t: tiers.get(t, {}).get("bytes_stored") for t in TIERS}
+    item["load_seconds"] = {t: tiers.get(t, {}).get("load_seconds") for t in TIERS}
     item[repeat_key(workload)] = percentile(repeat, 50)
     sfx = repeat_suffix(workload)
     item[f"wall_s_{sfx}"] = repeat_wall
     item[throughput_key(workload)] = repeat_tokens / repeat_wall if repeat_wall else None
+    # what a later request's TTFT is made of: prompt tokens it still computed (a hit that is
+    # short of the ideal's), and engine steps to its first token (an async load adds steps)
+    item[f"computed_tokens_mean_{sfx}"] = _mean([r.prompt_tokens - r.num_cached_tokens
+                                                 for r in repeat_recs])
+    item[f"ttft_steps_mean_{sfx}"] = _mean([r.ttft_steps for r in repeat_recs])
     item["per_request"] = [r.to_json() for r in recs]
     return item
+
+
+def _mean(values: list[int]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def repeat_suffix(workload: str) -> str:
@@ -172,14 +182,18 @@ def format_result(result: dict[str, Any]) -> str:
                      _f(c.get("throughput_ratio_vs_baseline"), "{:.2f}"),
                      _f(c.get(f"throughput_{sfx}_ratio_vs_baseline"), "{:.2f}")])
     hits = [["config", "prefix hit", "conn hit", "host hit", "disk hit", "MiB loaded h/d",
-             "MiB stored h/d"]]
-    for c in result["configs"]:
+             "MiB stored h/d", "load s h/d", f"computed {tag}", f"steps {tag}"]]
+    for c in result["configs"] + ([dict(ideal, name="(ideal)")] if ideal else []):
         hits.append([c["name"], _f(c["prefix_hit_rate"], "{:.2f}"),
                      _f(c["connector_hit_rate"], "{:.2f}"),
                      _f(c["tier_hit_rates"]["host"], "{:.2f}"),
                      _f(c["tier_hit_rates"]["disk"], "{:.2f}"),
                      f"{_mib(c['bytes_loaded']['host'])}/{_mib(c['bytes_loaded']['disk'])}",
-                     f"{_mib(c['bytes_stored']['host'])}/{_mib(c['bytes_stored']['disk'])}"])
+                     f"{_mib(c['bytes_stored']['host'])}/{_mib(c['bytes_stored']['disk'])}",
+                     f"{_f(c['load_seconds']['host'], '{:.2f}')}/"
+                     f"{_f(c['load_seconds']['disk'], '{:.2f}')}",
+                     _f(c[f"computed_tokens_mean_{sfx}"], "{:.0f}"),
+                     _f(c[f"ttft_steps_mean_{sfx}"], "{:.1f}")])
     p = result["params"]
     title = (f"kvport bench {result['workload']}: {result['model']}, {p['workload']}, "
              f"concurrency {p['concurrency']}, pool {p['plan']['num_kv_blocks']} blocks "
@@ -190,6 +204,9 @@ def format_result(result: dict[str, Any]) -> str:
     lines = [f"NOTE: {result['model_fallback']}"] if result.get("model_fallback") else []
     lines += [title]
     lines += _table(rows) + [""] + _table(hits)
+    later = "rounds >= 2" if workload == "multi-turn" else "repeated queries"
+    lines.append(f"computed / steps {tag}: per request of {later}, the mean prompt tokens "
+                 f"computed (not hit) and engine steps to the first token")
     for t in result["targets"]:
         op = ">=" if t["at_least"] else "<="
         verdict = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
