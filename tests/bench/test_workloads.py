@@ -13,7 +13,7 @@ import pytest
 from kvport.bench import resolve_model_dir, special_token_ids
 from kvport.bench.cli import main
 from kvport.bench.report import format_result, percentile, plot_result
-from kvport.bench.serving import ConfigRunner, RequestRecord
+from kvport.bench.serving import ConfigRunner, RequestRecord, metrics_delta
 from kvport.bench.workload_bench import (
     ConfigSpec,
     OutputMismatch,
@@ -339,6 +339,16 @@ def test_cli_rejects_bad_options_by_name(capsys: pytest.CaptureFixture[str]) -> 
     assert "pool_fraction" in capsys.readouterr().err
     assert main(["bench", "long-doc", "--model", TINY, "--kv-transfer-config", "{nope"]) == 2
     assert "--kv-transfer-config" in capsys.readouterr().err
+
+
+def test_metrics_delta_counts_counters_and_keeps_levels() -> None:
+    before = {"connector": {"offload_block_tokens": 32,
+                            "host": {"bytes_loaded": 10, "occupancy_bytes": 5, "num_slots": 8}}}
+    after = {"connector": {"offload_block_tokens": 32,
+                           "host": {"bytes_loaded": 25, "occupancy_bytes": 7, "num_slots": 8}}}
+    assert metrics_delta(before, after) == {"connector": {
+        "offload_block_tokens": 32, "host": {"bytes_loaded": 15, "occupancy_bytes": 7,
+                                             "num_slots": 8}}}
 
 
 def test_percentile_interpolates() -> None:

@@ -51,13 +51,19 @@ class RequestRecord:
         return out
 
 
-def metrics_delta(before: Any, after: Any) -> Any:
-    """after - before, leaf by leaf, for nested dicts of numbers (other leaves: the after value)."""
+# Metrics that are levels or settings, not counters: the run's value is the value at its end.
+# (The OffloadingConnector's; a delta of them read 0 slots and a 0-token offload block.)
+GAUGES = frozenset({"offload_block_tokens", "num_slots", "occupancy_bytes", "occupancy_blocks"})
+
+
+def metrics_delta(before: Any, after: Any, name: str = "") -> Any:
+    """after - before, leaf by leaf, for nested dicts of numbers (other leaves, and the leaves
+    named in GAUGES: the after value)."""
     if isinstance(after, dict):
         before = before if isinstance(before, dict) else {}
-        return {k: metrics_delta(before.get(k), v) for k, v in after.items()}
+        return {k: metrics_delta(before.get(k), v, k) for k, v in after.items()}
     if isinstance(after, (int, float)) and not isinstance(after, bool) \
-            and isinstance(before, (int, float)):
+            and isinstance(before, (int, float)) and name not in GAUGES:
         return after - before
     return after
 
