@@ -164,7 +164,7 @@ class ConfigRunner:
             prompt_tokens=len(prompt.token_ids), output_tokens=len(req.output_token_ids),
             ttft_s=req.first_token_time - req.arrival_time,
             e2e_s=req.finished_time - req.arrival_time,
-            num_cached_tokens=max(req.num_cached_tokens, 0),
+            num_cached_tokens=req.num_cached_tokens or 0,  # set at admission: an int here
             num_external_tokens=flight.external,
             num_preemptions=req.num_preemptions,
             queued_steps=flight.queued_steps, ttft_steps=flight.ttft_steps,
