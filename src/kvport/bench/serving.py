@@ -147,7 +147,7 @@ class ConfigRunner:
         while engine.has_pending_work():  # stores still in flight are this config's cost
             engine.step()
         elapsed = time.perf_counter() - start
-        self.phase_busy_s[phase] = self.phase_busy_s.get(phase, 0.0) + elapsed
+        self.phase_busy_s[phase] = elapsed
         self.busy_s += elapsed
         self.records.extend(done)
         return done

