@@ -190,8 +190,8 @@ def format_result(result: dict[str, Any]) -> str:
                      _f(c["tier_hit_rates"]["disk"], "{:.2f}"),
                      f"{_mib(c['bytes_loaded']['host'])}/{_mib(c['bytes_loaded']['disk'])}",
                      f"{_mib(c['bytes_stored']['host'])}/{_mib(c['bytes_stored']['disk'])}",
-                     f"{_f(c['load_seconds']['host'], '{:.2f}')}/"
-                     f"{_f(c['load_seconds']['disk'], '{:.2f}')}",
+                     (f"{_f(c['load_seconds']['host'], '{:.2f}')}/"
+                      f"{_f(c['load_seconds']['disk'], '{:.2f}')}"),
                      _f(c[f"computed_tokens_mean_{sfx}"], "{:.0f}"),
                      _f(c[f"ttft_steps_mean_{sfx}"], "{:.1f}")])
     p = result["params"]

@@ -154,7 +154,8 @@ class ConfigRunner:
 
     def _record(self, flight: _InFlight) -> RequestRecord:
         prompt, req = flight.prompt, flight.req
-        if req.status.finish_reason not in ("length", "stop") or req.first_token_time is None:
+        if (req.status.finish_reason not in ("length", "stop") or req.first_token_time is None
+                or req.finished_time is None):
             raise RuntimeError(f"config {self.name}: request {req.request_id} ended with "
                                f"{req.status.name}: {req.error}")
         # both were seen after the step that finished it at the latest
