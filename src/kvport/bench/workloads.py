@@ -127,8 +127,6 @@ class Workload(Protocol):
     @property
     def num_phases(self) -> int: ...
 
-    def prefixes(self) -> list[list[int]]: ...
-
     def start(self) -> WorkloadState: ...
 
 
@@ -174,10 +172,6 @@ class MultiTurnWorkload:
     @property
     def num_phases(self) -> int:
         return self.spec.rounds
-
-    def prefixes(self) -> list[list[int]]:
-        """What a perfect cache could hold before round 1: system + each user's context."""
-        return [list(self.system + c) for c in self.contexts]
 
     def start(self) -> MultiTurnState:
         return MultiTurnState(self)
@@ -245,9 +239,6 @@ class LongDocWorkload:
         """(doc, query) in round-robin order: every other document comes between two queries on
         the same one."""
         return [(d, q) for q in range(self.spec.queries) for d in range(self.spec.docs)]
-
-    def prefixes(self) -> list[list[int]]:
-        return [list(d) for d in self.documents]
 
     def start(self) -> LongDocState:
         return LongDocState(self)

@@ -15,9 +15,15 @@ from kvport.engine.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int) -> None:
+    def __init__(self, pool: BlockPool, block_size: int,
+                 max_blocks_in_use: int | None = None) -> None:
+        if max_blocks_in_use is not None and max_blocks_in_use < 1:
+            raise ValueError(f"max_blocks_in_use must be None or >= 1, got {max_blocks_in_use}")
         self.pool = pool
         self.block_size = block_size
+        # None: the whole pool. A pool larger than the cap then admits and preempts exactly as a
+        # pool of the cap's size, while its free blocks keep more prefixes cached.
+        self.max_blocks_in_use = max_blocks_in_use
         self.req_to_blocks: dict[str, list[KVBlock]] = {}  # request_id -> block table
         self._num_published: dict[str, int] = {}  # request_id -> leading blocks already published
 
@@ -63,12 +69,17 @@ class KVCacheManager:
     ) -> list[KVBlock] | None:
         """Grow the request's block table so that its computed tokens, the new prefix hits, the
         tokens a connector loads and `num_new_tokens` more fit. Returns the newly allocated
-        blocks, or None (and changes nothing) if the pool cannot supply them.
+        blocks, or None (and changes nothing) if the pool cannot supply them or they would take
+        the blocks in use above `max_blocks_in_use`.
 
         `delay_cache_blocks`: do not publish yet (an async load fills the blocks later)."""
         hits = new_computed_blocks or []
         needed = self.num_blocks_needed(request, num_new_tokens, hits, num_external_tokens)
         if needed > self.pool.num_free_blocks:
+            return None
+        in_use = self.pool.num_blocks - self.pool.num_free_blocks  # blocks with ref_cnt > 0
+        # `needed` counts a free cached block taken by a hit: it becomes in use too
+        if self.max_blocks_in_use is not None and in_use + needed > self.max_blocks_in_use:
             return None
         table = self.req_to_blocks.setdefault(request.request_id, [])
         self._num_published.setdefault(request.request_id, 0)
