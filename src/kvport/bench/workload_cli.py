@@ -23,7 +23,7 @@ _WORKLOAD_HELP = {
 
 
 def add_workload_parsers(commands: Any) -> None:
-    from kvport.bench.cli import _name_list
+    from kvport.bench import name_list
 
     for name, (help_text, description) in _WORKLOAD_HELP.items():
         p = commands.add_parser(name, help=help_text, description=description)
@@ -33,7 +33,7 @@ def add_workload_parsers(commands: Any) -> None:
                             "builtin:tiny-llama)")
         p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
         p.add_argument("--quick", action="store_true", help="a reduced run (< 2 min)")
-        p.add_argument("--configs", type=_name_list, default=None, metavar="NAMES",
+        p.add_argument("--configs", type=name_list, default=None, metavar="NAMES",
                        help="comma-separated subset of no-connector, host, host+disk, "
                             "disk-cold-host, ideal (default: all)")
         p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
