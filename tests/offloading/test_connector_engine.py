@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvport import SamplingParams
-from kvport.connectors.offloading.config import offload_keys
+from kvport.connectors.offloading.geometry import offload_keys
 from kvport.connectors.offloading.metadata import OffloadingConnectorMetadata
 from kvport.engine.outputs import SchedulerOutput
 from offload_utils import (
@@ -94,7 +94,7 @@ def test_host_reset_leaves_the_disk_tier(tmp_path: Path, reference: list[list[in
     assert host["occupancy_blocks"] == len(stored)
     assert host["occupancy_bytes"] == host["occupancy_blocks"] * offload_block_bytes()
     assert llm.reset_prefix_cache(reset_connector=True) is True
-    assert offloading_half(llm).manager.num_free_slots == offloading_half(llm).num_slots
+    assert offloading_half(llm).manager.num_free_slots == offloading_half(llm).geometry.num_slots
     assert llm.get_metrics()["connector"]["host"]["occupancy_blocks"] == 0
     tokens, cached = run_one_by_one(llm)
     assert tokens == reference and all_blocks_hit(cached), cached
