@@ -26,9 +26,13 @@ completes, a HOST->DISK job writes the same slots through to disk while they sta
 The fence: `request_finished` returns False, so a finished or preempted request's blocks go back
 to the pool at once, while its store jobs may not have read them yet. Every step, the pending
 store jobs that read a block handed out again in this step (and every store job of a preempted
-request) go into `jobs_to_flush`; the worker finishes them before anything writes KV. A request
-re-admitted while its own stores are pending is answered None (ask again) until they are done,
-so a request is never loaded and stored at once.
+request) go into `jobs_to_flush`; the worker finishes them before anything writes KV.
+
+Re-admission: a preempted request asked again while its own stores are unreported is answered
+None (ask again) until they report. They were flushed at the preemption, so they are done or
+nearly, but their keys are still being written: matched now, the hit run would end at them and
+the request would recompute what it has just offloaded. Waiting lets it load them, and keeps a
+request's jobs simple: store jobs or one load job, never both.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ class OffloadingScheduler:
         st = self._reqs.get(rid)
         if st is not None and st.store_jobs:
             self.stats.num_busy_answers += 1
-            return None, False  # re-admitted while its stores still read its old blocks
+            return None, False  # its own stores are unreported: load them once they are
         keys = self.geometry.keys(request.block_hashes)
         start = num_local // self.offload_tokens
         self._matches[rid] = _Match(num_local, start, keys[start:])
@@ -237,8 +241,11 @@ class OffloadingScheduler:
         fresh, self._fresh_blocks = self._fresh_blocks, set()
         for new in so.scheduled_new_reqs:
             st = self._reqs.setdefault(new.req_id, _ReqState())
-            if st.block_ids != new.block_ids[:len(st.block_ids)]:
+            known = len(st.block_ids)
+            if st.block_ids != new.block_ids[:known]:
                 fresh.update(new.block_ids[new.num_computed_tokens // self.block_size:])
+            else:  # admitted (known in full already), or running and sent in full again
+                fresh.update(new.block_ids[known:])
             st.block_ids = list(new.block_ids)
             computed[new.req_id] = new.num_computed_tokens
         for cached in so.scheduled_cached_reqs:
