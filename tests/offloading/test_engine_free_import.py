@@ -1,5 +1,6 @@
-"""The OffloadingConnector imports no engine module at run time: another engine that supplies
-objects with the same attributes (requests, scheduler outputs) can load and drive it."""
+"""Import layering of the OffloadingConnector: it imports no engine module at run time (another
+engine that supplies objects with the same attributes can load and drive it), and its worker
+half does not import its scheduler half."""
 
 from __future__ import annotations
 
@@ -22,3 +23,15 @@ def test_the_connector_imports_with_the_engine_unimportable() -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "OffloadingConnector"
+
+
+def test_the_worker_half_does_not_import_the_scheduler_half() -> None:
+    script = textwrap.dedent("""
+        import sys
+        import kvport.connectors.offloading.worker
+        print("kvport.connectors.offloading.scheduler" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
