@@ -32,7 +32,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OFFLOADING = "src/kvport/connectors/offloading"
-RACES = "tests/offloading/test_connector_races.py"
+TESTS = "tests/offloading"
+RACES = f"{TESTS}/test_connector_races.py"
+ENGINE = f"{TESTS}/test_connector_engine.py"
+FAULTS = f"{TESTS}/test_connector_faults.py"
+ADMISSION = f"{TESTS}/test_connector_admission.py"
+FENCE = f"{TESTS}/test_scheduler_fence.py"
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ MUTANTS: list[Mutant] = [
         "fence-wait", f"{OFFLOADING}/worker.py",
         "            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])\n",
         "            pass\n",
-        (f"{RACES}::test_blocks_of_a_finished_request_are_reused_only_after_its_stores_read_them",),
+        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "handle_preemptions waits for jobs_to_flush before the forward overwrites their blocks"),
     Mutant(
         "fence-submits-queued-stores-first", f"{OFFLOADING}/worker.py",
@@ -73,28 +78,26 @@ MUTANTS: list[Mutant] = [
         for write in meta.writes:
             self._submit(TransferKey(write.job_id), write.src, write.dst)
 """,
-        (f"{RACES}::test_a_preempted_requests_stores_finish_before_the_next_forward_writes_its_"
-         "blocks",),
+        (f"{RACES}::test_a_preempted_requests_blocks_wait_for_its_stores_in_flight",),
         "stores planned last step are submitted before the fence waits (it ignores unknown ids)"),
     Mutant(
         "fence-handed-out-blocks", f"{OFFLOADING}/scheduler.py",
         "        for block in fresh:\n            flush |= self._readers.get(block, set())\n",
         "",
-        (f"{RACES}::test_blocks_of_a_finished_request_are_reused_only_after_its_stores_read_them",),
+        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "pending stores reading a block handed out again in this step are flushed"),
     Mutant(
         "fence-resent-request-blocks", f"{OFFLOADING}/scheduler.py",
         "            else:  # admitted (known in full already), or running and sent in full again\n"
         "                fresh.update(new.block_ids[known:])\n",
         "",
-        ("tests/offloading/test_scheduler_fence.py::"
-         "test_new_blocks_of_a_request_sent_in_full_again_are_handed_out_again",),
+        (f"{FENCE}::test_a_resent_requests_new_blocks_are_handed_out_again",),
         "new blocks of a running request sent to the runner in full again count as handed out"),
     Mutant(
         "fence-admitted-blocks", f"{OFFLOADING}/scheduler.py",
         "            self._fresh_blocks.update(block_ids[num_local // self.block_size:])\n",
         "            pass\n",
-        (f"{RACES}::test_blocks_of_a_finished_request_are_reused_only_after_its_stores_read_them",),
+        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "the blocks an admitted request got beyond its local hit count as handed out again"),
     # ---- OffloadingConnector: hits and loads -------------------------------------------------
     Mutant(
@@ -113,34 +116,32 @@ MUTANTS: list[Mutant] = [
         "promotion-room", f"{OFFLOADING}/scheduler.py",
         "            room = self._room() - num_host\n",
         "            room = len(keys)\n",
-        ("tests/offloading/test_connector_engine.py::"
-         "test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
+        (f"{ENGINE}::test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
         "a hit promotes at most as many disk blocks as the host tier could free"),
     Mutant(
         "store-room", f"{OFFLOADING}/scheduler.py",
         "        end = min(end, st.next_store_idx + self._room())\n",
         "",
-        ("tests/offloading/test_connector_engine.py::"
-         "test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
+        (f"{ENGINE}::test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
         "a run longer than the host tier is stored a part per step, not refused forever"),
     Mutant(
         "promotion-bypasses-admission", f"{OFFLOADING}/scheduler.py",
         "            out = self.manager.prepare_store(match.disk_keys, bypass_admission=True)\n",
         "            out = self.manager.prepare_store(match.disk_keys)\n",
-        ("tests/offloading/test_connector_admission.py::"
-         "test_disk_hits_are_promoted_whatever_the_admission_count",),
+        (f"{ADMISSION}::test_disk_hits_are_promoted_whatever_the_admission_count",),
         "promotions from disk are hits: admission control must not hold them back"),
     Mutant(
         "admission-counted-per-admission", f"{OFFLOADING}/policy.py",
         "            num_hits += 1\n        return num_hits\n",
-        "            num_hits += 1\n        self.admission.on_request(keys)\n        return num_hits\n",
-        ("tests/offloading/test_connector_admission.py::"
-         "test_a_retried_request_counts_once_for_admission",),
+        ("            num_hits += 1\n        self.admission.on_request(keys)\n"
+         "        return num_hits\n"),
+        (f"{ADMISSION}::test_a_retried_request_counts_once_for_admission",),
         "a request matched several times before admission counts once for store_threshold"),
     # ---- OffloadingConnector: pins and failures ----------------------------------------------
     Mutant(
         "write-through-pins", f"{OFFLOADING}/scheduler.py",
-        """            slots = self.manager.prepare_load(good)  # pinned until the disk write reports
+        """\
+            slots = self.manager.prepare_load(good)  # pinned until the disk write reports
             job_id = self._new_job_id()
             self._jobs[job_id] = _Job(WRITE, job.req_id, good, pinned=good)
 """,
@@ -155,7 +156,7 @@ MUTANTS: list[Mutant] = [
         "failed-copy-reported", f"{OFFLOADING}/worker.py",
         "                load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
         "                pass\n",
-        ("tests/offloading/test_connector_faults.py::test_failed_loads_are_recomputed",),
+        (f"{FAULTS}::test_failed_loads_are_recomputed",),
         "engine blocks a HOST->ENGINE copy failed to fill are reported as load errors"),
     Mutant(
         "failed-promotion-reported", f"{OFFLOADING}/worker.py",
@@ -165,10 +166,12 @@ MUTANTS: list[Mutant] = [
         "engine blocks whose promotion from disk failed are reported, not copied from the slot"),
     Mutant(
         "failed-promotion-frees-slots", f"{OFFLOADING}/scheduler.py",
-        """            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+        """\
+            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
                                         success=False)
 """,
-        """            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+        """\
+            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
                                         success=True)
 """,
         (f"{RACES}::test_a_failed_promotion_is_reported_and_frees_its_slots",),
@@ -177,14 +180,14 @@ MUTANTS: list[Mutant] = [
         "failed-store-frees-slots", f"{OFFLOADING}/scheduler.py",
         "            self.manager.complete_store(bad, success=False)\n",
         "            self.manager.complete_store(bad, success=True)\n",
-        ("tests/offloading/test_connector_faults.py::test_failed_stores_free_their_slots",),
+        (f"{FAULTS}::test_failed_stores_free_their_slots",),
         "slots of a failed store are freed, not published with garbage"),
     Mutant(
         "stores-queued-every-step", f"{OFFLOADING}/worker.py",
         "        if meta is not None:\n            self._queued.extend(meta.stores)\n",
-        "        if meta is not None and did_forward:\n            self._queued.extend(meta.stores)\n",
-        ("tests/offloading/test_connector_engine.py::"
-         "test_no_store_is_lost_when_every_other_step_has_no_forward[one-step-late]",),
+        ("        if meta is not None and did_forward:\n"
+         "            self._queued.extend(meta.stores)\n"),
+        (f"{ENGINE}::test_no_store_is_lost_when_every_other_step_has_no_forward[one-step-late]",),
         "stores reaching the worker on a step without a forward are queued too"),
     # ---- disk tier ---------------------------------------------------------------------------
     Mutant(
@@ -202,7 +205,7 @@ MUTANTS: list[Mutant] = [
                 return False
             while self._used + self._reserved + size > self.max_bytes:
 """,
-        ("tests/offloading/test_disk_tier.py::test_size_limit_evicts_least_recently_used",),
+        (f"{TESTS}/test_disk_tier.py::test_size_limit_evicts_least_recently_used",),
         "a disk store that cannot fit is skipped without evicting anything"),
 ]
 
@@ -236,8 +239,8 @@ def check_imports(src: Path, env: dict[str, str]) -> None:
              "    print(kvport.__file__); print(q.get(timeout=60)); p.join()\n")
     script = src.parent / "probe_imports.py"
     script.write_text(probe)
-    out = subprocess.run([sys.executable, str(script)], env=env, cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(script)], check=False, env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
     found = out.stdout.split()
     if out.returncode or len(found) != 2 or not all(f.startswith(str(src)) for f in found):
         raise SystemExit(f"mutation_check: the tests would not import the mutated copy under "
@@ -252,7 +255,8 @@ def run_mutant(m: Mutant, src: Path, env: dict[str, str]) -> tuple[str, float, s
     start = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                               *m.tests], env=env, cwd=REPO, capture_output=True, text=True)
+                               *m.tests], check=False, env=env, cwd=REPO, capture_output=True,
+                              text=True)
     finally:
         target.write_text(original)
     seconds = time.monotonic() - start

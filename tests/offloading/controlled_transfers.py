@@ -35,12 +35,21 @@ from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
 from kvport.connectors.offloading.mediums import (
-    DISK, ENGINE, HOST, EngineBlocks, HostBlocks, LoadStoreSpec,
+    DISK,
+    ENGINE,
+    HOST,
+    EngineBlocks,
+    HostBlocks,
+    LoadStoreSpec,
 )
 from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.transfers import (
-    OffloadingWorker, TransferFn, TransferHandler, TransferResult, failed_result,
+    OffloadingWorker,
+    TransferFn,
+    TransferHandler,
+    TransferResult,
+    failed_result,
 )
 from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 

@@ -19,7 +19,7 @@ from kvport.connectors.offloading.metadata import OffloadingConnectorMetadata, S
 from kvport.connectors.offloading.scheduler import OffloadingScheduler
 
 if TYPE_CHECKING:
-    from kvport.engine.outputs import SchedulerOutput
+    from kvport.connectors.views import SchedulerOutputView
 
 
 class OneStepLateScheduler(OffloadingScheduler):
@@ -28,7 +28,7 @@ class OneStepLateScheduler(OffloadingScheduler):
         self._late: list[StoreJob] = []
         self.num_stores_on_empty_steps = 0  # stores sent with a step that has no forward
 
-    def build_connector_meta(self, so: SchedulerOutput) -> OffloadingConnectorMetadata:
+    def build_connector_meta(self, so: SchedulerOutputView) -> OffloadingConnectorMetadata:
         meta = super().build_connector_meta(so)
         meta.stores, self._late = self._late, meta.stores
         if meta.stores and not so.total_num_scheduled_tokens:

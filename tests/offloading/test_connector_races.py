@@ -16,14 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from controlled_transfers import ControlledTransfers
+from offload_utils import (
+    assert_nothing_leaked,
+    make_llm,
+    offload_block_bytes,
+    offload_config,
+    offloading_half,
+    prompts,
+    run_bounded,
+    step_until,
+    worker_half,
+)
+
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
 from kvport.connectors.offloading.worker import Stage, TransferKey
 from kvport.engine.request import Request, RequestStatus
-from offload_utils import (
-    assert_nothing_leaked, make_llm, offload_block_bytes, offload_config, offloading_half,
-    prompts, run_bounded, step_until, worker_half,
-)
 
 
 def controlled_llm(extra: dict[str, Any] | None = None, disk_dir: Path | None = None,
@@ -56,7 +64,7 @@ def two_prompts(seed: int, length: int = 40) -> list[list[int]]:
     return [ps[0][:length], ps[2][:length]]
 
 
-def test_blocks_of_a_finished_request_are_reused_only_after_its_stores_read_them() -> None:
+def test_a_finished_requests_blocks_wait_for_its_stores_in_flight() -> None:
     # 16 blocks: R (40 prompt tokens, 6 decoded) leaves 4 never used. It finishes with its
     # stores held; Q then gets those 4 and 6 of R's blocks, which R's prompt store still reads.
     # The guard: handed-out blocks' pending stores are flushed before Q's forward writes them.
@@ -107,7 +115,7 @@ def preempted_with_stores_in_flight() -> Preempted:
     return Preempted(llm, transfers, q, r, ps, want, params)
 
 
-def test_a_preempted_requests_stores_finish_before_the_next_forward_writes_its_blocks() -> None:
+def test_a_preempted_requests_blocks_wait_for_its_stores_in_flight() -> None:
     s = preempted_with_stores_in_flight()
     r_stores = set(offloading_half(s.llm)._reqs["R"].store_jobs)
     fenced = {job.id.job_id for job in s.transfers.fenced}  # type: ignore[attr-defined]

@@ -36,15 +36,15 @@ def test_vllm_names_parse() -> None:
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x", "max_bytes": 1,
                                                   "speed": 3}]}, r"unknown key\(s\) \['speed'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "max_bytes": 1}]},
-     r"secondary_tiers\[0\]: missing key\(s\) \['root_dir'\]; accepted: \['max_bytes', 'root_dir', "
-     r"'type'\]"),
+     (r"secondary_tiers\[0\]: missing key\(s\) \['root_dir'\]; accepted: "
+      r"\['max_bytes', 'root_dir', 'type'\]")),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x"}]},
      r"secondary_tiers\[0\]: missing key\(s\) \['max_bytes'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [
         {"type": "disk", "root_dir": "/x", "max_bytes": 1},
         {"type": "disk", "root_dir": "/y", "max_bytes": -5}]},
-     r"secondary_tiers\[1\]: max_bytes must be a positive integer, got -5; accepted: "
-     r"\['max_bytes', 'root_dir', 'type'\]"),
+     (r"secondary_tiers\[1\]: max_bytes must be a positive integer, got -5; accepted: "
+      r"\['max_bytes', 'root_dir', 'type'\]")),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "", "max_bytes": 1}]},
      r"secondary_tiers\[0\]: root_dir must be a directory path, got ''; accepted"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": {"type": "disk"}},

@@ -34,7 +34,7 @@ def output(step: int, new: list[NewRequestData], cached: list[CachedRequestData]
     return SchedulerOutput(new, cached, scheduled, sum(scheduled.values()), set(), set(), step)
 
 
-def test_new_blocks_of_a_request_sent_in_full_again_are_handed_out_again() -> None:
+def test_a_resent_requests_new_blocks_are_handed_out_again() -> None:
     half = OffloadingScheduler(OffloadingConfig(cpu_bytes_to_use=1 << 20, block_size=BLOCK),
                                OffloadGeometry.build(OffloadingConfig(cpu_bytes_to_use=1 << 20,
                                                                       block_size=BLOCK), SPEC))

@@ -79,8 +79,8 @@ class AdmitAfterRequests(AdmissionPolicy):
 
     def check(self) -> list[str]:
         if len(self._num_requests) > self.max_tracked:
-            return [f"admission tracks {len(self._num_requests)} keys > max_tracked "
-                    f"{self.max_tracked}"]
+            return [(f"admission tracks {len(self._num_requests)} keys > max_tracked "
+                     f"{self.max_tracked}")]
         return []
 
 

@@ -34,8 +34,7 @@ from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 
 if TYPE_CHECKING:
     from kvport.config import KVTransferConfig
-    from kvport.engine.outputs import SchedulerOutput
-    from kvport.engine.request import Request
+    from kvport.connectors.views import RequestView, SchedulerOutputView
 
 
 class OffloadingConnector(KVConnectorBase):
@@ -76,23 +75,25 @@ class OffloadingConnector(KVConnectorBase):
         return self._worker
 
     def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
+        self, request: RequestView, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         return self.scheduler_half.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(
-        self, request: Request, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int], num_external_tokens: int
     ) -> None:
         self.scheduler_half.update_state_after_alloc(request, block_ids, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OffloadingConnectorMetadata:
+    def build_connector_meta(
+        self, scheduler_output: SchedulerOutputView,
+    ) -> OffloadingConnectorMetadata:
         return self.scheduler_half.build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self.scheduler_half.update_connector_output(connector_output)
 
     def request_finished(
-        self, request: Request, block_ids: list[int]
+        self, request: RequestView, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         """(False, None): the blocks are freed now; the fence protects pending stores."""
         self.scheduler_half.request_finished(request)

@@ -1,6 +1,6 @@
 """The offload geometry: how offload blocks lie over the engine's pool, the host tier's slots and
-the disk tier's namespace. Built once per half from (config, KVCacheSpec) by `OffloadGeometry.build`,
-so the scheduler half and the worker half cannot disagree about it.
+the disk tier's namespace. Built once per half from (config, KVCacheSpec) by
+`OffloadGeometry.build`, so the scheduler half and the worker half cannot disagree about it.
 
 An offload block is `block_factor` (f) engine blocks: `offload_tokens = f * block_size` tokens,
 `slot_bytes = f * engine block bytes` in a host slot. Its key is the chained hash of its last

@@ -56,8 +56,7 @@ from kvport.connectors.offloading.metadata import (
 from kvport.connectors.offloading.tiers.disk_format import DiskLocation
 
 if TYPE_CHECKING:
-    from kvport.engine.outputs import SchedulerOutput
-    from kvport.engine.request import Request
+    from kvport.connectors.views import RequestView, SchedulerOutputView
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class _Job:
 
 @dataclass
 class _ReqState:
-    request: Request | None = None
+    request: RequestView | None = None
     block_ids: list[int] = field(default_factory=list)  # the request's block table
     next_store_idx: int = 0  # offload blocks below this were offered to the host tier
     store_jobs: set[int] = field(default_factory=set)
@@ -139,7 +138,8 @@ class OffloadingScheduler:
 
     # ---- admission -----------------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: Request, num_local: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: RequestView,
+                                   num_local: int) -> tuple[int | None, bool]:
         rid = request.request_id
         st = self._reqs.get(rid)
         if st is not None and st.store_jobs:
@@ -171,7 +171,7 @@ class OffloadingScheduler:
         self._matches[rid] = _Match(num_local, start, keys[start:], host_keys, disk_keys)
         return num_external, True
 
-    def update_state_after_alloc(self, request: Request, block_ids: list[int],
+    def update_state_after_alloc(self, request: RequestView, block_ids: list[int],
                                  num_external: int) -> None:
         rid = request.request_id
         old = self._reqs.get(rid)
@@ -228,7 +228,7 @@ class OffloadingScheduler:
 
     # ---- per step ------------------------------------------------------------------------------
 
-    def build_connector_meta(self, so: SchedulerOutput) -> OffloadingConnectorMetadata:
+    def build_connector_meta(self, so: SchedulerOutputView) -> OffloadingConnectorMetadata:
         meta = OffloadingConnectorMetadata(writes=self._writes, loads=self._loads)
         self._writes, self._loads = [], []
         flush: set[int] = set()
@@ -352,7 +352,7 @@ class OffloadingScheduler:
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
-    def request_finished(self, request: Request) -> None:
+    def request_finished(self, request: RequestView) -> None:
         """The blocks are freed now; pending stores keep reading them under the fence."""
         rid = request.request_id
         self._matches.pop(rid, None)
