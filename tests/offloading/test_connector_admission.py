@@ -5,21 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from offload_utils import (
-    BLOCK_SIZE,
-    OFFLOAD_BLOCK,
-    assert_nothing_leaked,
-    host_metrics,
-    make_llm,
-    offload_config,
-    offloading_half,
-    prompts,
-    run_bounded,
-)
-
 from kvport import SamplingParams
 from kvport.connectors.offloading.geometry import offload_keys
 from kvport.engine.hashing import hash_blocks
+from offload_utils import (
+    BLOCK_SIZE, OFFLOAD_BLOCK, assert_nothing_leaked, host_metrics, make_llm, offload_config,
+    offloading_half, prompts, run_bounded,
+)
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 

@@ -16,22 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from controlled_transfers import ControlledTransfers
-from offload_utils import (
-    assert_nothing_leaked,
-    make_llm,
-    offload_block_bytes,
-    offload_config,
-    offloading_half,
-    prompts,
-    run_bounded,
-    step_until,
-    worker_half,
-)
-
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
 from kvport.connectors.offloading.worker import Stage, TransferKey
 from kvport.engine.request import Request, RequestStatus
+from offload_utils import (
+    assert_nothing_leaked, make_llm, offload_block_bytes, offload_config, offloading_half,
+    prompts, run_bounded, step_until, worker_half,
+)
 
 
 def controlled_llm(extra: dict[str, Any] | None = None, disk_dir: Path | None = None,

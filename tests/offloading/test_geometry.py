@@ -4,12 +4,12 @@ in both halves of an engine's connector."""
 from __future__ import annotations
 
 import pytest
-from offload_utils import make_llm, offload_config, offloading_half, worker_half
 
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.tiers.disk_format import disk_namespace
+from offload_utils import make_llm, offload_config, offloading_half, worker_half
 
 SPEC = KVCacheSpec(num_blocks=64, block_size=16, num_layers=2, num_kv_heads=2, head_dim=64,
                    dtype="float32", layout="blocks-layers-kv-tokens-heads-dim", hash_root=b"r")

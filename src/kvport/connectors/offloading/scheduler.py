@@ -47,12 +47,12 @@ from kvport.connectors.offloading.arc import ARCManager
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.lru import LRUManager
-from kvport.connectors.offloading.policy import PolicyManager
 from kvport.connectors.offloading.mediums import DISK, HOST, DiskBlocks, EngineBlocks, HostBlocks
 from kvport.connectors.offloading.metadata import (
     LOAD, STORE, WRITE, JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata,
     StoreJob, WriteJob,
 )
+from kvport.connectors.offloading.policy import PolicyManager
 from kvport.connectors.offloading.tiers.disk_format import DiskLocation
 
 if TYPE_CHECKING:
