@@ -60,6 +60,7 @@ def test_disk_hits_are_promoted_whatever_the_admission_count(tmp_path: Path) -> 
     first.reset_prefix_cache()
     assert run_bounded(first, [p], PARAMS) == want
     assert all(offloading_half(first).manager.contains(k) for k in keys_of(first, p))
+    assert_nothing_leaked(first)
     first.shutdown()
     second = make_llm(cfg)
     assert run_bounded(second, [p], PARAMS) == want
