@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.connector import OffloadingConnector
 from kvport.connectors.offloading.scheduler import OffloadingScheduler
+from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 
 BLOCK_SIZE = 4  # engine block (tokens)
 OFFLOAD_BLOCK = 8  # two engine blocks per offload block: partial first blocks get exercised
@@ -46,6 +49,27 @@ def prompts(n: int = 6, length: int = 61, seed: int = 0) -> list[list[int]]:
     return out
 
 
+MAX_STEPS = 500  # scenario tests step the engine at most this often between checks
+
+
+def step_until(llm: LLM, done: Callable[[], bool], max_steps: int = MAX_STEPS) -> None:
+    """Step the engine until done() (checked before each step); a bound instead of a hang."""
+    for _ in range(max_steps):
+        if done():
+            return
+        llm.engine.step()
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
+def run_bounded(llm: LLM, ps: list[list[int]], params: SamplingParams = GREEDY,
+                ) -> list[list[int]]:
+    """generate() with a step bound: the requests' output tokens once nothing is pending."""
+    reqs = [llm.engine.add_request(f"bounded-{i}", p, params) for i, p in enumerate(ps)]
+    step_until(llm, lambda: not llm.engine.has_pending_work())
+    assert all(r.error is None for r in reqs), [r.error for r in reqs]
+    return [list(r.output_token_ids) for r in reqs]
+
+
 def run(llm: LLM, ps: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     outs = llm.generate(ps, GREEDY, use_tqdm=False)
     assert all(o.error is None for o in outs), [o.error for o in outs]
@@ -59,9 +83,24 @@ def offloading_half(llm: LLM) -> OffloadingScheduler:
     return connector.scheduler_half
 
 
+def worker_half(llm: LLM) -> OffloadingConnectorWorker:
+    """The worker half of an in-process engine's connector."""
+    connector = llm.engine.runner.driver.connector  # type: ignore[union-attr]
+    connector = getattr(connector, "inner", connector)  # unwrap a trace recorder
+    assert isinstance(connector, OffloadingConnector), connector
+    return connector.worker_half
+
+
 def assert_nothing_leaked(llm: LLM) -> None:
     llm.engine.check_no_leaks()
     offloading_half(llm).check_no_leaks()
+
+
+@functools.cache
+def offload_block_bytes() -> int:
+    """Bytes of one offload block (OFFLOAD_BLOCK tokens) of make_llm()'s model."""
+    spec = make_llm().engine.runner.kv_cache_spec
+    return spec.block_bytes * (OFFLOAD_BLOCK // spec.block_size)
 
 
 def host_metrics(llm: LLM) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_tiers import FaultyDisk
+from fault_tiers import DEADLINE_S, FaultyDisk, wait_until
 
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.mediums import DiskBlocks, EngineBlocks, HostBlocks
@@ -127,9 +127,56 @@ def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
     assert all(tier.location.exists(key(i)) for i in (1, 3, 4))
     s = tier.stats.snapshot()
     assert (s["evictions"], s["occupancy_blocks"], s["occupancy_bytes"]) == (1, 3, 3 * ENTRY)
-    assert not tier.write(b"big", torch.zeros(4 * ENTRY, dtype=torch.uint8))  # never fits
-    assert tier.stats.snapshot()["skipped_stores"] == 1
+    # Larger than the tier: skipped and counted, and nothing else is lost.
+    assert not tier.write(b"big", torch.zeros(4 * ENTRY, dtype=torch.uint8))
+    s = tier.stats.snapshot()
+    assert (s["skipped_stores"], s["evictions"], s["occupancy_blocks"]) == (1, 1, 3)
+    for i in (1, 3, 4):
+        assert tier.location.exists(key(i)) and torch.equal(read(tier, key(i)), payload(i))
+    assert not tier.location.exists(b"big")
     tier.check_integrity()
+
+
+def test_room_held_by_writes_in_flight_skips_the_store_and_evicts_nothing(tmp_path: Path) -> None:
+    # 4 entries of room: 1 stored, 2 being written (their room is reserved). An entry larger
+    # than two fits only if a write in flight gave its room up, which it cannot: skipped, and
+    # entry 1 survives.
+    tier = GatedDisk(tmp_path, 4 * ENTRY, NS)
+    assert tier.write(key(1), payload(1))
+    writers = [threading.Thread(target=tier.write, args=(key(i), payload(i))) for i in (2, 3)]
+    for t in writers:
+        t.start()
+    try:
+        wait_until(lambda: tier.num_waiting == 2)
+        assert not tier.write(key(5), torch.zeros(2 * ENTRY, dtype=torch.uint8))
+        s = tier.stats.snapshot()
+        assert (s["skipped_stores"], s["evictions"]) == (1, 0)
+        assert tier.location.exists(key(1)) and torch.equal(read(tier, key(1)), payload(1))
+        # An entry that fits beside the writes in flight evicts only what it needs (nothing).
+        assert tier.write(key(7), payload(7))
+    finally:
+        tier.release.set()
+        for t in writers:
+            t.join()
+    assert all(tier.location.exists(key(i)) for i in (1, 2, 3, 7))
+    assert tier.stats.snapshot()["evictions"] == 0
+    tier.check_integrity()
+
+
+class GatedDisk(DiskTier):
+    """Writes of key(2) and key(3) wait in _write_file until `release` is set (their room stays
+    reserved meanwhile)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.release = threading.Event()
+        self.num_waiting = 0
+
+    def _write_file(self, tmp: Path, header: bytes, payload: memoryview) -> None:
+        if tmp.name[1:].split(".")[0] in (key(2).hex(), key(3).hex()):
+            self.num_waiting += 1
+            assert self.release.wait(DEADLINE_S), "GatedDisk: never released"
+        super()._write_file(tmp, header, payload)
 
 
 def test_restart_with_a_smaller_limit_trims_the_oldest(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
-"""LRUManager and AdmissionFilter: narrated scenarios on a 4-block tier with integer keys."""
+"""LRUManager and its admission strategies: narrated scenarios on a 4-block tier with integer
+keys."""
 
 from __future__ import annotations
 
 
 import pytest
 
-from kvport.connectors.offloading.admission import AdmissionFilter
+from kvport.connectors.offloading.admission import AdmitAfterRequests
 from kvport.connectors.offloading.lru import LRUManager
 from manager_checks import (
     MEDIUM, ExpectedEvent, ExpectedPrepareStoreOutput, verify_events, verify_nothing_leaked,
@@ -216,7 +217,10 @@ def test_reset() -> None:
 
 def test_stats() -> None:
     manager = stored([1, 2, 3, 4])
-    manager.lookup([1, 2, 9])
+    assert manager.lookup([1, 2, 9]) == 2
+    assert manager.lookup([1, 2, 9]) == 2  # a retried match: lookups count nothing
+    assert (manager.stats.num_lookups, manager.stats.num_hit_blocks) == (0, 0)
+    manager.count_admission([1, 2, 9], 2)  # the request was admitted: counted once
     manager.prepare_store([5])
     manager.complete_store([5], success=False)
     stats = manager.stats
@@ -241,21 +245,31 @@ def test_constructor_rejects_bad_values(num_blocks: object, medium: str) -> None
 # ----- admission control -----
 
 
-def test_admission_filter_threshold_2() -> None:
-    manager = AdmissionFilter(LRUManager(4, MEDIUM), store_threshold=2)
+def admitting_after(threshold: int, max_tracked: int = 64000,
+                    ) -> tuple[LRUManager, AdmitAfterRequests]:
+    admission = AdmitAfterRequests(threshold, max_tracked)
+    return LRUManager(4, MEDIUM, admission), admission
 
-    # lookup [1, 2, 3] once -> all miss, each counted once
+
+def test_admission_after_2_requests() -> None:
+    manager, admission = admitting_after(2)
+
+    # a request matched twice (retried) and admitted once: lookups count nothing, the
+    # admission counts each distinct key once
     assert manager.lookup([1, 2, 3]) == 0
-    assert [manager.num_lookups_of(key) for key in (1, 2, 3)] == [1, 1, 1]
+    assert manager.lookup([1, 2, 3]) == 0
+    assert [admission.num_requests_of(key) for key in (1, 2, 3)] == [0, 0, 0]
+    manager.count_admission([1, 2, 3], 0)
+    assert [admission.num_requests_of(key) for key in (1, 2, 3)] == [1, 1, 1]
 
     # prepare store [1, 2, 3] -> nothing admitted yet; all deferred, nothing changes
     verify_store_output(manager.prepare_store([1, 2, 3]),
                         ExpectedPrepareStoreOutput([], [], [], deferred_keys=[1, 2, 3]))
     assert manager.num_free_slots == 4
 
-    # lookup [1, 2, 2] -> 1 and 2 counted once more (a key counts once per call)
-    manager.lookup([1, 2, 2])
-    assert manager.num_lookups_of(2) == 2
+    # a second request asked for [1, 2, 2] -> 1 and 2 counted once more (once per request)
+    manager.count_admission([1, 2, 2], 0)
+    assert admission.num_requests_of(2) == 2
 
     # prepare store [1, 2, 3] -> stores [1, 2], defers [3]
     verify_store_output(manager.prepare_store([1, 2, 3]),
@@ -263,50 +277,65 @@ def test_admission_filter_threshold_2() -> None:
     manager.complete_store([1, 2])
     verify_events(manager, [ExpectedEvent((1, 2), removed=False)])
     assert manager.lookup([1, 2, 3]) == 2
-    # 3 was looked up twice by now
+    manager.count_admission([1, 2, 3], 2)
+    # 3 was asked for by two requests by now
     verify_store_output(manager.prepare_store([3]), ExpectedPrepareStoreOutput([3], [2], [], []))
     manager.complete_store([3])
     assert manager.stats.num_deferred_blocks == 4
+    assert (manager.stats.num_lookups, manager.stats.num_hit_blocks) == (3, 2)
     verify_nothing_leaked(manager)
 
 
-def test_admission_filter_passes_present_keys_so_they_are_not_victims() -> None:
-    inner = stored([1, 2, 3, 4])
-    manager = AdmissionFilter(inner, store_threshold=2)
-    manager.lookup([5])
-    manager.lookup([5])
-    # 1 was never looked up through the filter, but it is present: it is named, not evicted
+def test_promotions_bypass_admission() -> None:
+    # 5 was never asked for, but a promotion of a hit from a lower tier is stored at once
+    manager, admission = admitting_after(3)
+    verify_store_output(manager.prepare_store([5, 6], bypass_admission=True),
+                        ExpectedPrepareStoreOutput([5, 6], [0, 1], [], deferred_keys=[]))
+    assert admission.num_requests_of(5) == 0
+    manager.complete_store([5, 6])
+    assert manager.stats.num_deferred_blocks == 0
+    verify_nothing_leaked(manager)
+
+
+def test_admission_passes_present_keys_so_they_are_not_victims() -> None:
+    manager, _ = admitting_after(2)
+    manager.prepare_store([1, 2, 3, 4], bypass_admission=True)
+    manager.complete_store([1, 2, 3, 4])
+    manager.count_admission([5], 0)
+    manager.count_admission([5], 0)
+    # 1 was never asked for, but it is present: it is named, not evicted
     verify_store_output(manager.prepare_store([1, 5]),
                         ExpectedPrepareStoreOutput([5], [1], [2], []))
 
 
-def test_admission_filter_none_when_the_admitted_keys_cannot_fit() -> None:
-    inner = stored([1, 2, 3, 4])
-    inner.prepare_load([1, 2, 3, 4])
-    manager = AdmissionFilter(inner, store_threshold=2)
-    manager.lookup([5, 6])
-    manager.lookup([5])
+def test_admission_none_when_the_admitted_keys_cannot_fit() -> None:
+    manager, _ = admitting_after(2)
+    manager.prepare_store([1, 2, 3, 4], bypass_admission=True)
+    manager.complete_store([1, 2, 3, 4])
+    manager.prepare_load([1, 2, 3, 4])
+    manager.count_admission([5, 6], 0)
+    manager.count_admission([5], 0)
     assert manager.prepare_store([5, 6]) is None
     assert manager.stats.num_deferred_blocks == 0
 
 
 @pytest.mark.parametrize("threshold", [0, 1])
-def test_admission_filter_low_threshold_admits_everything(threshold: int) -> None:
-    manager = AdmissionFilter(LRUManager(4, MEDIUM), store_threshold=threshold)
+def test_low_threshold_admits_everything(threshold: int) -> None:
+    manager, _ = admitting_after(threshold)
     verify_store_output(manager.prepare_store([1, 2]),
                         ExpectedPrepareStoreOutput([1, 2], [0, 1], [], deferred_keys=[]))
 
 
-def test_admission_filter_tracks_a_bounded_number_of_keys() -> None:
-    manager = AdmissionFilter(LRUManager(4, MEDIUM), store_threshold=2, max_tracked=2)
-    manager.lookup([1, 2])
-    manager.lookup([1, 2])
-    manager.lookup([3])  # pushes out 1, the least recently counted
-    assert [manager.num_lookups_of(key) for key in (1, 2, 3)] == [0, 2, 1]
+def test_admission_tracks_a_bounded_number_of_keys() -> None:
+    manager, admission = admitting_after(2, max_tracked=2)
+    manager.count_admission([1, 2], 0)
+    manager.count_admission([1, 2], 0)
+    manager.count_admission([3], 0)  # pushes out 1, the least recently counted
+    assert [admission.num_requests_of(key) for key in (1, 2, 3)] == [0, 2, 1]
     manager.check_integrity()
 
 
 @pytest.mark.parametrize("threshold, max_tracked", [(-1, 10), (2, 0), (True, 10)])
-def test_admission_filter_rejects_bad_values(threshold: int, max_tracked: int) -> None:
+def test_admission_rejects_bad_values(threshold: int, max_tracked: int) -> None:
     with pytest.raises(ValueError):
-        AdmissionFilter(LRUManager(4, MEDIUM), threshold, max_tracked)
+        AdmitAfterRequests(threshold, max_tracked)

@@ -1,5 +1,6 @@
-"""Random call sequences against LRUManager, ARCManager and an AdmissionFilter, checked against a
-simple model after every step (invariants F 29-35 of the vLLM connector notes)."""
+"""Random call sequences against LRUManager, ARCManager and an LRUManager with admission control,
+checked against a simple model after every step (invariants F 29-35 of the vLLM connector
+notes)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvport.connectors.offloading.admission import AdmissionFilter
+from kvport.connectors.offloading.admission import AdmitAfterRequests
 from kvport.connectors.offloading.arc import ARCManager
 from kvport.connectors.offloading.lru import LRUManager
 from kvport.connectors.offloading.manager import OffloadingManager
@@ -38,7 +39,9 @@ class ManagerMachine(RuleBasedStateMachine):
         self.loads: list[list[int]] = []  # prepare_load arguments not yet completed
         self.stores: list[list[int]] = []  # keys_to_store not yet completed
         self.events: list[tuple[tuple[int, ...], bool]] = []  # (keys, removed), not yet taken
-        self.num_seen: dict[int, int] = {}  # key -> lookup calls that named it
+        self.num_seen: dict[int, int] = {}  # key -> admissions (count_admission) that named it
+        self.num_lookups = 0  # count_admission calls
+        self.num_hit_blocks = 0
 
     # ----- rules -----
     @rule(keys=KEY_LISTS)
@@ -48,9 +51,15 @@ class ManagerMachine(RuleBasedStateMachine):
             if key not in self.pins:
                 break
             expected += 1
+        assert self.manager.lookup(keys) == expected  # 29: leading run of ready keys only
+
+    @rule(keys=KEY_LISTS, num_hits=st.integers(0, 5))
+    def count_admission(self, keys: list[int], num_hits: int) -> None:
         for key in set(keys):
             self.num_seen[key] = self.num_seen.get(key, 0) + 1
-        assert self.manager.lookup(keys) == expected  # 29: leading run of ready keys only
+        self.num_lookups += 1
+        self.num_hit_blocks += num_hits
+        self.manager.count_admission(keys, num_hits)
 
     @precondition(lambda self: self.pins)
     @rule(data=st.data())
@@ -69,16 +78,17 @@ class ManagerMachine(RuleBasedStateMachine):
         for key in keys:
             self.pins[key] -= 1
 
-    @rule(keys=KEY_LISTS)
-    def prepare_store(self, keys: list[int]) -> None:
+    @rule(keys=KEY_LISTS, bypass=st.booleans())
+    def prepare_store(self, keys: list[int], bypass: bool) -> None:
         named = list(dict.fromkeys(keys))
         present = set(self.pins) | self.writing
         new = [key for key in named if key not in present
-               and (self.store_threshold <= 1 or self.num_seen.get(key, 0) >= self.store_threshold)]
+               and (bypass or self.store_threshold <= 1
+                    or self.num_seen.get(key, 0) >= self.store_threshold)]
         evictable = [key for key in self.order if self.pins.get(key) == 0 and key not in named]
         num_free = NUM_BLOCKS - len(present)
         before = self.manager_state()
-        output = self.manager.prepare_store(keys)
+        output = self.manager.prepare_store(keys, bypass_admission=bypass)
         if len(new) - num_free > len(evictable):  # 31
             assert output is None
             assert self.manager_state() == before
@@ -86,6 +96,7 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         assert output is not None
         assert output.keys_to_store == new
+        assert output.deferred_keys == [k for k in named if k not in present and k not in new]
         assert len(output.evicted_keys) == max(0, len(new) - num_free)
         assert set(output.evicted_keys) <= set(evictable)  # 30
         if self.is_lru:  # 34: the least recently used evictable blocks, oldest first
@@ -159,9 +170,8 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def manager_state(self) -> tuple:
         manager = self.manager
-        arc = manager.inner if isinstance(manager, AdmissionFilter) else manager
-        policy = (arc.t1_keys, arc.t2_keys, arc.b1_keys, arc.b2_keys, arc.target_t1_size) \
-            if isinstance(arc, ARCManager) else ()
+        policy = (manager.t1_keys, manager.t2_keys, manager.b1_keys, manager.b2_keys,
+                  manager.target_t1_size) if isinstance(manager, ARCManager) else ()
         return (manager.num_free_slots, manager.num_pinned, manager.num_being_written,
                 [manager.contains(key) for key in range(8)], policy)
 
@@ -176,10 +186,11 @@ class ManagerMachine(RuleBasedStateMachine):
         for key in range(8):
             assert manager.contains(key) == (key in self.pins or key in self.writing)
         assert len(set(self.slots.values())) == len(self.slots)
+        assert (manager.stats.num_lookups, manager.stats.num_hit_blocks) == (
+            self.num_lookups, self.num_hit_blocks)
         if self.is_lru:
-            inner = manager.inner if isinstance(manager, AdmissionFilter) else manager
-            assert isinstance(inner, LRUManager)
-            assert inner.keys_by_age == self.order
+            assert isinstance(manager, LRUManager)
+            assert manager.keys_by_age == self.order
 
     def teardown(self) -> None:
         for keys in self.loads:
@@ -213,12 +224,12 @@ class AdmissionLRUMachine(ManagerMachine):
     store_threshold = 2
 
     def make_manager(self) -> OffloadingManager:
-        return AdmissionFilter(LRUManager(NUM_BLOCKS, MEDIUM), self.store_threshold)
+        return LRUManager(NUM_BLOCKS, MEDIUM, AdmitAfterRequests(self.store_threshold))
 
 
 TestLRUManagerStateMachine = LRUMachine.TestCase
 TestLRUManagerStateMachine.settings = SETTINGS
 TestARCManagerStateMachine = ARCMachine.TestCase
 TestARCManagerStateMachine.settings = SETTINGS
-TestAdmissionFilterStateMachine = AdmissionLRUMachine.TestCase
-TestAdmissionFilterStateMachine.settings = SETTINGS
+TestAdmissionStateMachine = AdmissionLRUMachine.TestCase
+TestAdmissionStateMachine.settings = SETTINGS

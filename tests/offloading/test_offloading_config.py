@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvport.config import KVTransferConfig
 from kvport.connectors.factory import parse_extra_config
-from kvport.connectors.offloading.config import (
-    DiskTierConfig, OffloadingConfig, block_factor, offload_keys,
-)
+from kvport.connectors.offloading.config import DiskTierConfig, OffloadingConfig
+from kvport.connectors.offloading.geometry import block_factor, offload_keys
 from kvport.engine.hashing import hash_blocks, namespace_hash
 
 
@@ -21,7 +22,8 @@ def test_vllm_names_parse() -> None:
     cfg = parse({"cpu_bytes_to_use": 1 << 30, "block_size": 64, "eviction_policy": "arc",
                  "store_threshold": 2,
                  "secondary_tiers": [{"type": "disk", "root_dir": "/tmp/x", "max_bytes": 10**9}]})
-    assert cfg.disk_tiers() == [DiskTierConfig("/tmp/x", 10**9)]
+    assert cfg.secondary_tiers == (DiskTierConfig("/tmp/x", 10**9),)
+    assert cfg.disk_tier == DiskTierConfig("/tmp/x", 10**9)
     assert (cfg.eviction_policy, cfg.store_threshold, cfg.block_size) == ("arc", 2, 64)
 
 
@@ -33,13 +35,44 @@ def test_vllm_names_parse() -> None:
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "s3"}]}, r"'type' one of \['disk'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x", "max_bytes": 1,
                                                   "speed": 3}]}, r"unknown key\(s\) \['speed'\]"),
-    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "max_bytes": 1}]}, "root_dir"),
-    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x"}]}, "max_bytes"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "max_bytes": 1}]},
+     (r"secondary_tiers\[0\]: missing key\(s\) \['root_dir'\]; accepted: "
+      r"\['max_bytes', 'root_dir', 'type'\]")),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x"}]},
+     r"secondary_tiers\[0\]: missing key\(s\) \['max_bytes'\]"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [
+        {"type": "disk", "root_dir": "/x", "max_bytes": 1},
+        {"type": "disk", "root_dir": "/y", "max_bytes": -5}]},
+     (r"secondary_tiers\[1\]: max_bytes must be a positive integer, got -5; accepted: "
+      r"\['max_bytes', 'root_dir', 'type'\]")),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "", "max_bytes": 1}]},
+     r"secondary_tiers\[0\]: root_dir must be a directory path, got ''; accepted"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": {"type": "disk"}},
+     "secondary_tiers must be a list of tier dicts"),
     ({"cpu_bytes_to_use": 1, "num_cpu_blocks": 4}, r"unknown kv_connector_extra_config key"),
 ])
 def test_bad_configs_name_the_key(extra: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse(extra)
+
+
+def test_more_than_one_disk_tier_is_an_error_not_a_silent_drop() -> None:
+    tiers = [{"type": "disk", "root_dir": f"/d{i}", "max_bytes": 10} for i in range(3)]
+    with pytest.raises(ValueError, match=r"secondary_tiers has 3 disk tiers, but at most 1 disk "
+                                         r"tier is supported"):
+        parse({"cpu_bytes_to_use": 1, "secondary_tiers": tiers})
+
+
+def test_tiers_are_parsed_once_into_frozen_records() -> None:
+    cfg = parse({"cpu_bytes_to_use": 1, "secondary_tiers": [
+        {"type": "disk", "root_dir": "/tmp/x", "max_bytes": 7}]})
+    (tier,) = cfg.tiers
+    assert isinstance(tier, DiskTierConfig) and cfg.disk_tier is tier
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tier.max_bytes = 8  # type: ignore[misc]
+    # A config rebuilt from its fields (dataclasses.replace) keeps the records as they are.
+    assert dataclasses.replace(cfg, store_threshold=3).tiers == (tier,)
+    assert OffloadingConfig(cpu_bytes_to_use=1).disk_tier is None
 
 
 def test_block_factor() -> None:

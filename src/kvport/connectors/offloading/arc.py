@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from kvport.connectors.offloading.admission import AdmissionPolicy
 from kvport.connectors.offloading.manager import BlockKey
 from kvport.connectors.offloading.policy import BlockStatus, PolicyManager
 
@@ -36,8 +37,9 @@ _NO_KEY = object()
 
 
 class ARCManager(PolicyManager):
-    def __init__(self, num_blocks: int, medium: str) -> None:
-        super().__init__(num_blocks, medium)
+    def __init__(self, num_blocks: int, medium: str,
+                 admission: AdmissionPolicy | None = None) -> None:
+        super().__init__(num_blocks, medium, admission)
         self._t1: OrderedDict[BlockKey, BlockStatus] = OrderedDict()  # key -> block, oldest first
         self._t2: OrderedDict[BlockKey, BlockStatus] = OrderedDict()  # key -> block, oldest first
         self._b1: OrderedDict[BlockKey, None] = OrderedDict()  # ghost keys, oldest first

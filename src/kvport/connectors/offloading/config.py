@@ -1,27 +1,58 @@
-"""OffloadingConnector configuration (`kv_connector_extra_config`, vLLM's offloading names) and the
-offload-block arithmetic shared by both halves."""
+"""OffloadingConnector configuration: `kv_connector_extra_config` with vLLM's offloading names,
+validated and parsed once, when the connector is built.
+
+`secondary_tiers` arrives as a list of dicts (JSON) and leaves `__post_init__` as a tuple of typed
+tier records (`DiskTierConfig`, ...), so no other module reads a raw dict. Each tier type is one
+`TierType` in `TIER_TYPES`: its record class, its keys, how many tiers of it one connector may
+have, and its parser. A new tier type (say, a remote store below disk) adds a record and an entry
+there; nothing else parses tier dicts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from kvport.engine.hashing import BlockHash
-
 EVICTION_POLICIES = ("lru", "arc")
-TIER_TYPES = {"disk": {"root_dir", "max_bytes"}}  # type -> accepted keys besides "type"
-# Default offload block: the fewest whole engine blocks holding at least this many bytes.
-# `kvport bench transfer` measured host copies at 0.8-0.9x of a plain torch copy from 1 MiB up
-# (less below), and cold disk loads at 0.48-0.57x of one sequential file for 720 KiB entries
-# but 0.6-0.8x from 1 MiB up (BENCHMARKS.md).
-TARGET_OFFLOAD_BLOCK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class DiskTierConfig:
+    """A local disk tier below the host tier, written through from it."""
+
     root_dir: str
-    max_bytes: int
+    max_bytes: int  # the entries this process knows, headers included
+
+
+# A parsed secondary tier: the union of the tier records (one per type).
+TierConfig = DiskTierConfig
+
+
+@dataclass(frozen=True)
+class TierType:
+    """How one `secondary_tiers` type is parsed. Every key besides "type" is required."""
+
+    record: type[TierConfig]
+    keys: tuple[str, ...]
+    max_count: int  # tiers of this type one connector may have
+    parse: Callable[[Mapping[str, Any]], TierConfig]  # raises ValueError(message about one key)
+
+
+def _parse_disk(entry: Mapping[str, Any]) -> DiskTierConfig:
+    root, max_bytes = entry["root_dir"], entry["max_bytes"]
+    if not isinstance(root, str) or not root:
+        raise ValueError(f"root_dir must be a directory path, got {root!r}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+        raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+    return DiskTierConfig(root, max_bytes)
+
+
+TIER_TYPES: dict[str, TierType] = {
+    # NOTE: one disk tier: chaining disk tiers (host -> disk 1 -> disk 2) is not implemented,
+    # and a second one must not be dropped silently, so it is an error.
+    "disk": TierType(DiskTierConfig, ("root_dir", "max_bytes"), 1, _parse_disk),
+}
 
 
 @dataclass(frozen=True)
@@ -29,11 +60,14 @@ class OffloadingConfig:
     cpu_bytes_to_use: int = 0  # host tier size in bytes (required, > 0)
     block_size: int | None = None  # offload block in tokens; None: about 1 MiB of KV
     eviction_policy: str = "lru"
-    store_threshold: int = 0  # store a block only after it was looked up this many times
-    secondary_tiers: list[dict[str, Any]] = field(default_factory=list)
+    store_threshold: int = 0  # store a block only after this many admitted requests asked for it
+    # Given as a list of dicts ({"type": "disk", ...}); __post_init__ replaces it with a tuple
+    # of TierConfig records, the only form the halves read.
+    secondary_tiers: Sequence[Mapping[str, Any] | TierConfig] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.cpu_bytes_to_use, int) or self.cpu_bytes_to_use <= 0:
+        if (isinstance(self.cpu_bytes_to_use, bool) or not isinstance(self.cpu_bytes_to_use, int)
+                or self.cpu_bytes_to_use <= 0):
             raise ValueError(f"OffloadingConnector: cpu_bytes_to_use must be a positive number of "
                              f"bytes, got {self.cpu_bytes_to_use!r}")
         if self.block_size is not None and self.block_size <= 0:
@@ -44,40 +78,49 @@ class OffloadingConfig:
         if self.store_threshold < 0:
             raise ValueError(f"OffloadingConnector: store_threshold must be >= 0, "
                              f"got {self.store_threshold}")
-        self.disk_tiers()  # validates the tier list
+        # NOTE: object.__setattr__: the record is frozen, and this is its one normalization.
+        object.__setattr__(self, "secondary_tiers", parse_tiers(self.secondary_tiers))
 
-    def disk_tiers(self) -> list[DiskTierConfig]:
-        out = []
-        for i, tier in enumerate(self.secondary_tiers):
-            where = f"OffloadingConnector: secondary_tiers[{i}]"
-            if not isinstance(tier, dict) or tier.get("type") not in TIER_TYPES:
-                raise ValueError(f"{where} must be a dict with 'type' one of {sorted(TIER_TYPES)}, "
-                                 f"got {tier!r}")
-            accepted = TIER_TYPES[tier["type"]]
-            unknown = sorted(set(tier) - accepted - {"type"})
-            if unknown:
-                raise ValueError(f"{where}: unknown key(s) {unknown}; accepted: {sorted(accepted)}")
-            root, max_bytes = tier.get("root_dir"), tier.get("max_bytes")
-            if not isinstance(root, str) or not root:
-                raise ValueError(f"{where}: root_dir must be a directory path, got {root!r}")
-            if not isinstance(max_bytes, int) or max_bytes <= 0:
-                raise ValueError(f"{where}: max_bytes must be a positive integer, got {max_bytes!r}")
-            out.append(DiskTierConfig(root, max_bytes))
-        return out
+    @property
+    def tiers(self) -> tuple[TierConfig, ...]:
+        """The parsed secondary tiers, in order (host tier first, then these)."""
+        return self.secondary_tiers  # type: ignore[return-value]  # parsed in __post_init__
+
+    @property
+    def disk_tier(self) -> DiskTierConfig | None:
+        return next((t for t in self.tiers if isinstance(t, DiskTierConfig)), None)
 
 
-def block_factor(config: OffloadingConfig, engine_block_size: int, engine_block_bytes: int) -> int:
-    """Engine blocks per offload block (f). The configured block_size must be a whole number of
-    engine blocks; the default is the smallest f whose offload block holds at least 1 MiB."""
-    if config.block_size is None:
-        return max(1, -(-TARGET_OFFLOAD_BLOCK_BYTES // engine_block_bytes))
-    if config.block_size % engine_block_size:
-        raise ValueError(f"OffloadingConnector: block_size={config.block_size} is not a multiple "
-                         f"of the engine's block_size={engine_block_size}")
-    return config.block_size // engine_block_size
+def parse_tiers(entries: object) -> tuple[TierConfig, ...]:
+    """`secondary_tiers` as tier records. Entries may already be records (a config rebuilt with
+    dataclasses.replace). Raises ValueError naming the entry, the bad key and the accepted keys."""
+    if not isinstance(entries, (list, tuple)):
+        raise ValueError(f"OffloadingConnector: secondary_tiers must be a list of tier dicts "
+                         f"like {{'type': 'disk', ...}}, got {entries!r}")
+    records = tuple(e if isinstance(e, tuple(t.record for t in TIER_TYPES.values()))
+                    else _parse_entry(i, e) for i, e in enumerate(entries))
+    for name, tier_type in TIER_TYPES.items():
+        count = sum(isinstance(r, tier_type.record) for r in records)
+        if count > tier_type.max_count:
+            raise ValueError(f"OffloadingConnector: secondary_tiers has {count} {name} tiers, but "
+                             f"at most {tier_type.max_count} {name} tier is supported; keep one")
+    return records
 
 
-def offload_keys(block_hashes: Sequence[BlockHash], factor: int) -> list[BlockHash]:
-    """Keys of the request's full offload blocks: the chained hash of each one's last engine
-    block (which identifies the whole prefix up to it)."""
-    return list(block_hashes[factor - 1::factor])
+def _parse_entry(index: int, entry: object) -> TierConfig:
+    where = f"OffloadingConnector: secondary_tiers[{index}]"
+    if not isinstance(entry, Mapping) or entry.get("type") not in TIER_TYPES:
+        raise ValueError(f"{where} must be a dict with 'type' one of {sorted(TIER_TYPES)}, "
+                         f"got {entry!r}")
+    tier_type = TIER_TYPES[entry["type"]]
+    accepted = sorted(("type", *tier_type.keys))
+    unknown = sorted(set(entry) - set(accepted))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; accepted: {accepted}")
+    missing = [k for k in tier_type.keys if k not in entry]
+    if missing:
+        raise ValueError(f"{where}: missing key(s) {missing}; accepted: {accepted}")
+    try:
+        return tier_type.parse(entry)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}; accepted: {accepted}") from None

@@ -9,7 +9,8 @@ Configuration (`kv_connector_extra_config`, vLLM's names; see config.OffloadingC
 
 This class only routes the API to the half its role builds: `scheduler.OffloadingScheduler`
 (hits, job planning, the block-reuse fence) or `worker.OffloadingConnectorWorker` (transfers).
-Their module docstrings describe the design.
+Each half gets the same `geometry.OffloadGeometry`, built from (config, KVCacheSpec) once the
+spec is known. Their module docstrings describe the design.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kvport.connectors.base import (
 )
 from kvport.connectors.factory import parse_extra_config
 from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.metadata import (
     OffloadingConnectorMetadata, OffloadingWorkerMetadata,
 )
@@ -32,8 +34,7 @@ from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 
 if TYPE_CHECKING:
     from kvport.config import KVTransferConfig
-    from kvport.engine.outputs import SchedulerOutput
-    from kvport.engine.request import Request
+    from kvport.connectors.views import RequestView, SchedulerOutputView
 
 
 class OffloadingConnector(KVConnectorBase):
@@ -46,14 +47,20 @@ class OffloadingConnector(KVConnectorBase):
         self._did_forward = False
 
     def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
-        """The worker half (a seam: tests build one with faulty transfers)."""
+        """The worker half (a seam: tests build one with faulty or controlled transfers)."""
         return OffloadingConnectorWorker(config)
+
+    def make_scheduler(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool,
+                       store: bool) -> OffloadingScheduler:
+        """The scheduler half (a seam: tests build variants of it)."""
+        return OffloadingScheduler(config, geometry, load=load, store=store)
 
     # ---- scheduler side ---------------------------------------------------------------------
 
     def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
         role = self._config.kv_role  # kv_both, or only loads (consumer) or stores (producer)
-        self._scheduler = OffloadingScheduler(self.offloading_config, spec,
+        geometry = OffloadGeometry.build(self.offloading_config, spec)
+        self._scheduler = self.make_scheduler(self.offloading_config, geometry,
                                               load=role != "kv_producer",
                                               store=role != "kv_consumer")
 
@@ -68,23 +75,25 @@ class OffloadingConnector(KVConnectorBase):
         return self._worker
 
     def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
+        self, request: RequestView, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         return self.scheduler_half.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(
-        self, request: Request, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int], num_external_tokens: int
     ) -> None:
         self.scheduler_half.update_state_after_alloc(request, block_ids, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OffloadingConnectorMetadata:
+    def build_connector_meta(
+        self, scheduler_output: SchedulerOutputView,
+    ) -> OffloadingConnectorMetadata:
         return self.scheduler_half.build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self.scheduler_half.update_connector_output(connector_output)
 
     def request_finished(
-        self, request: Request, block_ids: list[int]
+        self, request: RequestView, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         """(False, None): the blocks are freed now; the fence protects pending stores."""
         self.scheduler_half.request_finished(request)
@@ -108,7 +117,8 @@ class OffloadingConnector(KVConnectorBase):
     # ---- worker side ------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_cache: torch.Tensor, spec: KVCacheSpec) -> None:
-        self.worker_half.register_kv_caches(kv_cache, spec)
+        self.worker_half.register_kv_caches(kv_cache,
+                                            OffloadGeometry.build(self.offloading_config, spec))
 
     def handle_preemptions(self, metadata: Any) -> None:
         self.worker_half.handle_preemptions(_checked(metadata))

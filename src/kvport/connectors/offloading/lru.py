@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from kvport.connectors.offloading.admission import AdmissionPolicy
 from kvport.connectors.offloading.manager import BlockKey
 from kvport.connectors.offloading.policy import BlockStatus, PolicyManager
 
 
 class LRUManager(PolicyManager):
-    def __init__(self, num_blocks: int, medium: str) -> None:
-        super().__init__(num_blocks, medium)
+    def __init__(self, num_blocks: int, medium: str,
+                 admission: AdmissionPolicy | None = None) -> None:
+        super().__init__(num_blocks, medium, admission)
         # key -> block, least recently used first
         self._table: OrderedDict[BlockKey, BlockStatus] = OrderedDict()
 

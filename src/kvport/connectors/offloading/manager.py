@@ -6,12 +6,17 @@ hashables: in production the 32-byte chained hash of an offload block, in tests 
 
 Primitives (all called by the scheduler):
     lookup(keys)            length of the leading run of keys that are stored and ready; changes
-                            nothing (an AdmissionFilter counts the keys it was asked about)
+                            nothing and counts nothing (the engine may retry a match)
+    count_admission(keys, num_hits)  a request was admitted after asking for these keys, of
+                            which num_hits were hits: once per admission, the lookup counters
+                            and the admission strategy's per-key counts
     prepare_load(keys)      slot ids of ready keys; pins them against eviction until complete_load
     touch(keys)             marks the keys recently used, keys[0] ends up the most recent
     complete_load(keys)     unpins what prepare_load pinned
-    prepare_store(keys)     reserves slots for the keys not yet present, evicting if needed; or
-                            returns None and changes nothing when they cannot fit (retry later)
+    prepare_store(keys)     reserves slots for the admitted keys not yet present, evicting if
+                            needed; or returns None and changes nothing when they cannot fit
+                            (retry later). bypass_admission=True: promotions of hits from a
+                            lower tier, which admission control must not hold back
     complete_store(keys, success)  written blocks become ready; failed ones give their slot back
     take_events()           drains the stored / removed events, oldest first
 
@@ -51,13 +56,13 @@ class OffloadingEvent:
 
 @dataclass
 class OffloadingStats:
-    num_lookups: int = 0  # lookup calls
-    num_hit_blocks: int = 0  # sum of lookup results
+    num_lookups: int = 0  # admitted requests that asked this tier (count_admission calls)
+    num_hit_blocks: int = 0  # their hits
     num_stored_blocks: int = 0  # blocks made ready by complete_store
     num_evicted_blocks: int = 0
     num_failed_blocks: int = 0  # blocks freed by complete_store(success=False)
     num_rejected_stores: int = 0  # prepare_store calls that returned None
-    num_deferred_blocks: int = 0  # keys held back by an AdmissionFilter
+    num_deferred_blocks: int = 0  # keys held back by admission control
 
 
 class OffloadingManager(ABC):
@@ -65,7 +70,13 @@ class OffloadingManager(ABC):
 
     @abstractmethod
     def lookup(self, keys: Sequence[BlockKey]) -> int:
-        """Called when a request is scheduled: how many leading keys are stored and ready."""
+        """Called when a request is matched: how many leading keys are stored and ready.
+        Counts nothing: a request may be matched several times before it is admitted."""
+
+    @abstractmethod
+    def count_admission(self, keys: Sequence[BlockKey], num_hits: int) -> None:
+        """Called once per admission of a request, with the keys its match asked for and how
+        many of them were hits: the lookup counters and the admission strategy count it."""
 
     @abstractmethod
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
@@ -82,9 +93,11 @@ class OffloadingManager(ABC):
         ends up the most recent. Unknown keys are ignored."""
 
     @abstractmethod
-    def prepare_store(self, keys: Sequence[BlockKey]) -> PrepareStoreOutput | None:
+    def prepare_store(self, keys: Sequence[BlockKey], *,
+                      bypass_admission: bool = False) -> PrepareStoreOutput | None:
         """Called before a store: reserves slots for the keys not yet present (stored or being
-        written), evicting unpinned ready blocks not named in `keys`. Returns None, changing
+        written) that admission control admits (all of them with `bypass_admission`: promotions
+        of hits), evicting unpinned ready blocks not named in `keys`. Returns None, changing
         nothing but stats.num_rejected_stores, when they cannot fit; an empty output when
         nothing is new."""
 

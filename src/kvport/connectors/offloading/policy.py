@@ -1,5 +1,6 @@
 """Bookkeeping shared by the eviction policies: block states, slot ids, and the primitives of
-OffloadingManager implemented once over a small set of policy hooks (LRU and ARC supply them)."""
+OffloadingManager implemented once over a small set of policy hooks (LRU and ARC supply them).
+Admission control is a strategy the manager consults in prepare_store (see admission)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from kvport.connectors.offloading.admission import AdmissionPolicy, AdmitAll
 from kvport.connectors.offloading.manager import (
     BlockKey, OffloadingEvent, OffloadingManager, OffloadingStats, PrepareStoreOutput,
 )
@@ -57,12 +59,14 @@ class PolicyManager(OffloadingManager):
     """The bookkeeping LRUManager and ARCManager share; a subclass orders the blocks and picks
     victims through the `_find/_blocks/_insert/_remove/_promote/_select_victims` hooks."""
 
-    def __init__(self, num_blocks: int, medium: str) -> None:
+    def __init__(self, num_blocks: int, medium: str,
+                 admission: AdmissionPolicy | None = None) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         if not isinstance(medium, str) or not medium:
             raise ValueError(f"medium must be a non-empty string, got {medium!r}")
         self._medium = medium
+        self.admission = admission if admission is not None else AdmitAll()
         self._slots = SlotAllocator(num_blocks)
         self._events: list[OffloadingEvent] = []
         self._stats = OffloadingStats()
@@ -111,9 +115,12 @@ class PolicyManager(OffloadingManager):
             if block is None or not block.is_ready:
                 break
             num_hits += 1
+        return num_hits
+
+    def count_admission(self, keys: Sequence[BlockKey], num_hits: int) -> None:
         self._stats.num_lookups += 1
         self._stats.num_hit_blocks += num_hits
-        return num_hits
+        self.admission.on_request(keys)
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
         blocks = [self._find(key) for key in keys]
@@ -141,13 +148,17 @@ class PolicyManager(OffloadingManager):
             if block is not None:
                 self._promote(key, block)
 
-    def prepare_store(self, keys: Sequence[BlockKey]) -> PrepareStoreOutput | None:
+    def prepare_store(self, keys: Sequence[BlockKey], *,
+                      bypass_admission: bool = False) -> PrepareStoreOutput | None:
         new_keys: list[BlockKey] = []
+        deferred: list[BlockKey] = []  # new, but not admitted (yet)
         protected: set[BlockKey] = set()  # present, evictable, but named in this call
         for key in dict.fromkeys(keys):
             block = self._find(key)
-            if block is None:
+            if block is None and (bypass_admission or self.admission.admits(key)):
                 new_keys.append(key)
+            elif block is None:
+                deferred.append(key)
             elif block.ref_cnt == 0:
                 protected.add(key)
         num_to_evict = len(new_keys) - self._slots.num_free
@@ -170,7 +181,8 @@ class PolicyManager(OffloadingManager):
             self._insert(key, block)
             slot_ids.append(block.slot_id)
         self._num_being_written += len(new_keys)
-        return PrepareStoreOutput(new_keys, slot_ids, evicted)
+        self._stats.num_deferred_blocks += len(deferred)
+        return PrepareStoreOutput(new_keys, slot_ids, evicted, deferred)
 
     def complete_store(self, keys: Sequence[BlockKey], success: bool = True) -> None:
         done = []
@@ -211,7 +223,7 @@ class PolicyManager(OffloadingManager):
         owned = [block.slot_id for _, block in self._blocks()]
         free = self._slots.free_ids()
         refs = [block.ref_cnt for _, block in self._blocks()]
-        problems = self._check_policy()
+        problems = self._check_policy() + self.admission.check()
         if len(owned) + len(free) != self.num_blocks:
             problems.append(f"{len(owned)} owned + {len(free)} free != {self.num_blocks} slots")
         if len(set(owned) | set(free)) != len(owned) + len(free):

@@ -1,13 +1,16 @@
 """The OffloadingConnector's scheduler half: which offload blocks to load and store, as jobs.
 
-Keys: offload block i of a request (f engine blocks, obs = f * block_size tokens) is keyed by the
-chained hash of its last engine block (`config.offload_keys`). Only full offload blocks are
-stored or loaded.
+Keys: offload block i of a request (f engine blocks, obs = f * block_size tokens, see
+`geometry.OffloadGeometry`) is keyed by the chained hash of its last engine block. Only full
+offload blocks are stored or loaded.
 
 Hits (`get_num_new_matched_tokens`): after the engine's own prefix hit, the leading run of keys
 ready in the host tier, extended by keys whose disk entry exists. Every load is async (the
 request waits in WAITING_FOR_REMOTE_KVS). Disk-only keys are promoted through host slots
-reserved with prepare_store, in the same job as the host-to-engine copy.
+reserved with prepare_store (bypassing admission control: they are hits), in the same job as
+the host-to-engine copy. Lookups are counted (manager stats, admission control) once per
+admission, in update_state_after_alloc, not per match: the engine may match a waiting request
+several times before it is admitted.
 
 No convoys: a key that is being written to the host tier (another request's promotion or store
 in flight) ends the hit run, and the request computes it. Why not share the other request's
@@ -23,9 +26,13 @@ completes, a HOST->DISK job writes the same slots through to disk while they sta
 The fence: `request_finished` returns False, so a finished or preempted request's blocks go back
 to the pool at once, while its store jobs may not have read them yet. Every step, the pending
 store jobs that read a block handed out again in this step (and every store job of a preempted
-request) go into `jobs_to_flush`; the worker finishes them before anything writes KV. A request
-re-admitted while its own stores are pending is answered None (ask again) until they are done,
-so a request is never loaded and stored at once.
+request) go into `jobs_to_flush`; the worker finishes them before anything writes KV.
+
+Re-admission: a preempted request asked again while its own stores are unreported is answered
+None (ask again) until they report. They were flushed at the preemption, so they are done or
+nearly, but their keys are still being written: matched now, the hit run would end at them and
+the request would recompute what it has just offloaded. Waiting lets it load them, and keeps a
+request's jobs simple: store jobs or one load job, never both.
 """
 
 from __future__ import annotations
@@ -34,22 +41,22 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvport.connectors.base import KVCacheEvent, KVCacheSpec, KVConnectorOutput
-from kvport.connectors.offloading.admission import AdmissionFilter
+from kvport.connectors.base import KVCacheEvent, KVConnectorOutput
+from kvport.connectors.offloading.admission import admission_for
 from kvport.connectors.offloading.arc import ARCManager
-from kvport.connectors.offloading.config import OffloadingConfig, block_factor, offload_keys
+from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.lru import LRUManager
-from kvport.connectors.offloading.manager import OffloadingManager
 from kvport.connectors.offloading.mediums import DISK, HOST, DiskBlocks, EngineBlocks, HostBlocks
 from kvport.connectors.offloading.metadata import (
     LOAD, STORE, WRITE, JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata,
     StoreJob, WriteJob,
 )
-from kvport.connectors.offloading.tiers.disk_format import DiskLocation, disk_namespace
+from kvport.connectors.offloading.policy import PolicyManager
+from kvport.connectors.offloading.tiers.disk_format import DiskLocation
 
 if TYPE_CHECKING:
-    from kvport.engine.outputs import SchedulerOutput
-    from kvport.engine.request import Request
+    from kvport.connectors.views import RequestView, SchedulerOutputView
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +65,17 @@ logger = logging.getLogger(__name__)
 class _Job:
     kind: str  # STORE, LOAD or WRITE
     req_id: str
-    keys: list[bytes]  # STORE/WRITE: the slots' keys; LOAD: the host hits (pinned)
+    keys: list[bytes]  # STORE/WRITE: the slots' keys; LOAD: the host hits
     src_blocks: list[int] = field(default_factory=list)  # STORE: engine blocks read (fence)
     promoted: list[bytes] = field(default_factory=list)  # LOAD: keys promoted from disk
+    # Host keys this job pinned (prepare_load), unpinned when it reports: a LOAD's host hits,
+    # a WRITE's slots (no store may reuse a slot the disk write still reads).
+    pinned: list[bytes] = field(default_factory=list)
 
 
 @dataclass
 class _ReqState:
-    request: Request | None = None
+    request: RequestView | None = None
     block_ids: list[int] = field(default_factory=list)  # the request's block table
     next_store_idx: int = 0  # offload blocks below this were offered to the host tier
     store_jobs: set[int] = field(default_factory=set)
@@ -78,8 +88,9 @@ class _Match:
 
     num_local: int
     start: int  # first offload block not fully covered by the local hit
-    host_keys: list[bytes]
-    disk_keys: list[bytes]
+    asked: list[bytes]  # the keys from `start` on: counted once the request is admitted
+    host_keys: list[bytes] = field(default_factory=list)
+    disk_keys: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -95,30 +106,24 @@ class HitStats:
     num_busy_answers: int = 0  # None answers: the request's own stores were still pending
 
 
-def make_manager(config: OffloadingConfig, num_slots: int) -> tuple[OffloadingManager, OffloadingManager]:
-    """(manager the connector calls, the policy manager under any admission filter)."""
-    policy: OffloadingManager = (LRUManager(num_slots, HOST) if config.eviction_policy == "lru"
-                                 else ARCManager(num_slots, HOST))
-    if config.store_threshold >= 2:
-        return AdmissionFilter(policy, config.store_threshold), policy
-    return policy, policy
+def make_manager(config: OffloadingConfig, num_slots: int) -> PolicyManager:
+    """The host tier's manager: the configured eviction policy and admission control."""
+    cls = LRUManager if config.eviction_policy == "lru" else ARCManager
+    return cls(num_slots, HOST, admission_for(config.store_threshold))
 
 
 class OffloadingScheduler:
-    def __init__(self, config: OffloadingConfig, spec: KVCacheSpec, load: bool = True,
+    def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool = True,
                  store: bool = True) -> None:
         self.load_enabled, self.store_enabled = load, store  # kv_role consumer / producer
-        block_bytes = spec.block_bytes
-        self.block_size = spec.block_size
-        self.factor = block_factor(config, spec.block_size, block_bytes)  # f
-        self.offload_tokens = self.factor * spec.block_size  # obs
-        self.slot_bytes = self.factor * block_bytes
-        self.num_slots = num_host_slots(config, self.slot_bytes)
-        self.manager, self._policy = make_manager(config, self.num_slots)
-        disks = config.disk_tiers()
-        self.disk = (DiskLocation(disks[0].root_dir,
-                                  disk_namespace(spec.hash_root, spec, self.offload_tokens))
-                     if disks else None)
+        self.geometry = geometry
+        self.block_size = geometry.block_size
+        self.factor = geometry.block_factor  # f
+        self.offload_tokens = geometry.offload_tokens  # obs
+        self.manager = make_manager(config, geometry.num_slots)
+        disk = config.disk_tier
+        self.disk = (DiskLocation(disk.root_dir, geometry.disk_namespace)
+                     if disk is not None else None)
         self._reqs: dict[str, _ReqState] = {}
         self._matches: dict[str, _Match] = {}  # req_id -> its latest match
         self._jobs: dict[int, _Job] = {}  # in flight (planned, not reported)
@@ -133,15 +138,16 @@ class OffloadingScheduler:
 
     # ---- admission -----------------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: Request, num_local: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: RequestView,
+                                   num_local: int) -> tuple[int | None, bool]:
         rid = request.request_id
         st = self._reqs.get(rid)
         if st is not None and st.store_jobs:
             self.stats.num_busy_answers += 1
-            return None, False  # re-admitted while its stores still read its old blocks
-        keys = offload_keys(request.block_hashes, self.factor)
+            return None, False  # its own stores are unreported: load them once they are
+        keys = self.geometry.keys(request.block_hashes)
         start = num_local // self.offload_tokens
-        self._matches[rid] = _Match(num_local, start, [], [])
+        self._matches[rid] = _Match(num_local, start, keys[start:])
         if not self.load_enabled:
             return 0, False
         num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
@@ -162,10 +168,10 @@ class OffloadingScheduler:
         num_external = end * self.offload_tokens - num_local
         if num_external <= 0:
             return 0, False
-        self._matches[rid] = _Match(num_local, start, host_keys, disk_keys)
+        self._matches[rid] = _Match(num_local, start, keys[start:], host_keys, disk_keys)
         return num_external, True
 
-    def update_state_after_alloc(self, request: Request, block_ids: list[int],
+    def update_state_after_alloc(self, request: RequestView, block_ids: list[int],
                                  num_external: int) -> None:
         rid = request.request_id
         old = self._reqs.get(rid)
@@ -180,6 +186,8 @@ class OffloadingScheduler:
             self._fresh_blocks.update(block_ids[num_local // self.block_size:])
         if match is not None:  # counted here, once per admission (matches may be retried)
             self.stats.num_queried_tokens += max(0, request.num_tokens - match.num_local)
+            if match.asked:
+                self.manager.count_admission(match.asked, len(match.host_keys))
         if num_external > 0:
             assert match is not None, f"{rid}: {num_external} external tokens without a match"
             # The local hit may end inside the first offload block, host hit or not.
@@ -194,16 +202,18 @@ class OffloadingScheduler:
         first_block = match.num_local // self.block_size  # engine blocks before it are local
         num_host, num_disk = len(match.host_keys), len(match.disk_keys)
         slots = self.manager.prepare_load(match.host_keys)  # pinned until the load reports
-        job = _Job(LOAD, rid, list(match.host_keys))
+        job = _Job(LOAD, rid, list(match.host_keys), pinned=list(match.host_keys))
         promote_src = promote_dst = None
         if num_disk:
-            out = self._policy.prepare_store(match.disk_keys)  # host slots for the promotion
+            # Host slots for the promotion. The keys are hits, admitted when first stored:
+            # admission control must not hold them back.
+            out = self.manager.prepare_store(match.disk_keys, bypass_admission=True)
             if out is not None and out.keys_to_store == match.disk_keys:
                 job.promoted = list(match.disk_keys)
                 promote_src, promote_dst = DiskBlocks(job.promoted), HostBlocks(out.slot_ids)
                 slots = slots + out.slot_ids
             elif out is not None:  # not expected (keys being written end the hit run)
-                self._policy.complete_store(out.keys_to_store, success=False)
+                self.manager.complete_store(out.keys_to_store, success=False)
         loadable_end = (match.start + num_host + len(job.promoted)) * f
         hit_end = (match.start + num_host + num_disk) * f
         dst = st.block_ids[first_block:loadable_end]
@@ -218,7 +228,7 @@ class OffloadingScheduler:
 
     # ---- per step ------------------------------------------------------------------------------
 
-    def build_connector_meta(self, so: SchedulerOutput) -> OffloadingConnectorMetadata:
+    def build_connector_meta(self, so: SchedulerOutputView) -> OffloadingConnectorMetadata:
         meta = OffloadingConnectorMetadata(writes=self._writes, loads=self._loads)
         self._writes, self._loads = [], []
         flush: set[int] = set()
@@ -231,8 +241,11 @@ class OffloadingScheduler:
         fresh, self._fresh_blocks = self._fresh_blocks, set()
         for new in so.scheduled_new_reqs:
             st = self._reqs.setdefault(new.req_id, _ReqState())
-            if st.block_ids != new.block_ids[:len(st.block_ids)]:
+            known = len(st.block_ids)
+            if st.block_ids != new.block_ids[:known]:
                 fresh.update(new.block_ids[new.num_computed_tokens // self.block_size:])
+            else:  # admitted (known in full already), or running and sent in full again
+                fresh.update(new.block_ids[known:])
             st.block_ids = list(new.block_ids)
             computed[new.req_id] = new.num_computed_tokens
         for cached in so.scheduled_cached_reqs:
@@ -263,7 +276,7 @@ class OffloadingScheduler:
         # At most what the tier could free: a run longer than the tier is stored a part per
         # step (its first blocks first) instead of being refused forever.
         end = min(end, st.next_store_idx + self._room())
-        wanted = offload_keys(req.block_hashes[:end * f], f)[st.next_store_idx:]
+        wanted = self.geometry.keys(req.block_hashes[:end * f])[st.next_store_idx:]
         out = self.manager.prepare_store(wanted) if wanted else None
         if out is None:
             return None  # full of pinned or in-flight blocks: offer them again next step
@@ -297,8 +310,7 @@ class OffloadingScheduler:
                 self._finish_store(result, job)
             elif job.kind == LOAD:
                 self._finish_load(result, job)
-            else:
-                self.manager.complete_load(job.keys)  # write-through done: unpin
+            self.manager.complete_load(job.pinned)
 
     def _finish_store(self, result: JobResult, job: _Job) -> None:
         for b in job.src_blocks:
@@ -319,18 +331,17 @@ class OffloadingScheduler:
             self.manager.complete_store(bad, success=False)
         self.manager.complete_store(good, success=True)
         if self.disk is not None and good:
-            slots = self.manager.prepare_load(good)  # pinned until the disk write is done
+            slots = self.manager.prepare_load(good)  # pinned until the disk write reports
             job_id = self._new_job_id()
-            self._jobs[job_id] = _Job(WRITE, job.req_id, good)
+            self._jobs[job_id] = _Job(WRITE, job.req_id, good, pinned=good)
             self._writes.append(WriteJob(job_id, HostBlocks(slots), DiskBlocks(good)))
 
     def _finish_load(self, result: JobResult, job: _Job) -> None:
-        self.manager.complete_load(job.keys)
         if job.promoted:
             failed = set(result.promote_failed)
-            self._policy.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
                                         success=False)
-            self._policy.complete_store([k for i, k in enumerate(job.promoted)
+            self.manager.complete_store([k for i, k in enumerate(job.promoted)
                                          if i not in failed])
         if not result.success:
             self.stats.num_failed_loads += 1
@@ -341,7 +352,7 @@ class OffloadingScheduler:
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
-    def request_finished(self, request: Request) -> None:
+    def request_finished(self, request: RequestView) -> None:
         """The blocks are freed now; pending stores keep reading them under the fence."""
         rid = request.request_id
         self._matches.pop(rid, None)
@@ -372,7 +383,7 @@ class OffloadingScheduler:
 
     def _room(self) -> int:
         """Host slots that are free or could be freed (not pinned, not being written)."""
-        return self.num_slots - self.manager.num_pinned - self.manager.num_being_written
+        return self.geometry.num_slots - self.manager.num_pinned - self.manager.num_being_written
 
     def _new_job_id(self) -> int:
         self._next_job_id += 1
@@ -381,11 +392,11 @@ class OffloadingScheduler:
     def metrics(self) -> dict[str, Any]:
         """Per tier: the worker's transfer counters, with what only this half knows (lookups,
         hits, evictions and occupancy of the host tier are the manager's)."""
-        m = self.manager.stats
-        used = self.num_slots - self.manager.num_free_slots
+        m, g = self.manager.stats, self.geometry
+        used = g.num_slots - self.manager.num_free_slots
         host = dict(self.tier_stats.get(HOST, {}))
-        host.update(num_slots=self.num_slots, occupancy_blocks=used,
-                    occupancy_bytes=used * self.slot_bytes, lookups=m.num_lookups,
+        host.update(num_slots=g.num_slots, occupancy_blocks=used,
+                    occupancy_bytes=used * g.slot_bytes, lookups=m.num_lookups,
                     hits=m.num_hit_blocks, evictions=m.num_evicted_blocks,
                     num_rejected_stores=m.num_rejected_stores,
                     num_deferred_blocks=m.num_deferred_blocks,
@@ -405,11 +416,3 @@ class OffloadingScheduler:
             raise RuntimeError(f"OffloadingConnector: {len(self._jobs)} jobs in flight, "
                                f"{self.manager.num_pinned} pinned and "
                                f"{self.manager.num_being_written} half-written host blocks")
-
-
-def num_host_slots(config: OffloadingConfig, slot_bytes: int) -> int:
-    num = config.cpu_bytes_to_use // slot_bytes
-    if num < 1:
-        raise ValueError(f"OffloadingConnector: cpu_bytes_to_use={config.cpu_bytes_to_use} is "
-                         f"smaller than one offload block ({slot_bytes} bytes)")
-    return num

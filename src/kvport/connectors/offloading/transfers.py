@@ -1,7 +1,8 @@
 """Worker-side transfer machinery: handlers per direction and the router in front of them.
 
 Runs in the worker (next to the model runner). The connector's worker half submits jobs with
-ids it chooses and polls completions once per step:
+ids it chooses (any hashable value: the router and handlers never interpret them) and polls
+completions once per step:
 
     worker.submit(job_id, src, dst)    route by (src.medium(), dst.medium()); never raises for a
                                        handler's failure: the job is then reported failed
@@ -23,7 +24,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -39,13 +40,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TransferFn = Callable[[LoadStoreSpec, LoadStoreSpec], TransferOutcome]
+JobId = Hashable  # chosen by the submitter, unique among its jobs in flight
 
 
 @dataclass
 class TransferResult:
     """One finished job. `seconds` is the transfer's own run time (not its queueing)."""
 
-    job_id: int
+    job_id: JobId
     success: bool
     num_bytes: int = 0
     seconds: float = 0.0
@@ -57,7 +59,7 @@ class TransferHandler(ABC):
     """Moves blocks in one direction. Called only from the worker-side connector's thread."""
 
     @abstractmethod
-    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
+    def submit(self, job_id: JobId, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
         """Start a job and return at once. May raise (the worker then reports the job failed)."""
 
     @abstractmethod
@@ -66,7 +68,7 @@ class TransferHandler(ABC):
         held back until every earlier job of this handler has finished. Each job exactly once."""
 
     @abstractmethod
-    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
+    def wait(self, job_ids: Iterable[JobId], timeout: float | None = None) -> bool:
         """Block until the named jobs finished (unknown or reported ids are ignored). Returns
         False if the timeout passed first. Does not consume results."""
 
@@ -91,10 +93,10 @@ class ThreadPoolHandler(TransferHandler):
         for t in self._threads:
             t.start()
         self._jobs: deque[_Task] = deque()  # submission order; the head is reported first
-        self._by_id: dict[int, _Task] = {}  # job id -> task, until reported
+        self._by_id: dict[JobId, _Task] = {}  # job id -> task, until reported
         self._closed = False
 
-    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
+    def submit(self, job_id: JobId, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
         if self._closed:
             raise RuntimeError(f"submit of job {job_id} after shutdown")
         if job_id in self._by_id:
@@ -114,7 +116,7 @@ class ThreadPoolHandler(TransferHandler):
         try:
             out = self._transfer(task.src, task.dst)
         except BaseException:  # a thread that dies would leave its job open forever
-            logger.warning("transfer job %d %s->%s failed", task.job_id, *task.kind,
+            logger.warning("transfer job %s %s->%s failed", task.job_id, *task.kind,
                            exc_info=True)
             return failed_result(task.job_id, task.kind, len(task.dst),
                                  time.perf_counter() - start)
@@ -129,7 +131,7 @@ class ThreadPoolHandler(TransferHandler):
             done.append(task.result())
         return done
 
-    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
+    def wait(self, job_ids: Iterable[JobId], timeout: float | None = None) -> bool:
         futures = [self._by_id[j].future for j in job_ids if j in self._by_id]
         return not wait_futures(futures, timeout=timeout).not_done
 
@@ -149,7 +151,7 @@ class ThreadPoolHandler(TransferHandler):
 
 @dataclass
 class _Task:
-    job_id: int
+    job_id: JobId
     src: LoadStoreSpec
     dst: LoadStoreSpec
     future: Future[TransferResult]
@@ -164,7 +166,7 @@ class _Task:
         return self.future.result()  # _run never raises
 
 
-def failed_result(job_id: int, kind: tuple[str, str], num_dst: int,
+def failed_result(job_id: JobId, kind: tuple[str, str], num_dst: int,
                   seconds: float = 0.0) -> TransferResult:
     return TransferResult(job_id, False, 0, seconds, kind, list(range(num_dst)))
 
@@ -174,7 +176,7 @@ class OffloadingWorker:
 
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str], TransferHandler] = {}  # (src, dst) -> handler
-        self._job_kind: dict[int, tuple[str, str]] = {}  # job id -> route, until reported
+        self._job_kind: dict[JobId, tuple[str, str]] = {}  # job id -> route, until reported
         self._rejected: list[TransferResult] = []  # jobs whose submit raised
         self._lock = threading.Lock()
 
@@ -184,7 +186,7 @@ class OffloadingWorker:
         assert key not in self._handlers, f"a handler for {src_medium}->{dst_medium} exists"
         self._handlers[key] = handler
 
-    def submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec) -> bool:
+    def submit(self, job_id: JobId, src: LoadStoreSpec, dst: LoadStoreSpec) -> bool:
         """Start a job; False if its handler refused it (the job is then reported failed with
         every destination position by the next get_finished). An unregistered pair is a bug and
         raises KeyError."""
@@ -196,7 +198,7 @@ class OffloadingWorker:
         try:
             handler.submit(job_id, src, dst)
         except Exception:
-            logger.exception("submit of job %d %s->%s failed", job_id, *kind)
+            logger.exception("submit of job %s %s->%s failed", job_id, *kind)
             with self._lock:
                 self._rejected.append(failed_result(job_id, kind, len(dst)))
             return False
@@ -215,10 +217,10 @@ class OffloadingWorker:
             self._job_kind.pop(r.job_id, None)
         return results
 
-    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
+    def wait(self, job_ids: Iterable[JobId], timeout: float | None = None) -> bool:
         """Block until the named jobs finished; False if `timeout` seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        by_handler: dict[tuple[str, str], list[int]] = {}
+        by_handler: dict[tuple[str, str], list[JobId]] = {}
         for j in job_ids:
             if j in self._job_kind:
                 by_handler.setdefault(self._job_kind[j], []).append(j)

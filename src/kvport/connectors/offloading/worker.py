@@ -10,26 +10,26 @@ Every step, in the driver's order:
                         engine blocks as load errors
 Nothing is left to wait_for_save, which no-forward steps skip.
 
-Job ids come from the scheduler half. A load's promotion stage runs under the id `-job_id`.
+Job ids come from the scheduler half. Transfers are submitted under a `TransferKey` (job id,
+stage): a load with disk-only blocks runs its PROMOTION (DISK->HOST) first, then its COPY.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from kvport.connectors.base import KVCacheSpec
-from kvport.connectors.offloading.config import OffloadingConfig, block_factor
-from kvport.connectors.offloading.mediums import DISK, HOST, EngineBlocks, HostBlocks
+from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.geometry import OffloadGeometry
+from kvport.connectors.offloading.mediums import DISK, HOST, EngineBlocks, HostBlocks, LoadStoreSpec
 from kvport.connectors.offloading.metadata import (
     JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, StoreJob,
 )
-from kvport.connectors.offloading.scheduler import num_host_slots
 from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_format import disk_namespace
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.transfers import (
     OffloadingWorker, TransferResult, build_tier_worker,
@@ -39,6 +39,19 @@ logger = logging.getLogger(__name__)
 
 TransfersFactory = Callable[[HostTier, "DiskTier | None"], OffloadingWorker]
 IDLE_WAIT_S = 0.002  # a step with no forward waits this long for a transfer, instead of spinning
+
+
+class Stage(enum.Enum):
+    COPY = "copy"  # a store, a write-through, or a load's HOST->ENGINE copy
+    PROMOTION = "promotion"  # a load's DISK->HOST stage, run before its copy
+
+
+@dataclass(frozen=True)
+class TransferKey:
+    """The id a transfer is submitted under: the scheduler half's job id and the job's stage."""
+
+    job_id: int
+    stage: Stage = Stage.COPY
 
 
 @dataclass
@@ -54,42 +67,46 @@ class OffloadingConnectorWorker:
                  make_transfers: TransfersFactory = build_tier_worker) -> None:
         self.config = config
         self._make_transfers = make_transfers
+        self.geometry: OffloadGeometry | None = None  # set by register_kv_caches
         self.host: HostTier | None = None
         self.disk: DiskTier | None = None
         self.transfers: OffloadingWorker | None = None
         self._queued: list[StoreJob] = []  # planned last step, submitted at the start of this one
         self._loads: dict[int, _Load] = {}  # job id -> load in flight
-        self._in_flight: set[int] = set()  # ids submitted to the transfers, not yet reported
+        self._in_flight: set[TransferKey] = set()  # submitted to the transfers, not reported
         self._ready: list[_Load] = []  # loads done, to report in this step's get_finished
         self._results: list[JobResult] = []  # for the next worker metadata
         self._load_errors: set[int] = set()
 
-    def register_kv_caches(self, kv_cache: torch.Tensor, spec: KVCacheSpec) -> None:
-        f = block_factor(self.config, spec.block_size, spec.block_bytes)
-        self.host = HostTier.for_pool(kv_cache, num_host_slots(self.config, f * spec.block_bytes), f)
-        disks = self.config.disk_tiers()
-        if disks:
-            namespace = disk_namespace(spec.hash_root, spec, f * spec.block_size)
-            self.disk = DiskTier(disks[0].root_dir, disks[0].max_bytes, namespace)
+    def register_kv_caches(self, kv_cache: torch.Tensor, geometry: OffloadGeometry) -> None:
+        self.geometry = geometry
+        self.host = HostTier.for_pool(kv_cache, geometry.num_slots, geometry.block_factor)
+        assert self.host.slot_bytes == geometry.slot_bytes, \
+            f"host slots of {self.host.slot_bytes} bytes, geometry says {geometry.slot_bytes}"
+        disk = self.config.disk_tier
+        if disk is not None:
+            self.disk = DiskTier(disk.root_dir, disk.max_bytes, geometry.disk_namespace)
         self.transfers = self._make_transfers(self.host, self.disk)
 
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
         queued, self._queued = self._queued, []
         for job in queued:
-            self._submit(job.job_id, job.src, job.dst)
+            self._submit(TransferKey(job.job_id), job.src, job.dst)
         for write in meta.writes:
-            self._submit(write.job_id, write.src, write.dst)
+            self._submit(TransferKey(write.job_id), write.src, write.dst)
         if meta.jobs_to_flush:
             # NOTE: no timeout: the stores copy memory into host slots, which cannot hang, and
             # returning early would let this step's forward overwrite what they still read.
-            self._transfers().wait(meta.jobs_to_flush)
+            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
         for job in meta.loads:
             load = _Load(job, engine_failed=list(job.unloadable))
             self._loads[job.job_id] = load
             if job.promote_src is not None:
-                self._submit(-job.job_id, job.promote_src, job.promote_dst)
+                assert job.promote_dst is not None, f"load {job.job_id}: promotion without slots"
+                self._submit(TransferKey(job.job_id, Stage.PROMOTION), job.promote_src,
+                             job.promote_dst)
             else:
                 self._start_copy(load, job.src, job.dst)
 
@@ -104,15 +121,17 @@ class OffloadingConnectorWorker:
             transfers.wait(self._in_flight, timeout=IDLE_WAIT_S)
             done = transfers.get_finished()
         for result in done:
-            self._in_flight.discard(result.job_id)
-            if result.job_id < 0:
-                self._on_promoted(self._loads[-result.job_id], result)
-            elif result.job_id in self._loads:
-                load = self._loads[result.job_id]
+            key = result.job_id
+            assert isinstance(key, TransferKey), f"not a transfer of this worker: {key!r}"
+            self._in_flight.discard(key)
+            load = self._loads.get(key.job_id)
+            if load is not None and key.stage is Stage.PROMOTION:
+                self._on_promoted(load, result)
+            elif load is not None:
                 load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]
                 self._ready.append(load)
             else:
-                self._results.append(JobResult(result.job_id, result.success,
+                self._results.append(JobResult(key.job_id, result.success,
                                                list(result.failed_indices)))
         ready, self._ready = self._ready, []
         return {self._finish_load(load) for load in ready}
@@ -139,7 +158,7 @@ class OffloadingConnectorWorker:
     def _start_copy(self, load: _Load, src: HostBlocks, dst: EngineBlocks) -> None:
         if src.slot_ids:
             load.copy_dst = dst.block_ids
-            self._submit(load.job.job_id, src, dst)
+            self._submit(TransferKey(load.job.job_id), src, dst)
         else:  # nothing to copy: reported by this step's get_finished
             self._ready.append(load)
 
@@ -171,15 +190,15 @@ class OffloadingConnectorWorker:
         if self.transfers is not None:
             self.transfers.shutdown(self.shutdown_timeout_s)
 
-    def _submit(self, job_id: int, src: object, dst: object) -> None:
-        self._in_flight.add(job_id)
-        self._transfers().submit(job_id, src, dst)  # type: ignore[arg-type]
+    def _submit(self, key: TransferKey, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
+        self._in_flight.add(key)
+        self._transfers().submit(key, src, dst)
 
     def _transfers(self) -> OffloadingWorker:
         assert self.transfers is not None, "OffloadingConnector: register_kv_caches was not called"
         return self.transfers
 
     def _factor(self) -> int:
-        assert self.host is not None
-        return self.host.blocks_per_slot
+        assert self.geometry is not None, "OffloadingConnector: register_kv_caches was not called"
+        return self.geometry.block_factor
 

@@ -177,23 +177,24 @@ class DiskTier:
             f.write(payload)
 
     def _make_room(self, size: int) -> bool:
-        """Evict least recently used entries until size fits, and reserve it; False if it
-        cannot fit (larger than the tier, or the room is held by writes in flight)."""
+        """Reserve room for an entry of `size` bytes, evicting the least recently used entries
+        it needs; False, evicting nothing, if it cannot fit even in an empty index (larger than
+        the tier, or the room is held by writes in flight)."""
         victims: list[bytes] = []
         with self._lock:
-            while self._used + self._reserved + size > self.max_bytes and self._index:
+            # Decide first: only entries in the index can be evicted, writes in flight cannot.
+            if self._reserved + size > self.max_bytes:
+                return False
+            while self._used + self._reserved + size > self.max_bytes:
                 victim = next(iter(self._index))  # least recently used
                 self._pop(victim)
                 victims.append(victim)
-            used = self._used + self._reserved
-            fits = used + size <= self.max_bytes
-            if fits:
-                self._reserved += size
+            self._reserved += size
             self._update_occupancy()
         for victim in victims:
             _unlink(self.path(victim))  # a reader that opened it already keeps reading it
         self.stats.add(evictions=len(victims))
-        return fits
+        return True
 
     # --- load -----------------------------------------------------------------------------------
 

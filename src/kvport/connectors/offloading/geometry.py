@@ -1,0 +1,68 @@
+"""The offload geometry: how offload blocks lie over the engine's pool, the host tier's slots and
+the disk tier's namespace. Built once per half from (config, KVCacheSpec) by
+`OffloadGeometry.build`, so the scheduler half and the worker half cannot disagree about it.
+
+An offload block is `block_factor` (f) engine blocks: `offload_tokens = f * block_size` tokens,
+`slot_bytes = f * engine block bytes` in a host slot. Its key is the chained hash of its last
+engine block, which identifies the whole prefix up to it (`offload_keys`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvport.connectors.base import KVCacheSpec
+from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.tiers.disk_format import disk_namespace
+
+# Default offload block: the fewest whole engine blocks holding at least this many bytes.
+# `kvport bench transfer` measured host copies at 0.8-0.9x of a plain torch copy from 1 MiB up
+# (less below), and cold disk loads at 0.48-0.57x of one sequential file for 720 KiB entries
+# but 0.6-0.8x from 1 MiB up (BENCHMARKS.md).
+TARGET_OFFLOAD_BLOCK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class OffloadGeometry:
+    block_size: int  # engine block, tokens
+    block_factor: int  # f: engine blocks per offload block
+    slot_bytes: int  # one offload block (f engine blocks, every layer, K and V)
+    num_slots: int  # host tier capacity, offload blocks
+    disk_namespace: bytes  # the disk tier's namespace: model, dtype, layout, sizes
+
+    @classmethod
+    def build(cls, config: OffloadingConfig, spec: KVCacheSpec) -> OffloadGeometry:
+        f = block_factor(config, spec.block_size, spec.block_bytes)
+        slot_bytes = f * spec.block_bytes
+        num_slots = config.cpu_bytes_to_use // slot_bytes
+        if num_slots < 1:
+            raise ValueError(f"OffloadingConnector: cpu_bytes_to_use={config.cpu_bytes_to_use} is "
+                             f"smaller than one offload block ({slot_bytes} bytes)")
+        return cls(spec.block_size, f, slot_bytes, num_slots,
+                   disk_namespace(spec.hash_root, spec, f * spec.block_size))
+
+    @property
+    def offload_tokens(self) -> int:
+        """Tokens per offload block (obs)."""
+        return self.block_factor * self.block_size
+
+    def keys(self, block_hashes: Sequence[bytes]) -> list[bytes]:
+        return offload_keys(block_hashes, self.block_factor)
+
+
+def block_factor(config: OffloadingConfig, engine_block_size: int, engine_block_bytes: int) -> int:
+    """Engine blocks per offload block (f). The configured block_size must be a whole number of
+    engine blocks; the default is the smallest f whose offload block holds at least 1 MiB."""
+    if config.block_size is None:
+        return max(1, -(-TARGET_OFFLOAD_BLOCK_BYTES // engine_block_bytes))
+    if config.block_size % engine_block_size:
+        raise ValueError(f"OffloadingConnector: block_size={config.block_size} is not a multiple "
+                         f"of the engine's block_size={engine_block_size}")
+    return config.block_size // engine_block_size
+
+
+def offload_keys(block_hashes: Sequence[bytes], factor: int) -> list[bytes]:
+    """Keys of the request's full offload blocks: the chained hash of each one's last engine
+    block (which identifies the whole prefix up to it)."""
+    return list(block_hashes[factor - 1::factor])

@@ -1,0 +1,212 @@
+"""OffloadingConnector races that real memory copies never lose, driven one by one through the
+engine with a transfer tier the test controls (controlled_transfers): a store still in flight
+when its blocks are handed out again (after a finish, after a preemption), a request re-admitted
+while its own stores are in flight, a hit on keys another request is promoting from disk, a
+write-through in flight when its slots are wanted again.
+
+Each scenario checks the guard's outcome, not its mechanism: no transfer read bytes that changed
+after it was submitted (`torn`), greedy output equal to no connector (also when the stored KV is
+loaded back), and nothing leaked. Each fails when the guard is removed (tools/mutation_check.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controlled_transfers import ControlledTransfers
+from kvport import LLM, SamplingParams
+from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
+from kvport.connectors.offloading.worker import Stage, TransferKey
+from kvport.engine.request import Request, RequestStatus
+from offload_utils import (
+    assert_nothing_leaked, make_llm, offload_block_bytes, offload_config, offloading_half,
+    prompts, run_bounded, step_until, worker_half,
+)
+
+
+def controlled_llm(extra: dict[str, Any] | None = None, disk_dir: Path | None = None,
+                   **kwargs: Any) -> tuple[LLM, ControlledTransfers]:
+    ktc = offload_config(disk_dir=disk_dir, **(extra or {}))
+    ktc["kv_connector"] = "ControlledOffloadingConnector"
+    ktc["kv_connector_module_path"] = "controlled_transfers"
+    llm = make_llm(ktc, **kwargs)
+    transfers = worker_half(llm).transfers
+    assert isinstance(transfers, ControlledTransfers), transfers
+    return llm, transfers
+
+
+def reference(ps: list[list[int]], params: SamplingParams, **kwargs: Any) -> list[list[int]]:
+    outs = make_llm(enable_prefix_caching=False, **kwargs).generate(ps, params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def release_and_finish(llm: LLM, transfers: ControlledTransfers) -> None:
+    """Release every held transfer, run the engine dry, and check the scenario left nothing."""
+    transfers.release_all()
+    step_until(llm, lambda: not llm.engine.has_pending_work())
+    assert [job.id for job in transfers.torn] == [], "a transfer read bytes changed under it"
+    assert_nothing_leaked(llm)
+
+
+def two_prompts(seed: int, length: int = 40) -> list[list[int]]:
+    """Two prompts sharing no block (prompts() pairs share a 40-token prefix)."""
+    ps = prompts(4, seed=seed)
+    return [ps[0][:length], ps[2][:length]]
+
+
+def test_a_finished_requests_blocks_wait_for_its_stores_in_flight() -> None:
+    # 16 blocks: R (40 prompt tokens, 6 decoded) leaves 4 never used. It finishes with its
+    # stores held; Q then gets those 4 and 6 of R's blocks, which R's prompt store still reads.
+    # The guard: handed-out blocks' pending stores are flushed before Q's forward writes them.
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    ps = two_prompts(seed=5)
+    want = reference(ps, params, max_model_len=64, num_kv_blocks=16)
+    llm, transfers = controlled_llm({"block_size": 4}, num_kv_blocks=16, max_model_len=64)
+    transfers.hold((ENGINE, HOST))
+    r = llm.engine.add_request("R", ps[0], params)
+    step_until(llm, lambda: r.is_finished)
+    stores = transfers.in_flight((ENGINE, HOST))
+    assert stores, "R's stores should still be in flight"
+    q = llm.engine.add_request("Q", ps[1], params)
+    llm.engine.step()  # Q is admitted on R's blocks
+    fenced = list(transfers.fenced)
+    release_and_finish(llm, transfers)
+    assert [r.output_token_ids, q.output_token_ids] == want
+    llm.reset_prefix_cache()  # R's prompt comes back from the host tier, as R's store read it
+    assert run_bounded(llm, ps[:1], params) == want[:1]
+    assert offloading_half(llm).stats.num_host_hit_tokens > 0
+    assert_nothing_leaked(llm)
+    assert fenced == stores  # the race did happen: Q's first forward waited for R's stores
+
+
+@dataclass
+class Preempted:
+    llm: LLM
+    transfers: ControlledTransfers
+    q: Request
+    r: Request
+    prompts: list[list[int]]
+    want: list[list[int]]
+    params: SamplingParams
+
+
+def preempted_with_stores_in_flight() -> Preempted:
+    """Q and R (40-token prompts, 24 decoded tokens each) fill a 24-block pool; R, the newer,
+    is preempted when Q needs a block, and Q gets R's last block, whose store was planned in the
+    step before. Every store is held until the test releases it."""
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ps = two_prompts(seed=3)
+    want = reference(ps, params, max_model_len=96)
+    llm, transfers = controlled_llm({"block_size": 4}, num_kv_blocks=24, max_model_len=96)
+    transfers.hold((ENGINE, HOST))
+    q = llm.engine.add_request("Q", ps[0], params)
+    r = llm.engine.add_request("R", ps[1], params)
+    step_until(llm, lambda: r.num_preemptions > 0)
+    return Preempted(llm, transfers, q, r, ps, want, params)
+
+
+def test_a_preempted_requests_blocks_wait_for_its_stores_in_flight() -> None:
+    s = preempted_with_stores_in_flight()
+    r_stores = set(offloading_half(s.llm)._reqs["R"].store_jobs)
+    fenced = {job.id.job_id for job in s.transfers.fenced}  # type: ignore[attr-defined]
+    step_until(s.llm, lambda: s.q.is_finished)
+    release_and_finish(s.llm, s.transfers)
+    assert [s.q.output_token_ids, s.r.output_token_ids] == s.want
+    s.llm.reset_prefix_cache()  # the prompts come back from the host tier
+    assert run_bounded(s.llm, s.prompts, s.params) == s.want
+    assert_nothing_leaked(s.llm)
+    # The race did happen: the preemption step's forward waited for R's stores, among them
+    # the one planned in the step before (submitted in this very step).
+    assert fenced and fenced <= r_stores and max(r_stores) in fenced
+
+
+def test_a_readmitted_request_waits_for_its_own_stores_then_loads_them() -> None:
+    # R's stores were flushed at its preemption, but their results are reported in submission
+    # order, behind Q's store that is still held: from the scheduler's side they are in flight.
+    s = preempted_with_stores_in_flight()
+    half = offloading_half(s.llm)
+    step_until(s.llm, lambda: s.q.is_finished)
+    assert half._reqs["R"].store_jobs, "R's stores should still be unreported"
+    for _ in range(3):  # the pool has room now: only its own stores keep R waiting
+        s.llm.engine.step()
+    waited = s.r.status == RequestStatus.PREEMPTED
+    release_and_finish(s.llm, s.transfers)
+    assert [s.q.output_token_ids, s.r.output_token_ids] == s.want
+    # R resumed from what its own stores wrote, loaded from the host tier, not recomputed.
+    assert half.stats.num_load_jobs == 1 and half.stats.num_host_hit_tokens > 0
+    assert waited and half.stats.num_busy_answers >= 3  # asked again while they were in flight
+
+
+def test_a_hit_on_keys_being_promoted_is_computed_without_waiting(tmp_path: Path) -> None:
+    # A's load promotes P's blocks from disk (held). B asks for the same keys: they are being
+    # written to the host tier, so its hit run ends there and B computes them, while A's
+    # promotion is still in flight: no convoy, and no load error for B.
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    p = prompts(1, seed=11)[0]
+    want = reference([p], params)[0]
+    llm, transfers = controlled_llm(disk_dir=tmp_path)
+    assert run_bounded(llm, [p], params) == [want]  # stored, and written through to disk
+    assert llm.reset_prefix_cache(reset_connector=True)  # only the disk tier has P now
+    transfers.hold((DISK, HOST))
+    a = llm.engine.add_request("A", p, params)
+    llm.engine.step()
+    (promotion,) = transfers.in_flight((DISK, HOST))
+    # The load's two stages run under one job id, told apart by a typed stage (no sign trick).
+    load_id = offloading_half(llm)._reqs["A"].load_job
+    assert promotion.id == TransferKey(load_id, Stage.PROMOTION)  # type: ignore[arg-type]
+    b = llm.engine.add_request("B", p, params)
+    step_until(llm, lambda: b.is_finished)
+    b_done_first = promotion.result is None and a.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    release_and_finish(llm, transfers)
+    m = llm.get_metrics()
+    assert m["kv_transfer"]["num_invalid_blocks"] == 0
+    assert m["connector"]["requests"]["num_failed_loads"] == 0
+    assert b.output_token_ids == want and b.num_cached_tokens == 0  # computed, not loaded
+    assert a.output_token_ids == want and a.num_cached_tokens >= 56  # loaded
+    assert b_done_first  # B never waited for A's promotion
+
+
+def test_a_write_through_keeps_its_slots_until_it_reports(tmp_path: Path) -> None:
+    # A 2-slot host tier: R1's two blocks are written through to disk (held) while R2 wants
+    # slots for its own. The write-through's slots stay pinned, so R2's stores wait instead of
+    # overwriting what the disk write still reads.
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    ps = two_prompts(seed=7, length=20)  # two full offload blocks of 8 tokens each
+    want = reference(ps, params)
+    llm, transfers = controlled_llm({"cpu_bytes_to_use": 2 * offload_block_bytes()},
+                                    disk_dir=tmp_path)
+    transfers.hold((HOST, DISK))
+    r1 = llm.engine.add_request("R1", ps[0], params)
+    step_until(llm, lambda: r1.is_finished and bool(transfers.in_flight((HOST, DISK))))
+    r2 = llm.engine.add_request("R2", ps[1], params)
+    step_until(llm, lambda: r2.is_finished)
+    raced = bool(transfers.in_flight((HOST, DISK)))  # R2 ran while R1's write was in flight
+    release_and_finish(llm, transfers)
+    assert [r1.output_token_ids, r2.output_token_ids] == want
+    assert llm.reset_prefix_cache(reset_connector=True)  # R1's blocks come back from disk
+    assert run_bounded(llm, ps[:1], params) == want[:1]
+    assert offloading_half(llm).stats.num_disk_hit_tokens >= 16
+    assert_nothing_leaked(llm)
+    assert raced
+
+
+def test_a_failed_promotion_is_reported_and_frees_its_slots(tmp_path: Path) -> None:
+    # The promotion of P's blocks from disk fails as a whole: their engine blocks are reported as
+    # load errors (the engine recomputes them), and their host slots are freed, not published.
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    p = prompts(1, seed=13)[0]
+    want = reference([p], params)
+    llm, transfers = controlled_llm(disk_dir=tmp_path)
+    assert run_bounded(llm, [p], params) == want
+    assert llm.reset_prefix_cache(reset_connector=True)
+    transfers.gates[(DISK, HOST)].fail_next = 1
+    assert run_bounded(llm, [p], params) == want
+    m = llm.get_metrics()
+    assert m["kv_transfer"]["num_invalid_blocks"] > 0
+    assert m["connector"]["requests"]["num_failed_loads"] == 1
+    llm.reset_prefix_cache()  # what the host tier holds for P now is what the recompute stored
+    assert run_bounded(llm, [p], params) == want
+    assert offloading_half(llm).stats.num_host_hit_tokens >= 56
+    release_and_finish(llm, transfers)

@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""Mutation check: remove one guard at a time and check that the tests meant to catch it fail.
+
+Each `Mutant` replaces one exact piece of source text (`old`, which must occur exactly once, so
+a refactor that moves or rewrites a guard makes this script fail loudly instead of silently
+checking nothing) with `new`, the code as it would be without the guard. The script copies
+`src/` into a temporary directory, applies one mutant at a time, and runs the mutant's tests
+against the copy (`PYTHONPATH=<tmp>/src`, so spawned worker processes import it too). A mutant is
+killed when its tests fail; it survived when they pass. Exit code 1 if any mutant survived,
+could not be applied, or its test run errored (a collection error is not a kill).
+
+    python tools/mutation_check.py                 # every mutant
+    python tools/mutation_check.py --list          # names and why
+    python tools/mutation_check.py --only NAME...  # some of them
+    python tools/mutation_check.py --why           # also how each killed mutant failed
+
+Adding a guard: append a Mutant to MUTANTS with the smallest tests that kill it. Standard
+library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OFFLOADING = "src/kvport/connectors/offloading"
+TESTS = "tests/offloading"
+RACES = f"{TESTS}/test_connector_races.py"
+ENGINE = f"{TESTS}/test_connector_engine.py"
+FAULTS = f"{TESTS}/test_connector_faults.py"
+ADMISSION = f"{TESTS}/test_connector_admission.py"
+FENCE = f"{TESTS}/test_scheduler_fence.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # repo-relative file
+    old: str  # exact text, must occur exactly once in the file
+    new: str  # the same place without the guard
+    tests: tuple[str, ...]  # pytest node ids; at least one must fail
+    why: str  # what the guard protects, one line
+
+
+MUTANTS: list[Mutant] = [
+    # ---- OffloadingConnector: the block-reuse fence ------------------------------------------
+    Mutant(
+        "fence-wait", f"{OFFLOADING}/worker.py",
+        "            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])\n",
+        "            pass\n",
+        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
+        "handle_preemptions waits for jobs_to_flush before the forward overwrites their blocks"),
+    Mutant(
+        "fence-submits-queued-stores-first", f"{OFFLOADING}/worker.py",
+        """        queued, self._queued = self._queued, []
+        for job in queued:
+            self._submit(TransferKey(job.job_id), job.src, job.dst)
+        for write in meta.writes:
+            self._submit(TransferKey(write.job_id), write.src, write.dst)
+        if meta.jobs_to_flush:
+            # NOTE: no timeout: the stores copy memory into host slots, which cannot hang, and
+            # returning early would let this step's forward overwrite what they still read.
+            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])
+""",
+        """        queued, self._queued = self._queued, []
+        if meta.jobs_to_flush:
+            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])
+        for job in queued:
+            self._submit(TransferKey(job.job_id), job.src, job.dst)
+        for write in meta.writes:
+            self._submit(TransferKey(write.job_id), write.src, write.dst)
+""",
+        (f"{RACES}::test_a_preempted_requests_blocks_wait_for_its_stores_in_flight",),
+        "stores planned last step are submitted before the fence waits (it ignores unknown ids)"),
+    Mutant(
+        "fence-handed-out-blocks", f"{OFFLOADING}/scheduler.py",
+        "        for block in fresh:\n            flush |= self._readers.get(block, set())\n",
+        "",
+        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
+        "pending stores reading a block handed out again in this step are flushed"),
+    Mutant(
+        "fence-resent-request-blocks", f"{OFFLOADING}/scheduler.py",
+        "            else:  # admitted (known in full already), or running and sent in full again\n"
+        "                fresh.update(new.block_ids[known:])\n",
+        "",
+        (f"{FENCE}::test_a_resent_requests_new_blocks_are_handed_out_again",),
+        "new blocks of a running request sent to the runner in full again count as handed out"),
+    Mutant(
+        "fence-admitted-blocks", f"{OFFLOADING}/scheduler.py",
+        "            self._fresh_blocks.update(block_ids[num_local // self.block_size:])\n",
+        "            pass\n",
+        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
+        "the blocks an admitted request got beyond its local hit count as handed out again"),
+    # ---- OffloadingConnector: hits and loads -------------------------------------------------
+    Mutant(
+        "readmission-waits-for-own-stores", f"{OFFLOADING}/scheduler.py",
+        "        if st is not None and st.store_jobs:\n",
+        "        if False:\n",
+        (f"{RACES}::test_a_readmitted_request_waits_for_its_own_stores_then_loads_them",),
+        "a request re-admitted while its own stores are unreported asks again, then loads them"),
+    Mutant(
+        "no-convoy", f"{OFFLOADING}/scheduler.py",
+        "                if self.manager.contains(key) or not self.disk.exists(key):\n",
+        "                if not self.disk.exists(key):\n",
+        (f"{RACES}::test_a_hit_on_keys_being_promoted_is_computed_without_waiting",),
+        "a key being written to the host tier (another request's promotion) ends the hit run"),
+    Mutant(
+        "promotion-room", f"{OFFLOADING}/scheduler.py",
+        "            room = self._room() - num_host\n",
+        "            room = len(keys)\n",
+        (f"{ENGINE}::test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
+        "a hit promotes at most as many disk blocks as the host tier could free"),
+    Mutant(
+        "store-room", f"{OFFLOADING}/scheduler.py",
+        "        end = min(end, st.next_store_idx + self._room())\n",
+        "",
+        (f"{ENGINE}::test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
+        "a run longer than the host tier is stored a part per step, not refused forever"),
+    Mutant(
+        "promotion-bypasses-admission", f"{OFFLOADING}/scheduler.py",
+        "            out = self.manager.prepare_store(match.disk_keys, bypass_admission=True)\n",
+        "            out = self.manager.prepare_store(match.disk_keys)\n",
+        (f"{ADMISSION}::test_disk_hits_are_promoted_whatever_the_admission_count",),
+        "promotions from disk are hits: admission control must not hold them back"),
+    Mutant(
+        "admission-counted-per-admission", f"{OFFLOADING}/policy.py",
+        "            num_hits += 1\n        return num_hits\n",
+        ("            num_hits += 1\n        self.admission.on_request(keys)\n"
+         "        return num_hits\n"),
+        (f"{ADMISSION}::test_a_retried_request_counts_once_for_admission",),
+        "a request matched several times before admission counts once for store_threshold"),
+    # ---- OffloadingConnector: pins and failures ----------------------------------------------
+    Mutant(
+        "write-through-pins", f"{OFFLOADING}/scheduler.py",
+        """\
+            slots = self.manager.prepare_load(good)  # pinned until the disk write reports
+            job_id = self._new_job_id()
+            self._jobs[job_id] = _Job(WRITE, job.req_id, good, pinned=good)
+""",
+        """            slots = self.manager.prepare_load(good)
+            self.manager.complete_load(good)
+            job_id = self._new_job_id()
+            self._jobs[job_id] = _Job(WRITE, job.req_id, good, pinned=[])
+""",
+        (f"{RACES}::test_a_write_through_keeps_its_slots_until_it_reports",),
+        "host slots stay pinned while the disk write-through reads them"),
+    Mutant(
+        "failed-copy-reported", f"{OFFLOADING}/worker.py",
+        "                load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
+        "                pass\n",
+        (f"{FAULTS}::test_failed_loads_are_recomputed",),
+        "engine blocks a HOST->ENGINE copy failed to fill are reported as load errors"),
+    Mutant(
+        "failed-promotion-reported", f"{OFFLOADING}/worker.py",
+        "        bad = {num_host + p for p in load.promote_failed}",
+        "        bad: set[int] = set()",
+        (f"{RACES}::test_a_failed_promotion_is_reported_and_frees_its_slots",),
+        "engine blocks whose promotion from disk failed are reported, not copied from the slot"),
+    Mutant(
+        "failed-promotion-frees-slots", f"{OFFLOADING}/scheduler.py",
+        """\
+            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+                                        success=False)
+""",
+        """\
+            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+                                        success=True)
+""",
+        (f"{RACES}::test_a_failed_promotion_is_reported_and_frees_its_slots",),
+        "slots of a failed promotion are freed, not published with garbage"),
+    Mutant(
+        "failed-store-frees-slots", f"{OFFLOADING}/scheduler.py",
+        "            self.manager.complete_store(bad, success=False)\n",
+        "            self.manager.complete_store(bad, success=True)\n",
+        (f"{FAULTS}::test_failed_stores_free_their_slots",),
+        "slots of a failed store are freed, not published with garbage"),
+    Mutant(
+        "stores-queued-every-step", f"{OFFLOADING}/worker.py",
+        "        if meta is not None:\n            self._queued.extend(meta.stores)\n",
+        ("        if meta is not None and did_forward:\n"
+         "            self._queued.extend(meta.stores)\n"),
+        (f"{ENGINE}::test_no_store_is_lost_when_every_other_step_has_no_forward[one-step-late]",),
+        "stores reaching the worker on a step without a forward are queued too"),
+    # ---- disk tier ---------------------------------------------------------------------------
+    Mutant(
+        "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk.py",
+        """            if self._reserved + size > self.max_bytes:
+                return False
+            while self._used + self._reserved + size > self.max_bytes:
+""",
+        """            while self._used + self._reserved + size > self.max_bytes and self._index:
+                victim = next(iter(self._index))
+                self._pop(victim)
+                victims.append(victim)
+            if self._reserved + size > self.max_bytes:
+                self._update_occupancy()
+                return False
+            while self._used + self._reserved + size > self.max_bytes:
+""",
+        (f"{TESTS}/test_disk_tier.py::test_size_limit_evicts_least_recently_used",),
+        "a disk store that cannot fit is skipped without evicting anything"),
+]
+
+
+def check_applicable(mutants: list[Mutant]) -> list[str]:
+    """Problems that make mutants inapplicable: missing files, old text not exactly once."""
+    problems = []
+    for m in mutants:
+        path = REPO / m.path
+        if not path.is_file():
+            problems.append(f"{m.name}: {m.path} does not exist")
+            continue
+        count = path.read_text().count(m.old)
+        if count != 1:
+            problems.append(f"{m.name}: its old text occurs {count} times in {m.path} (need 1)")
+        if not m.tests:
+            problems.append(f"{m.name}: no tests")
+    names = [m.name for m in mutants]
+    problems += [f"duplicate mutant name {n}" for n in sorted({n for n in names
+                                                               if names.count(n) > 1})]
+    return problems
+
+
+def check_imports(src: Path, env: dict[str, str]) -> None:
+    """The mutated copy is what the tests import, here and in a spawned worker process."""
+    probe = ("import multiprocessing as mp, kvport\n"
+             "def where(q):\n    import kvport; q.put(kvport.__file__)\n"
+             "if __name__ == '__main__':\n"
+             "    q = mp.get_context('spawn').Queue()\n"
+             "    p = mp.get_context('spawn').Process(target=where, args=(q,)); p.start()\n"
+             "    print(kvport.__file__); print(q.get(timeout=60)); p.join()\n")
+    script = src.parent / "probe_imports.py"
+    script.write_text(probe)
+    out = subprocess.run([sys.executable, str(script)], check=False, env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    found = out.stdout.split()
+    if out.returncode or len(found) != 2 or not all(f.startswith(str(src)) for f in found):
+        raise SystemExit(f"mutation_check: the tests would not import the mutated copy under "
+                         f"{src}: {out.stdout!r} {out.stderr[-1000:]!r}")
+
+
+def run_mutant(m: Mutant, src: Path, env: dict[str, str]) -> tuple[str, float, str]:
+    """(outcome, seconds, the failure lines of the test run)."""
+    target = src.parent / m.path
+    original = target.read_text()
+    target.write_text(original.replace(m.old, m.new, 1))
+    start = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                               *m.tests], check=False, env=env, cwd=REPO, capture_output=True,
+                              text=True)
+    finally:
+        target.write_text(original)
+    seconds = time.monotonic() - start
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    failures = "\n".join(f"    {line}" for line in lines if line.startswith(("E ", "FAILED")))
+    if done.returncode == 0:
+        return "SURVIVED", seconds, ""
+    if done.returncode == 1:  # tests ran and failed
+        return "killed", seconds, failures
+    tail = "\n".join(f"    {line}" for line in lines[-8:])
+    return f"ERROR (pytest exit {done.returncode})", seconds, tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
+    parser.add_argument("--why", action="store_true", help="print how each killed mutant failed")
+    args = parser.parse_args(argv)
+    mutants = MUTANTS
+    if args.only:
+        unknown = sorted(set(args.only) - {m.name for m in MUTANTS})
+        if unknown:
+            print(f"unknown mutant(s) {unknown}; see --list", file=sys.stderr)
+            return 2
+        mutants = [m for m in MUTANTS if m.name in args.only]
+    if args.list:
+        width = max(len(m.name) for m in mutants)
+        for m in mutants:
+            print(f"{m.name:<{width}}  {m.path}: {m.why}")
+        return 0
+    problems = check_applicable(mutants)
+    if problems:
+        print("mutation_check: cannot apply:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    results: list[tuple[Mutant, str, float]] = []
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvport-mutants-") as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+        env = {**os.environ, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
+        check_imports(src, env)
+        for m in mutants:
+            outcome, seconds, details = run_mutant(m, src, env)
+            results.append((m, outcome, seconds))
+            print(f"{outcome:<9} {seconds:6.1f}s  {m.name}", flush=True)
+            if details and (args.why or outcome != "killed"):
+                print(details, flush=True)
+    bad = [m.name for m, outcome, _ in results if outcome != "killed"]
+    print(f"{len(results) - len(bad)}/{len(results)} mutants killed in "
+          f"{time.monotonic() - start:.0f}s" + (f"; not killed: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
