@@ -42,7 +42,7 @@ def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int) -> 
     if config.max_model_len is not None and config.max_model_len > model_max_len:
         raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
                          f"max_position_embeddings={model_max_len}; pass max_model_len <= "
-                         f"{model_max_len}, or None for the model's own limit")
+                         f"{model_max_len}, or leave it unset for the model's own limit")
     max_len = config.max_model_len if config.max_model_len is not None else model_max_len
     blocks_per_seq = -(-max_len // bs)
     if config.num_kv_blocks is not None:
