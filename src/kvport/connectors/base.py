@@ -144,6 +144,11 @@ class KVConnectorBase(ABC):
     def role(self) -> KVConnectorRole:
         return self._role
 
+    @property
+    def kv_transfer_config(self) -> KVTransferConfig:
+        """The config this connector was built from (its own extra config included)."""
+        return self._config
+
     def trace_step(self, step: int) -> None:
         """Either side: the engine announces the step that the following calls belong to: on the
         scheduler side at the start of schedule() and of update_from_output, on the worker side

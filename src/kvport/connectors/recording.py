@@ -61,8 +61,7 @@ os.register_at_fork(after_in_child=_Process.reset)
 
 
 def _label(inner: KVConnectorBase, path: str, role: str) -> str:
-    config = getattr(inner, "_config", None)
-    extra = getattr(config, "kv_connector_extra_config", None) or {}
+    extra = inner.kv_transfer_config.kv_connector_extra_config
     base = str(extra.get("name") or type(inner).__name__)
     key = (os.path.realpath(path), role, base)
     count = _Process.labels.get(key, 0) + 1
