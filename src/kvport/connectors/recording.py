@@ -39,6 +39,8 @@ from kvport.trace.events import STEP_MARKER, encode_line
 if TYPE_CHECKING:
     import torch
 
+    from kvport.config import KVTransferConfig
+
 _MAX_ERROR_CHARS = 300  # keeps an error line well under the 4 KiB atomic-append size
 
 
@@ -103,6 +105,10 @@ class RecordingConnector(KVConnectorBase):
     @property
     def role(self) -> KVConnectorRole:
         return self._inner.role
+
+    @property
+    def kv_transfer_config(self) -> KVTransferConfig:
+        return self._inner.kv_transfer_config
 
     # ---- recording ------------------------------------------------------------------------------
 
