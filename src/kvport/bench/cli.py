@@ -83,7 +83,10 @@ def _add_transfer(commands: Any) -> None:
                     "the same bytes, and disk tier load GiB/s next to reading one file, warm and "
                     "cold page cache; see kvport.bench.transfer for the method.")
     p.add_argument("--geometry", default="tiny-llama", choices=("tiny-llama", "smollm2-135m"),
-                   help="engine block geometry (float32, 16-token blocks)")
+                   help="engine block geometry (float32)")
+    p.add_argument("--layout", default="kvport", choices=("kvport", "vllm-cpu"),
+                   help="the engine pool: kvport's block-major pool of 16-token blocks, or "
+                        "vLLM's CPU pool (layer-major, 128-token blocks)")
     p.add_argument("--block-sizes", type=_int_list, default=(), metavar="BYTES,BYTES",
                    help="offload block sizes in bytes (default: engine block x 2^k up to 2 MiB)")
     p.add_argument("--total-mib", type=int, default=64, help="MiB moved per host transfer")
@@ -100,7 +103,8 @@ def run_transfer_command(args: argparse.Namespace) -> int:
     from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
 
     return run_bench_command("transfer", args.json, lambda: TransferBenchConfig(
-        geometry=args.geometry, block_sizes=args.block_sizes, total_mib=args.total_mib,
+        geometry=args.geometry, layout=args.layout, block_sizes=args.block_sizes,
+        total_mib=args.total_mib,
         repeats=args.repeats, disk=args.disk, disk_mib=args.disk_mib, disk_dir=args.disk_dir,
         disk_threads=args.disk_threads), run_transfer, format_transfer)
 

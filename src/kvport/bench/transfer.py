@@ -31,14 +31,19 @@ from typing import Any
 
 GIB = float(1 << 30)
 MIB = 1 << 20
-# builtin model -> (num_layers, num_kv_heads, head_dim); float32, 16-token engine blocks.
+# builtin model -> (num_layers, num_kv_heads, head_dim); float32.
 GEOMETRIES = {"tiny-llama": (4, 2, 32), "smollm2-135m": (30, 3, 64)}
 ENGINE_BLOCK_SIZE = 16
+# Pool layouts: kvport's block-major pool (16-token blocks, one block one contiguous run) and
+# vLLM's CPU pool (128-token blocks, layer-major: one engine block is one page per layer).
+LAYOUTS = {"kvport": ENGINE_BLOCK_SIZE, "vllm-cpu": 128}
+MULTI_SEGMENT_STRATEGIES = ("numpy", "runs")
 
 
 @dataclass(frozen=True)
 class TransferBenchConfig:
     geometry: str = "tiny-llama"
+    layout: str = "kvport"  # or "vllm-cpu"
     block_sizes: tuple[int, ...] = ()  # offload block sizes in bytes; () = B * 2^k up to 2 MiB
     total_mib: int = 64
     repeats: int = 5
@@ -53,6 +58,8 @@ class TransferBenchConfig:
     def __post_init__(self) -> None:
         if self.geometry not in GEOMETRIES:
             raise ValueError(f"geometry {self.geometry!r}: expected one of {sorted(GEOMETRIES)}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r}: expected one of {sorted(LAYOUTS)}")
         for name in ("total_mib", "repeats", "disk_mib", "disk_threads", "job_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -62,9 +69,21 @@ class TransferBenchConfig:
                              f"{self.engine_block_bytes} bytes")
 
     @property
+    def engine_block_tokens(self) -> int:
+        return LAYOUTS[self.layout]
+
+    @property
     def engine_block_bytes(self) -> int:
         layers, heads, head_dim = GEOMETRIES[self.geometry]
-        return layers * 2 * ENGINE_BLOCK_SIZE * heads * head_dim * 4
+        return layers * 2 * self.engine_block_tokens * heads * head_dim * 4
+
+    @property
+    def host_strategies(self) -> tuple[str, ...]:
+        """The copy strategies this layout supports (a layer-major pool has one segment per
+        layer, which only the numpy and runs strategies move)."""
+        if self.layout == "kvport":
+            return self.strategies
+        return tuple(s for s in self.strategies if s in MULTI_SEGMENT_STRATEGIES)
 
     def sizes(self) -> list[int]:
         if self.block_sizes:
@@ -105,13 +124,20 @@ def _host_row(cfg: TransferBenchConfig, size: int, gen: Any) -> dict[str, Any]:
     import torch
 
     from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
+    from kvport.connectors.offloading.tiers.engine_pool import EnginePool
     from kvport.connectors.offloading.tiers.host import HostTier
 
     layers, heads, head_dim = GEOMETRIES[cfg.geometry]
     f = size // cfg.engine_block_bytes
     num_slots = max(1, cfg.total_mib * MIB // size)
     num_blocks = num_slots * f
-    pool = torch.randn((num_blocks, layers, 2, ENGINE_BLOCK_SIZE, heads, head_dim), generator=gen)
+    bs = cfg.engine_block_tokens
+    pool: Any
+    if cfg.layout == "kvport":
+        pool = torch.randn((num_blocks, layers, 2, bs, heads, head_dim), generator=gen)
+    else:  # one storage, layer-major, each layer's pages [block, head, token, K|V] as vLLM's
+        storage = torch.randn((layers, num_blocks, heads, bs, 2 * head_dim), generator=gen)
+        pool = EnginePool.from_pages([storage[i] for i in range(layers)])
     engine = EngineBlocks(torch.randperm(num_blocks, generator=gen).tolist())
     slots = HostBlocks(torch.randperm(num_slots, generator=gen).tolist())
     num_bytes = num_blocks * cfg.engine_block_bytes
@@ -119,7 +145,7 @@ def _host_row(cfg: TransferBenchConfig, size: int, gen: Any) -> dict[str, Any]:
     base = _gib_s(num_bytes, _median_seconds(lambda: dst.copy_(src), cfg.repeats))
     row: dict[str, Any] = {"offload_block_bytes": size, "blocks_per_offload_block": f,
                            "bytes_per_transfer": num_bytes, "torch_copy_gib_s": base}
-    for strategy in cfg.strategies:
+    for strategy in cfg.host_strategies:
         host = HostTier.for_pool(pool, num_slots, f, strategy)
         store = _gib_s(num_bytes, _median_seconds(partial(host.store, engine, slots), cfg.repeats))
         load = _gib_s(num_bytes, _median_seconds(partial(host.load, slots, engine), cfg.repeats))
@@ -253,7 +279,8 @@ def run_transfer(cfg: TransferBenchConfig) -> dict[str, Any]:
 def format_transfer(result: dict[str, Any]) -> str:
     """Text tables of a result: GiB/s with the ratio to the baseline in ( )."""
     m, cfg = result["machine"], result["config"]
-    lines = [(f"host tier, GiB/s (ratio to torch copy); {cfg['geometry']} float32 engine block "
+    lines = [(f"host tier, GiB/s (ratio to torch copy); {cfg['geometry']} float32, "
+              f"{cfg.get('layout', 'kvport')} pool, engine block "
               f"= {result['engine_block_bytes']} B, {m['torch_threads']} torch threads, "
               f"{cfg['total_mib']} MiB per transfer, median of {cfg['repeats']}")]
     for r in result["host"]:

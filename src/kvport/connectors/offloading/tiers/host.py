@@ -1,8 +1,9 @@
 """Host-memory tier: a preallocated buffer of offload-block slots, and engine <-> host copies.
 
-The engine pool `kv_cache (num_blocks, num_layers, 2, block_size, heads, head_dim)` is viewed as
-`(num_blocks, block_bytes)` rows (of the widest integer type dividing block_bytes): one engine
-block is one contiguous row. The host buffer is `(num_slots, slot_bytes)` uint8 with `slot_bytes =
+The engine pool is an `EnginePool` (tiers/engine_pool.py): kvport's `kv_cache (num_blocks,
+num_layers, 2, block_size, heads, head_dim)` is one segment, `(num_blocks, block_bytes)` rows (of
+the widest integer type dividing block_bytes), so one engine block is one contiguous row; vLLM's
+layer-major pool is one segment per layer, and a block's row is its pages side by side. The host buffer is `(num_slots, slot_bytes)` uint8 with `slot_bytes =
 f * block_bytes`, viewed as `(num_slots * f, block_bytes)` rows, so slot s holds engine-block rows
 `s*f .. s*f + f-1` back to back. A transfer is then a list of (source row, destination row) pairs,
 split into pieces where one side is consecutive (`plan_pieces`): a store of one offload block is
@@ -32,23 +33,12 @@ import torch
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segments, row_runs
 
 STRATEGIES = ("numpy", "runs", "gather", "index", "cat")
 DEFAULT_STRATEGY = "numpy"
 _MIN_SPLIT_BYTES = 1 << 20  # below this, handing rows to a helper thread costs more than it saves
-
-
-def row_runs(src_rows: Sequence[int], dst_rows: Sequence[int]) -> list[tuple[int, int, int]]:
-    """Merge (src, dst) row pairs into maximal runs `(src_start, dst_start, length)` where both
-    sides advance by one row per pair."""
-    assert len(src_rows) == len(dst_rows), (len(src_rows), len(dst_rows))
-    runs: list[tuple[int, int, int]] = []
-    for s, d in zip(src_rows, dst_rows):
-        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((s, d, 1))
-    return runs
+__all__ = ["HostTier", "copy_rows", "plan_pieces", "row_runs", "STRATEGIES"]
 
 
 def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: Sequence[int],
@@ -163,7 +153,7 @@ class HostTier:
         # Counts bytes and blocks moved. Occupancy is not tracked here: the scheduler's manager
         # owns the slots (which hold data, which are free) and reports it.
         self.stats = TierStats()
-        self._pool: torch.Tensor | None = None  # (num_blocks, block row) view of kv_cache
+        self._pool: EnginePool | None = None  # the engine's KV pool, as rows of block bytes
         self._rows: torch.Tensor | None = None  # (num_slots * f, block row) view of buffer
         self.blocks_per_slot = 0  # f, set by register_engine_pool
         # Copy threads per transfer, the caller's included: torch's count by default, so a
@@ -175,30 +165,30 @@ class HostTier:
                          if self.num_threads > 1 else None)
 
     @classmethod
-    def for_pool(cls, kv_cache: torch.Tensor, num_slots: int, blocks_per_slot: int,
+    def for_pool(cls, kv_cache: torch.Tensor | EnginePool, num_slots: int, blocks_per_slot: int,
                  strategy: str = DEFAULT_STRATEGY, num_threads: int | None = None) -> HostTier:
         """A tier whose slots hold `blocks_per_slot` engine blocks of this pool, registered."""
-        block_bytes = kv_cache[0].numel() * kv_cache.element_size()
-        tier = cls(num_slots, blocks_per_slot * block_bytes, strategy, num_threads)
-        tier.register_engine_pool(kv_cache)
+        pool = kv_cache if isinstance(kv_cache, EnginePool) else EnginePool.block_major(kv_cache)
+        tier = cls(num_slots, blocks_per_slot * pool.block_bytes, strategy, num_threads)
+        tier.register_engine_pool(pool)
         return tier
 
-    def register_engine_pool(self, kv_cache: torch.Tensor) -> None:
-        """Keep a byte view of the engine pool; slot_bytes must be a whole number of blocks."""
-        if not kv_cache.is_contiguous():
+    def register_engine_pool(self, kv_cache: torch.Tensor | EnginePool) -> None:
+        """Keep byte views of the engine pool (kvport's block-major tensor, or an EnginePool of
+        several segments); slot_bytes must be a whole number of blocks."""
+        if isinstance(kv_cache, torch.Tensor) and not kv_cache.is_contiguous():
             raise ValueError(f"kv_cache must be contiguous, got strides {kv_cache.stride()}")
-        block_bytes = kv_cache[0].numel() * kv_cache.element_size()
-        if block_bytes == 0 or self.slot_bytes % block_bytes:
+        pool = kv_cache if isinstance(kv_cache, EnginePool) else EnginePool.block_major(kv_cache)
+        if self.slot_bytes % pool.block_bytes:
             raise ValueError(f"slot_bytes {self.slot_bytes} is not a multiple of the engine "
-                             f"block's {block_bytes} bytes")
-        # NOTE: rows of the widest integer type that divides a block: torch's index kernels
-        # move one element per step, and on uint8 rows they run at half the speed of a memcpy.
-        wide = next(t for t in (torch.int64, torch.int32, torch.int16, torch.uint8)
-                    if block_bytes % t.itemsize == 0)
-        row = block_bytes // wide.itemsize
-        self._pool = kv_cache.view(-1).view(torch.uint8).view(wide).view(kv_cache.shape[0], row)
-        self.blocks_per_slot = self.slot_bytes // block_bytes
-        self._rows = self.buffer.view(wide).view(self.num_slots * self.blocks_per_slot, row)
+                             f"block's {pool.block_bytes} bytes")
+        if len(pool.segments) > 1 and self.strategy not in ("numpy", "runs"):
+            raise ValueError(f"copy strategy {self.strategy!r} moves one-segment pools only; "
+                             f"this pool has {len(pool.segments)} segments (use 'numpy')")
+        self._pool = pool
+        self.blocks_per_slot = self.slot_bytes // pool.block_bytes
+        self._rows = self.buffer.view(pool.dtype).view(self.num_slots * self.blocks_per_slot,
+                                                       pool.row_elems)
 
     def slot(self, slot_id: int) -> torch.Tensor:
         """One slot's bytes, (slot_bytes,) uint8: a view the disk tier reads and writes."""
@@ -218,8 +208,7 @@ class HostTier:
         self._check_slots(dst.slot_ids)
         start = time.perf_counter()
         dst_rows = [s * f + k for s in dst.slot_ids for k in range(f)]
-        copy_rows(pool, rows, src.block_ids, dst_rows, self.strategy, self._helpers,
-                  self.num_threads - 1)
+        self._copy(pool, rows, src.block_ids, dst_rows, to_host=True)
         num_bytes = len(dst.slot_ids) * self.slot_bytes
         self.stats.add(bytes_stored=num_bytes, blocks_stored=len(dst.slot_ids),
                        store_seconds=time.perf_counter() - start)
@@ -237,14 +226,25 @@ class HostTier:
         self._check_slots(src.slot_ids)
         start = time.perf_counter()
         src_rows = [s * f + k for s in src.slot_ids for k in range(f)][dst.skip:]
-        copy_rows(rows, pool, src_rows, dst.block_ids, self.strategy, self._helpers,
-                  self.num_threads - 1)
+        self._copy(pool, rows, dst.block_ids, src_rows, to_host=False)
         num_bytes = len(dst.block_ids) * (self.slot_bytes // f)
         self.stats.add(bytes_loaded=num_bytes, blocks_loaded=len(src.slot_ids),
                        load_seconds=time.perf_counter() - start)
         return TransferOutcome(num_bytes)
 
-    def _registered(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _copy(self, pool: EnginePool, rows: torch.Tensor, block_ids: list[int],
+              row_ids: list[int], to_host: bool) -> None:
+        if len(pool.segments) > 1:
+            copy_segments(pool, rows, block_ids, row_ids, to_host, self.strategy, self._helpers,
+                          self.num_threads - 1)
+        elif to_host:
+            copy_rows(pool.segments[0], rows, block_ids, row_ids, self.strategy, self._helpers,
+                      self.num_threads - 1)
+        else:
+            copy_rows(rows, pool.segments[0], row_ids, block_ids, self.strategy, self._helpers,
+                      self.num_threads - 1)
+
+    def _registered(self) -> tuple[EnginePool, torch.Tensor, int]:
         if self._pool is None or self._rows is None:
             raise RuntimeError("HostTier: register_engine_pool(kv_cache) was not called")
         return self._pool, self._rows, self.blocks_per_slot
