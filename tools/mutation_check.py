@@ -38,6 +38,7 @@ ENGINE = f"{TESTS}/test_connector_engine.py"
 FAULTS = f"{TESTS}/test_connector_faults.py"
 ADMISSION = f"{TESTS}/test_connector_admission.py"
 FENCE = f"{TESTS}/test_scheduler_fence.py"
+STAGES = f"{TESTS}/test_store_stages.py"
 ENGINE_DIR = "src/kvport/engine"
 SCHED = "tests/engine/test_scheduler_connector.py"
 
@@ -61,30 +62,14 @@ MUTANTS: list[Mutant] = [
         (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "handle_preemptions waits for jobs_to_flush before the forward overwrites their blocks"),
     Mutant(
-        "fence-submits-queued-stores-first", f"{OFFLOADING}/worker.py",
-        """        queued, self._queued = self._queued, []
-        for job in queued:
-            self._submit(TransferKey(job.job_id), job.src, job.dst)
-        for write in meta.writes:
-            self._submit(TransferKey(write.job_id), write.src, write.dst)
-        if meta.jobs_to_flush:
-            # NOTE: no timeout: the stores copy memory into host slots, which cannot hang, and
-            # returning early would let this step's forward overwrite what they still read.
-            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])
-""",
-        """        queued, self._queued = self._queued, []
-        if meta.jobs_to_flush:
-            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])
-        for job in queued:
-            self._submit(TransferKey(job.job_id), job.src, job.dst)
-        for write in meta.writes:
-            self._submit(TransferKey(write.job_id), write.src, write.dst)
-""",
-        (f"{RACES}::test_a_preempted_requests_blocks_wait_for_its_stores_in_flight",),
-        "stores planned last step are submitted before the fence waits (it ignores unknown ids)"),
+        "sync-stores-report-in-their-step", f"{OFFLOADING}/worker.py",
+        "                transfers.wait([TransferKey(job.job_id) for job in meta.stores])\n",
+        "                pass\n",
+        (f"{STAGES}::test_sync_stores_report_in_the_step_that_computed_them",),
+        "with sync_stores a step's stores report in that step (vLLM may stop stepping)"),
     Mutant(
         "fence-handed-out-blocks", f"{OFFLOADING}/scheduler.py",
-        "        for block in fresh:\n            flush |= self._readers.get(block, set())\n",
+        "        flush |= self._jobs.readers_of(fresh)\n",
         "",
         (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "pending stores reading a block handed out again in this step are flushed"),
@@ -142,18 +127,38 @@ MUTANTS: list[Mutant] = [
     # ---- OffloadingConnector: pins and failures ----------------------------------------------
     Mutant(
         "write-through-pins", f"{OFFLOADING}/scheduler.py",
-        """\
-            slots = self.manager.prepare_load(good)  # pinned until the disk write reports
-            job_id = self._new_job_id()
-            self._jobs[job_id] = _Job(WRITE, job.req_id, good, pinned=good)
-""",
-        """            slots = self.manager.prepare_load(good)
-            self.manager.complete_load(good)
-            job_id = self._new_job_id()
-            self._jobs[job_id] = _Job(WRITE, job.req_id, good, pinned=[])
-""",
+        "            self.manager.prepare_load(good)\n"
+        "            job.pinned, job.failed_keys = good, bad\n",
+        "            job.pinned, job.failed_keys = [], bad\n",
         (f"{RACES}::test_a_write_through_keeps_its_slots_until_it_reports",),
         "host slots stay pinned while the disk write-through reads them"),
+    Mutant(
+        "failed-slots-reserved-until-every-write", f"{OFFLOADING}/scheduler.py",
+        "            job.pinned, job.failed_keys = good, bad\n",
+        "            job.pinned, job.failed_keys = good, []\n"
+        "            self.manager.complete_store(bad, success=False)\n",
+        (f"{STAGES}::test_a_store_is_done_when_every_worker_reported_it",),
+        "a block one rank failed stays reserved while another rank may write its slot to disk"),
+    Mutant(
+        "write-through-started-by-the-worker", f"{OFFLOADING}/worker.py",
+        "        self._submit(TransferKey(job.job_id, Stage.WRITE),\n",
+        "        self._results.append(JobResult(job.job_id, True, stage=Stage.WRITE))\n"
+        "        return\n        self._submit(TransferKey(job.job_id, Stage.WRITE),\n",
+        (f"{STAGES}::test_an_engine_that_stops_stepping_loses_no_store",),
+        "the worker writes a store through to disk itself: no scheduler step is needed"),
+    Mutant(
+        "shutdown-drains-stores", f"{OFFLOADING}/worker.py",
+        "        if pending and not self.transfers.wait(pending, self.shutdown_timeout_s):\n",
+        "        if False:\n",
+        (f"{STAGES}::test_shutdown_lets_the_write_throughs_finish",),
+        "shutdown lets stores and write-throughs in flight finish instead of cancelling them"),
+    Mutant(
+        "a-stage-waits-for-every-worker", f"{OFFLOADING}/jobs.py",
+        "        if self.num_workers == 1:\n",
+        "        if True:\n",
+        (f"{STAGES}::test_a_store_is_done_when_every_worker_reported_it",
+         f"{STAGES}::test_a_load_is_done_when_every_worker_reported_it"),
+        "with several workers (TP ranks) a job's stage is done only when every one reported"),
     Mutant(
         "failed-copy-reported", f"{OFFLOADING}/worker.py",
         "                load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
@@ -185,12 +190,11 @@ MUTANTS: list[Mutant] = [
         (f"{FAULTS}::test_failed_stores_free_their_slots",),
         "slots of a failed store are freed, not published with garbage"),
     Mutant(
-        "stores-queued-every-step", f"{OFFLOADING}/worker.py",
-        "        if meta is not None:\n            self._queued.extend(meta.stores)\n",
-        ("        if meta is not None and did_forward:\n"
-         "            self._queued.extend(meta.stores)\n"),
+        "stores-submitted-every-step", f"{OFFLOADING}/worker.py",
+        "        if meta is not None:\n            for job in meta.stores:",
+        "        if meta is not None and did_forward:\n            for job in meta.stores:",
         (f"{ENGINE}::test_no_store_is_lost_when_every_other_step_has_no_forward[one-step-late]",),
-        "stores reaching the worker on a step without a forward are queued too"),
+        "stores reaching the worker on a step without a forward are submitted too"),
     # ---- the engine's connector bookkeeping (engine/kv_transfer.py, engine/scheduler.py) ------
     Mutant(
         "hold-while-loading", f"{ENGINE_DIR}/kv_transfer.py",

@@ -8,11 +8,10 @@ must then hold exactly a's KV. Usage: engine_free_script.py CONFIG_JSON
 
 from __future__ import annotations
 
-import hashlib
 import importlib.abc
 import json
 import sys
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -24,6 +23,7 @@ class _NoEngine(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _NoEngine())
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: view_records
 
 import torch  # noqa: E402
 
@@ -34,60 +34,14 @@ from kvport.connectors.base import (  # noqa: E402
 from kvport.connectors.driver import KVConnectorDriver  # noqa: E402
 from kvport.connectors.factory import create_connector  # noqa: E402
 from kvport.connectors.views import RequestView, SchedulerOutputView  # noqa: E402
+from view_records import ViewNewRequest, ViewRequest, ViewSchedulerOutput  # noqa: E402
 
 BLOCK_SIZE, NUM_LAYERS, NUM_BLOCKS = 4, 2, 16
 PROMPT = list(range(3, 16))  # 13 tokens: 3 full blocks and one token
 
 
-@dataclass
-class OtherRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    num_computed_tokens: int = 0
-    block_size: int = BLOCK_SIZE
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def block_hashes(self) -> list[bytes]:
-        out, parent = [], b"other-engine"
-        for i in range(self.num_tokens // BLOCK_SIZE):
-            block = self.prompt_token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
-            parent = hashlib.sha256(parent + json.dumps(block).encode()).digest()
-            out.append(parent)
-        return out
-
-
-@dataclass
-class OtherNewRequest:
-    req_id: str
-    block_ids: list[int]
-    num_computed_tokens: int
-
-
-@dataclass
-class OtherSchedulerOutput:
-    scheduled_new_reqs: list[OtherNewRequest]
-    num_scheduled_tokens: dict[str, int]
-    step: int
-    scheduled_cached_reqs: list[Any] = field(default_factory=list)
-    preempted_req_ids: set[str] = field(default_factory=set)
-    finished_req_ids: set[str] = field(default_factory=set)
-    kv_connector_metadata: Any = None
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
-
-
 def step(sched: KVConnectorBase, driver: KVConnectorDriver, kv: torch.Tensor,
-         out: OtherSchedulerOutput, write: list[int]) -> None:
+         out: ViewSchedulerOutput, write: list[int]) -> None:
     """One engine step: metadata, the worker's hooks around a 'forward' that writes random KV
     into the blocks `write`, then the connector output back to the scheduler half."""
     out.kv_connector_metadata = sched.build_connector_meta(out)
@@ -112,11 +66,11 @@ def main(config: dict[str, Any]) -> None:
     kv = torch.zeros(NUM_BLOCKS, NUM_LAYERS, 2, BLOCK_SIZE, 1, 8)
     driver = KVConnectorDriver(create_connector(ktc, KVConnectorRole.WORKER), kv, spec)
 
-    a, b = OtherRequest("a", PROMPT), OtherRequest("b", PROMPT)
+    a, b = ViewRequest("a", PROMPT, BLOCK_SIZE), ViewRequest("b", PROMPT, BLOCK_SIZE)
     assert isinstance(a, RequestView)
     assert sched.get_num_new_matched_tokens(a, 0) == (0, False)
     sched.update_state_after_alloc(a, [0, 1, 2, 3], 0)
-    out = OtherSchedulerOutput([OtherNewRequest("a", [0, 1, 2, 3], 0)], {"a": 13}, step=0)
+    out = ViewSchedulerOutput([ViewNewRequest("a", [0, 1, 2, 3], 0)], {"a": 13}, step=0)
     assert isinstance(out, SchedulerOutputView)
     step(sched, driver, kv, out, write=[0, 1, 2, 3])
     sched.request_finished(a, [0, 1, 2, 3])
@@ -124,7 +78,7 @@ def main(config: dict[str, Any]) -> None:
     num_external, is_async = sched.get_num_new_matched_tokens(b, 0)
     assert (num_external, is_async) == (12, False), (num_external, is_async)
     sched.update_state_after_alloc(b, [4, 5, 6, 7], 12)
-    out = OtherSchedulerOutput([OtherNewRequest("b", [4, 5, 6, 7], 0)], {"b": 1}, step=1,
+    out = ViewSchedulerOutput([ViewNewRequest("b", [4, 5, 6, 7], 0)], {"b": 1}, step=1,
                                finished_req_ids={"a"})
     step(sched, driver, kv, out, write=[7])
     assert torch.equal(kv[4:7], kv[0:3]), "b's blocks do not hold a's KV"

@@ -5,13 +5,16 @@
     ControlledTransfers  the router (a real OffloadingWorker) with a GatedHandler per direction
     ControlledOffloadingConnector   an OffloadingConnector whose worker half uses it
                          (in-process engines only: `kv_connector_module_path` =
-                         "controlled_transfers")
+                         "controlled_transfers"); `SyncStoresControlledConnector` with
+                         sync_stores, and `SyncStoresOffloadingConnector` with sync_stores on
+                         the real transfer threads
 
 A job runs on the thread that releases it, so a scenario is deterministic: nothing moves unless
 the engine step or the test moves it. A wait without a timeout (the worker's block-reuse fence)
 on a held job runs it there, as a real wait would block until the copy is done, and records it
-in `fenced`: a test that expects the fence to hold a job back can check it did. A wait with a
-timeout (the idle wait of a step without a forward) runs nothing.
+in `fenced`: a test that expects the fence to hold a job back can check it did. So does a wait of
+a second or more (shutdown's drain); a shorter one (the idle wait of a step without a forward)
+runs nothing.
 
 Every job snapshots its source when it is submitted and compares at run time: a source that
 changed in between (engine blocks overwritten by a forward, host slots reused by another store)
@@ -54,6 +57,9 @@ from kvport.connectors.offloading.transfers import (
 from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 
 Direction = tuple[str, str]
+# A wait at least this long (shutdown's drain) lets held jobs finish, as a real copy would in
+# that time; a shorter one (a step's 2 ms idle wait) only looks.
+LONG_WAIT_S = 1.0
 
 
 @dataclass
@@ -116,7 +122,7 @@ class GatedHandler(TransferHandler):
     def wait(self, job_ids: Iterable[Hashable], timeout: float | None = None) -> bool:
         wanted = set(job_ids)
         jobs = [j for j in self._jobs if j.id in wanted and j.result is None]
-        if timeout is not None:
+        if timeout is not None and timeout < LONG_WAIT_S:
             return not jobs
         for job in jobs:  # an unbounded wait: the copy finishes while the worker waits
             self._fenced.append(job)
@@ -193,3 +199,16 @@ class ControlledOffloadingConnector(OffloadingConnector):
         transfers = self.worker_half.transfers
         assert isinstance(transfers, ControlledTransfers), transfers
         transfers.pool = kv_cache
+
+
+class SyncStoresControlledConnector(ControlledOffloadingConnector):
+    def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
+        return OffloadingConnectorWorker(config, make_transfers=ControlledTransfers,
+                                         sync_stores=True)
+
+
+class SyncStoresOffloadingConnector(OffloadingConnector):
+    """Real transfers; every step's stores report in that step (as inside vLLM)."""
+
+    def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
+        return OffloadingConnectorWorker(config, sync_stores=True)

@@ -180,14 +180,13 @@ def test_preempted_request_flushes_its_stores_and_loads_them_back() -> None:
     def checked_build(so: SchedulerOutput) -> OffloadingConnectorMetadata:
         nonlocal checked
         pending = {rid: set(st.store_jobs) for rid, st in half._reqs.items()}
-        readers = {b: set(jobs) for b, jobs in half._readers.items()}
-        meta = build(so)
         # Expected from the scheduler's output alone: the preempted requests' pending stores,
         # and the pending stores that read a block handed out in this step.
         fresh = {b for c in so.scheduled_cached_reqs for b in c.new_block_ids}
         fresh |= {b for n in so.scheduled_new_reqs for b in n.block_ids[n.num_computed_tokens // 4:]}
         expected = {j for rid in so.preempted_req_ids for j in pending.get(rid, ())}
-        expected |= {j for b in fresh for j in readers.get(b, ())}
+        expected |= half._jobs.readers_of(fresh)
+        meta = build(so)
         assert meta.jobs_to_flush == expected
         checked += bool(so.preempted_req_ids and expected)
         return meta

@@ -1,20 +1,27 @@
 """What the OffloadingConnector's halves send each other: transfer jobs (scheduler -> worker) and
 job results (worker -> scheduler). Plain data, picklable: the worker may run in another process.
 
-Job kinds:
-    store      ENGINE -> HOST: full offload blocks a step computed, into slots the manager reserved
-    load       [DISK -> HOST promotion, then] HOST -> ENGINE: a request's hit, one job id
-    write      HOST -> DISK: write-through of slots a store just filled (the slots stay pinned)
+Jobs, and the stages a worker reports for each:
+    store      COPY: ENGINE -> HOST, full offload blocks a step computed, into slots the manager
+               reserved; then, with a disk tier, WRITE: HOST -> DISK of the slots it filled,
+               which the worker starts itself (no step of the scheduler is needed in between)
+    load       PROMOTION: DISK -> HOST of the hit's disk-only blocks (when any), then
+               COPY: HOST -> ENGINE; one job id, reported once
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from kvport.connectors.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 from kvport.connectors.offloading.mediums import DiskBlocks, EngineBlocks, HostBlocks
 
-STORE, LOAD, WRITE = "store", "load", "write"
+
+class Stage(enum.Enum):
+    COPY = "copy"  # a store's ENGINE -> HOST or a load's HOST -> ENGINE copy
+    PROMOTION = "promotion"  # a load's DISK -> HOST stage, run before its copy (not reported)
+    WRITE = "write"  # a store's HOST -> DISK write-through, run after its copy
 
 
 @dataclass
@@ -22,13 +29,8 @@ class StoreJob:
     job_id: int
     src: EngineBlocks  # f engine blocks per offload block, in key order
     dst: HostBlocks
-
-
-@dataclass
-class WriteJob:
-    job_id: int
-    src: HostBlocks
-    dst: DiskBlocks
+    # With a disk tier: the keys of dst's slots, written through to disk once the copy is done.
+    write_dst: DiskBlocks | None = None
 
 
 @dataclass
@@ -48,10 +50,9 @@ class LoadJob:
 
 @dataclass
 class OffloadingConnectorMetadata(KVConnectorMetadata):
-    # Stores of this step's computed blocks: queued by get_finished (after the forward wrote
-    # them) and submitted at the start of the next step.
+    # Stores of this step's computed blocks: submitted by get_finished, after the forward
+    # wrote them.
     stores: list[StoreJob] = field(default_factory=list)
-    writes: list[WriteJob] = field(default_factory=list)  # submitted at the start of this step
     loads: list[LoadJob] = field(default_factory=list)  # submitted in start_load_kv
     # Store jobs that must finish before this step writes KV: they read blocks that were freed
     # (preemption, finished request) and are handed out again in this step.
@@ -60,12 +61,24 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
 
 @dataclass
 class JobResult:
+    """One worker's result for one stage of a job."""
+
     job_id: int
     success: bool
-    # For loads: positions in the destination that hold no valid data. For stores and writes:
-    # positions (offload blocks) that were not written.
+    # Loads: engine blocks that hold no valid data. Stores (COPY and WRITE): positions (offload
+    # blocks, in the job's key order) that were not written.
     failed_indices: list[int] = field(default_factory=list)
     promote_failed: list[int] = field(default_factory=list)  # loads: positions in promote_dst
+    stage: Stage = Stage.COPY
+
+    def merged(self, other: JobResult) -> JobResult:
+        """The result of a stage that two workers ran (each on its shard): whatever failed on
+        either failed."""
+        assert (other.job_id, other.stage) == (self.job_id, self.stage), (self, other)
+        return JobResult(self.job_id, self.success and other.success,
+                         sorted(set(self.failed_indices) | set(other.failed_indices)),
+                         sorted(set(self.promote_failed) | set(other.promote_failed)),
+                         self.stage)
 
 
 @dataclass

@@ -20,8 +20,10 @@ each request copies its own (reads of ready slots run in parallel).
 
 Stores (`build_connector_meta`): every full offload block that the step computes (or that a hit
 covered without it being in the host tier) gets a slot from prepare_store and one ENGINE->HOST
-job per request and step. A full host tier (None) retries the next step. When a store
-completes, a HOST->DISK job writes the same slots through to disk while they stay pinned.
+job per request and step. A full host tier (None) retries the next step. With a disk tier the
+job also names its keys' disk entries: once a worker's copy is done, the worker writes the same
+slots through to disk by itself. When every worker reported the copy, the keys become ready and
+stay pinned until every worker reported the write (see jobs.py for the stages).
 
 The fence: `request_finished` returns False, so a finished or preempted request's blocks go back
 to the pool at once, while its store jobs may not have read them yet. Every step, the pending
@@ -46,11 +48,11 @@ from kvport.connectors.offloading.admission import admission_for
 from kvport.connectors.offloading.arc import ARCManager
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
+from kvport.connectors.offloading.jobs import LOAD, STORE, Job, JobTable
 from kvport.connectors.offloading.lru import LRUManager
 from kvport.connectors.offloading.mediums import DISK, HOST, DiskBlocks, EngineBlocks, HostBlocks
 from kvport.connectors.offloading.metadata import (
-    LOAD, STORE, WRITE, JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata,
-    StoreJob, WriteJob,
+    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage, StoreJob,
 )
 from kvport.connectors.offloading.policy import PolicyManager
 from kvport.connectors.offloading.tiers.disk_format import DiskLocation
@@ -59,18 +61,6 @@ if TYPE_CHECKING:
     from kvport.connectors.views import RequestView, SchedulerOutputView
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Job:
-    kind: str  # STORE, LOAD or WRITE
-    req_id: str
-    keys: list[bytes]  # STORE/WRITE: the slots' keys; LOAD: the host hits
-    src_blocks: list[int] = field(default_factory=list)  # STORE: engine blocks read (fence)
-    promoted: list[bytes] = field(default_factory=list)  # LOAD: keys promoted from disk
-    # Host keys this job pinned (prepare_load), unpinned when it reports: a LOAD's host hits,
-    # a WRITE's slots (no store may reuse a slot the disk write still reads).
-    pinned: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -114,7 +104,7 @@ def make_manager(config: OffloadingConfig, num_slots: int) -> PolicyManager:
 
 class OffloadingScheduler:
     def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool = True,
-                 store: bool = True) -> None:
+                 store: bool = True, num_workers: int = 1) -> None:
         self.load_enabled, self.store_enabled = load, store  # kv_role consumer / producer
         self.geometry = geometry
         self.block_size = geometry.block_size
@@ -126,13 +116,11 @@ class OffloadingScheduler:
                      if disk is not None else None)
         self._reqs: dict[str, _ReqState] = {}
         self._matches: dict[str, _Match] = {}  # req_id -> its latest match
-        self._jobs: dict[int, _Job] = {}  # in flight (planned, not reported)
-        self._readers: dict[int, set[int]] = {}  # engine block -> store jobs reading it
-        self._next_job_id = 0
+        # In flight (planned, not every stage reported by every worker: one per TP rank).
+        self._jobs = JobTable(num_workers)
         self._fresh_blocks: set[int] = set()  # handed out in this step (after_alloc)
         self._finished: set[str] = set()  # finished requests kept until their jobs report
         self._loads: list[LoadJob] = []  # for the next metadata
-        self._writes: list[WriteJob] = []
         self.stats = HitStats()
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
 
@@ -202,7 +190,7 @@ class OffloadingScheduler:
         first_block = match.num_local // self.block_size  # engine blocks before it are local
         num_host, num_disk = len(match.host_keys), len(match.disk_keys)
         slots = self.manager.prepare_load(match.host_keys)  # pinned until the load reports
-        job = _Job(LOAD, rid, list(match.host_keys), pinned=list(match.host_keys))
+        job = Job(LOAD, rid, list(match.host_keys), pinned=list(match.host_keys))
         promote_src = promote_dst = None
         if num_disk:
             # Host slots for the promotion. The keys are hits, admitted when first stored:
@@ -217,20 +205,19 @@ class OffloadingScheduler:
         loadable_end = (match.start + num_host + len(job.promoted)) * f
         hit_end = (match.start + num_host + num_disk) * f
         dst = st.block_ids[first_block:loadable_end]
-        load = LoadJob(self._new_job_id(), rid, HostBlocks(slots),
+        load = LoadJob(self._jobs.add(job), rid, HostBlocks(slots),
                        EngineBlocks(dst, first_block - match.start * f if dst else 0),
                        promote_src, promote_dst,
                        unloadable=st.block_ids[max(first_block, loadable_end):hit_end])
         st.load_job = load.job_id
-        self._jobs[load.job_id] = job
         self._loads.append(load)
         self.stats.num_load_jobs += 1
 
     # ---- per step ------------------------------------------------------------------------------
 
     def build_connector_meta(self, so: SchedulerOutputView) -> OffloadingConnectorMetadata:
-        meta = OffloadingConnectorMetadata(writes=self._writes, loads=self._loads)
-        self._writes, self._loads = [], []
+        meta = OffloadingConnectorMetadata(loads=self._loads)
+        self._loads = []
         flush: set[int] = set()
         for rid in so.preempted_req_ids:
             st = self._reqs.get(rid)
@@ -253,8 +240,7 @@ class OffloadingScheduler:
             st.block_ids.extend(cached.new_block_ids)
             fresh.update(cached.new_block_ids)
             computed[cached.req_id] = cached.num_computed_tokens
-        for block in fresh:
-            flush |= self._readers.get(block, set())
+        flush |= self._jobs.readers_of(fresh)
         meta.jobs_to_flush = flush
         self.stats.num_flushed_jobs += len(flush)
         for rid, num_computed in computed.items():
@@ -287,13 +273,12 @@ class OffloadingScheduler:
         position = {k: first + i for i, k in enumerate(wanted)}
         src = [b for k in out.keys_to_store
                for b in st.block_ids[position[k] * f:(position[k] + 1) * f]]
-        job_id = self._new_job_id()
-        self._jobs[job_id] = _Job(STORE, rid, list(out.keys_to_store), src)
+        keys = list(out.keys_to_store)
+        job_id = self._jobs.add(Job(STORE, rid, keys, src, writes_through=self.disk is not None))
         st.store_jobs.add(job_id)
-        for b in src:
-            self._readers.setdefault(b, set()).add(job_id)
         self.stats.num_store_jobs += 1
-        return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids))
+        return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids),
+                        DiskBlocks(keys) if self.disk is not None else None)
 
     def update_connector_output(self, out: KVConnectorOutput) -> None:
         meta = out.worker_meta
@@ -301,42 +286,56 @@ class OffloadingScheduler:
             return
         assert isinstance(meta, OffloadingWorkerMetadata), f"not the offloading worker's: {meta!r}"
         self.tier_stats.update(meta.tier_stats)
-        for result in meta.results:
-            job = self._jobs.pop(result.job_id, None)
+        for one in meta.results:
+            job = self._jobs.get(one.job_id)
             if job is None:
-                logger.warning("OffloadingConnector: result of unknown job %d", result.job_id)
+                logger.warning("OffloadingConnector: result of unknown job %d", one.job_id)
                 continue
-            if job.kind == STORE:
-                self._finish_store(result, job)
-            elif job.kind == LOAD:
+            result = self._jobs.complete(one)
+            if result is None:
+                continue  # other workers have not reported this stage yet
+            if job.kind == STORE and result.stage is Stage.COPY:
+                self._finish_copy(result, job)
+            elif job.kind == STORE:
+                self._finish_write(result, job)
+            else:
+                self._jobs.pop(result.job_id)
                 self._finish_load(result, job)
-            self.manager.complete_load(job.pinned)
+                self.manager.complete_load(job.pinned)
 
-    def _finish_store(self, result: JobResult, job: _Job) -> None:
-        for b in job.src_blocks:
-            readers = self._readers.get(b)
-            if readers is not None:
-                readers.discard(result.job_id)
-                if not readers:
-                    del self._readers[b]
+    def _finish_copy(self, result: JobResult, job: Job) -> None:
+        """Every worker copied the store's blocks into host slots: its keys are ready (the
+        failed ones freed), and the fence no longer waits for it."""
+        self._jobs.release_reads(result.job_id, job)
         st = self._reqs.get(job.req_id)
         if st is not None:
             st.store_jobs.discard(result.job_id)
-            self._forget_if_done(job.req_id)
         failed = set(result.failed_indices)
         good = [k for i, k in enumerate(job.keys) if i not in failed]
         bad = [k for i, k in enumerate(job.keys) if i in failed]
         if bad:
             self.stats.num_failed_stores += 1
-            self.manager.complete_store(bad, success=False)
         self.manager.complete_store(good, success=True)
-        if self.disk is not None and good:
-            slots = self.manager.prepare_load(good)  # pinned until the disk write reports
-            job_id = self._new_job_id()
-            self._jobs[job_id] = _Job(WRITE, job.req_id, good, pinned=good)
-            self._writes.append(WriteJob(job_id, HostBlocks(slots), DiskBlocks(good)))
+        if job.writes_through:
+            # NOTE: the workers write their slots to disk now: keep the ready ones pinned and
+            # the failed ones reserved (a worker whose copy worked may be writing them) until
+            # every worker reported its write.
+            self.manager.prepare_load(good)
+            job.pinned, job.failed_keys = good, bad
+        else:
+            self.manager.complete_store(bad, success=False)
+            self._jobs.pop(result.job_id)
+        if st is not None:
+            self._forget_if_done(job.req_id)
 
-    def _finish_load(self, result: JobResult, job: _Job) -> None:
+    def _finish_write(self, result: JobResult, job: Job) -> None:
+        """Every worker's write-through ended (written, skipped or failed: the disk tier counts
+        which); the slots it read may be reused."""
+        self._jobs.pop(result.job_id)
+        self.manager.complete_load(job.pinned)
+        self.manager.complete_store(job.failed_keys, success=False)
+
+    def _finish_load(self, result: JobResult, job: Job) -> None:
         if job.promoted:
             failed = set(result.promote_failed)
             self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
@@ -385,10 +384,6 @@ class OffloadingScheduler:
         """Host slots that are free or could be freed (not pinned, not being written)."""
         return self.geometry.num_slots - self.manager.num_pinned - self.manager.num_being_written
 
-    def _new_job_id(self) -> int:
-        self._next_job_id += 1
-        return self._next_job_id
-
     def metrics(self) -> dict[str, Any]:
         """Per tier: the worker's transfer counters, with what only this half knows (lookups,
         hits, evictions and occupancy of the host tier are the manager's)."""
@@ -412,6 +407,9 @@ class OffloadingScheduler:
     def check_no_leaks(self) -> None:
         """Raise if any job, pinned or half-written host block is left (tests call it)."""
         self.manager.check_integrity()
+        problems = self._jobs.check()
+        if problems:
+            raise RuntimeError(f"OffloadingConnector: {'; '.join(problems)}")
         if self._jobs or self.manager.num_pinned or self.manager.num_being_written:
             raise RuntimeError(f"OffloadingConnector: {len(self._jobs)} jobs in flight, "
                                f"{self.manager.num_pinned} pinned and "

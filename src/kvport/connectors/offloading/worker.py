@@ -1,22 +1,27 @@
 """The OffloadingConnector's worker half: runs the jobs the scheduler half planned.
 
 Every step, in the driver's order:
-    handle_preemptions  submit the stores queued last step, then this step's write-throughs, then
-                        wait for `jobs_to_flush` (stores reading blocks handed out again now)
+    handle_preemptions  wait for `jobs_to_flush` (stores reading blocks handed out again now)
     start_load_kv       submit this step's loads (a promotion DISK->HOST first when needed)
-    get_finished        queue this step's stores (the forward has written their blocks), poll
-                        completions: a promotion that finished starts its HOST->ENGINE copy;
-                        a finished load reports its request in finished_recving and its failed
-                        engine blocks as load errors
-Nothing is left to wait_for_save, which no-forward steps skip.
+    get_finished        submit this step's stores (the forward has written their blocks); with
+                        `sync_stores`, wait for them, so they report in this very step; poll
+                        completions: a store whose copy finished starts its write-through to
+                        disk; a promotion that finished starts its HOST->ENGINE copy; a finished
+                        load reports its request in finished_recving and its failed engine
+                        blocks as load errors
+Nothing is left to wait_for_save, which no-forward steps skip in kvport's engine order.
+
+`sync_stores` is for engines that may stop stepping as soon as no request is left (vLLM's
+in-process LLM): the last step's stores must be in the host tier, and the scheduler half must
+know it, when generate() returns; their write-through then runs with no further step.
 
 Job ids come from the scheduler half. Transfers are submitted under a `TransferKey` (job id,
-stage): a load with disk-only blocks runs its PROMOTION (DISK->HOST) first, then its COPY.
+stage): a load with disk-only blocks runs its PROMOTION (DISK->HOST) first, then its COPY; a
+store its COPY (ENGINE->HOST), then with a disk tier its WRITE (HOST->DISK).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,10 +30,13 @@ import torch
 
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
-from kvport.connectors.offloading.mediums import DISK, HOST, EngineBlocks, HostBlocks, LoadStoreSpec
-from kvport.connectors.offloading.metadata import (
-    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, StoreJob,
+from kvport.connectors.offloading.mediums import (
+    DISK, HOST, DiskBlocks, EngineBlocks, HostBlocks, LoadStoreSpec,
 )
+from kvport.connectors.offloading.metadata import (
+    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage, StoreJob,
+)
+from kvport.connectors.offloading.tiers.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.transfers import (
@@ -39,11 +47,7 @@ logger = logging.getLogger(__name__)
 
 TransfersFactory = Callable[[HostTier, "DiskTier | None"], OffloadingWorker]
 IDLE_WAIT_S = 0.002  # a step with no forward waits this long for a transfer, instead of spinning
-
-
-class Stage(enum.Enum):
-    COPY = "copy"  # a store, a write-through, or a load's HOST->ENGINE copy
-    PROMOTION = "promotion"  # a load's DISK->HOST stage, run before its copy
+__all__ = ["OffloadingConnectorWorker", "Stage", "TransferKey"]
 
 
 @dataclass(frozen=True)
@@ -64,21 +68,24 @@ class _Load:
 
 class OffloadingConnectorWorker:
     def __init__(self, config: OffloadingConfig,
-                 make_transfers: TransfersFactory = build_tier_worker) -> None:
+                 make_transfers: TransfersFactory = build_tier_worker,
+                 sync_stores: bool = False) -> None:
         self.config = config
         self._make_transfers = make_transfers
+        self.sync_stores = sync_stores
         self.geometry: OffloadGeometry | None = None  # set by register_kv_caches
         self.host: HostTier | None = None
         self.disk: DiskTier | None = None
         self.transfers: OffloadingWorker | None = None
-        self._queued: list[StoreJob] = []  # planned last step, submitted at the start of this one
+        self._stores: dict[int, StoreJob] = {}  # job id -> store whose copy is in flight
         self._loads: dict[int, _Load] = {}  # job id -> load in flight
         self._in_flight: set[TransferKey] = set()  # submitted to the transfers, not reported
         self._ready: list[_Load] = []  # loads done, to report in this step's get_finished
         self._results: list[JobResult] = []  # for the next worker metadata
         self._load_errors: set[int] = set()
 
-    def register_kv_caches(self, kv_cache: torch.Tensor, geometry: OffloadGeometry) -> None:
+    def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool,
+                           geometry: OffloadGeometry) -> None:
         self.geometry = geometry
         self.host = HostTier.for_pool(kv_cache, geometry.num_slots, geometry.block_factor)
         assert self.host.slot_bytes == geometry.slot_bytes, \
@@ -89,11 +96,6 @@ class OffloadingConnectorWorker:
         self.transfers = self._make_transfers(self.host, self.disk)
 
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
-        queued, self._queued = self._queued, []
-        for job in queued:
-            self._submit(TransferKey(job.job_id), job.src, job.dst)
-        for write in meta.writes:
-            self._submit(TransferKey(write.job_id), write.src, write.dst)
         if meta.jobs_to_flush:
             # NOTE: no timeout: the stores copy memory into host slots, which cannot hang, and
             # returning early would let this step's forward overwrite what they still read.
@@ -112,10 +114,15 @@ class OffloadingConnectorWorker:
 
     def get_finished(self, meta: OffloadingConnectorMetadata | None,
                      did_forward: bool) -> set[str]:
-        """Queues this step's stores; returns the requests whose load finished."""
-        if meta is not None:
-            self._queued.extend(meta.stores)
+        """Submits this step's stores; returns the requests whose load finished."""
         transfers = self._transfers()
+        if meta is not None:
+            for job in meta.stores:  # the forward has written their blocks
+                self._stores[job.job_id] = job
+                self._submit(TransferKey(job.job_id), job.src, job.dst)
+            if self.sync_stores and meta.stores:
+                # NOTE: no timeout, as for the fence: these copy memory into host slots.
+                transfers.wait([TransferKey(job.job_id) for job in meta.stores])
         done = transfers.get_finished()
         if not done and not did_forward and self._in_flight:
             transfers.wait(self._in_flight, timeout=IDLE_WAIT_S)
@@ -130,11 +137,28 @@ class OffloadingConnectorWorker:
             elif load is not None:
                 load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]
                 self._ready.append(load)
-            else:
+            elif key.stage is Stage.COPY:
+                self._on_stored(self._stores.pop(key.job_id), result)
+            else:  # a store's write-through
                 self._results.append(JobResult(key.job_id, result.success,
-                                               list(result.failed_indices)))
+                                               list(result.failed_indices), stage=Stage.WRITE))
         ready, self._ready = self._ready, []
         return {self._finish_load(load) for load in ready}
+
+    def _on_stored(self, job: StoreJob, result: TransferResult) -> None:
+        """The store's copy finished: report it, and write the slots it filled through to disk
+        (reported as its WRITE stage; nothing to write is reported at once)."""
+        failed = list(result.failed_indices)
+        self._results.append(JobResult(job.job_id, result.success, failed))
+        if job.write_dst is None:
+            return
+        good = [i for i in range(len(job.dst.slot_ids)) if i not in set(failed)]
+        if not good:
+            self._results.append(JobResult(job.job_id, True, stage=Stage.WRITE))
+            return
+        self._submit(TransferKey(job.job_id, Stage.WRITE),
+                     HostBlocks([job.dst.slot_ids[i] for i in good]),
+                     DiskBlocks([job.write_dst.keys[i] for i in good]))
 
     def _on_promoted(self, load: _Load, result: TransferResult) -> None:
         """The promotion finished: copy every block that is in host memory now to the engine."""
@@ -183,12 +207,20 @@ class OffloadingConnectorWorker:
             stats[DISK] = self.disk.stats.snapshot()
         return OffloadingWorkerMetadata(results, stats)
 
-    shutdown_timeout_s = 5.0  # how long shutdown waits for running transfers
+    shutdown_timeout_s = 30.0  # how long shutdown waits for stores and write-throughs
 
     def shutdown(self) -> None:
-        """Cancels queued transfers and waits a bounded time for running ones."""
-        if self.transfers is not None:
-            self.transfers.shutdown(self.shutdown_timeout_s)
+        """Lets stores and write-throughs in flight finish (bounded: `shutdown_timeout_s`), so
+        what the engine computed reaches the host and disk tiers; then cancels what is left
+        (loads nobody waits for) and stops the transfer threads."""
+        if self.transfers is None:
+            return
+        pending = [k for k in self._in_flight if k.stage is not Stage.PROMOTION
+                   and k.job_id not in self._loads]
+        if pending and not self.transfers.wait(pending, self.shutdown_timeout_s):
+            logger.warning("OffloadingConnector: %d stores or write-throughs still running after "
+                           "%.0f s at shutdown; abandoned", len(pending), self.shutdown_timeout_s)
+        self.transfers.shutdown(0.0)
 
     def _submit(self, key: TransferKey, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
         self._in_flight.add(key)
