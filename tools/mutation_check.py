@@ -126,6 +126,12 @@ MUTANTS: list[Mutant] = [
         "a request matched several times before admission counts once for store_threshold"),
     # ---- OffloadingConnector: pins and failures ----------------------------------------------
     Mutant(
+        "failed-load-not-offered-again", f"{OFFLOADING}/scheduler.py",
+        "        if not self.load_enabled or (st is not None and st.load_failed):\n",
+        "        if not self.load_enabled:\n",
+        ("tests/vllm/test_vllm_scheduler.py::test_a_failed_load_is_recomputed",),
+        "a request whose load failed is not offered it again (vLLM would retry it forever)"),
+    Mutant(
         "write-through-pins", f"{OFFLOADING}/scheduler.py",
         "            self.manager.prepare_load(good)\n"
         "            job.pinned, job.failed_keys = good, bad\n",

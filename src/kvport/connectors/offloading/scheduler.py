@@ -70,6 +70,9 @@ class _ReqState:
     next_store_idx: int = 0  # offload blocks below this were offered to the host tier
     store_jobs: set[int] = field(default_factory=set)
     load_job: int | None = None
+    # A load of this request failed: it is not offered another one (the engine recomputes the
+    # blocks; offering them again could fail the same way, forever).
+    load_failed: bool = False
 
 
 @dataclass
@@ -121,6 +124,7 @@ class OffloadingScheduler:
         self._fresh_blocks: set[int] = set()  # handed out in this step (after_alloc)
         self._finished: set[str] = set()  # finished requests kept until their jobs report
         self._loads: list[LoadJob] = []  # for the next metadata
+        self._hit_split: dict[str, tuple[int, int]] = {}  # req_id -> (host, disk) hit tokens
         self.stats = HitStats()
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
 
@@ -136,7 +140,7 @@ class OffloadingScheduler:
         keys = self.geometry.keys(request.block_hashes)
         start = num_local // self.offload_tokens
         self._matches[rid] = _Match(num_local, start, keys[start:])
-        if not self.load_enabled:
+        if not self.load_enabled or (st is not None and st.load_failed):
             return 0, False
         num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
         self.manager.touch(keys[:start + num_host])  # the prefix's first block most recent
@@ -164,7 +168,8 @@ class OffloadingScheduler:
         rid = request.request_id
         old = self._reqs.get(rid)
         match = self._matches.pop(rid, None)
-        st = _ReqState(request, list(block_ids), store_jobs=set(old.store_jobs) if old else set())
+        st = _ReqState(request, list(block_ids), store_jobs=set(old.store_jobs) if old else set(),
+                       load_failed=old is not None and old.load_failed)
         self._reqs[rid] = st
         # Blocks new to this request may have been freed by another one with a store pending.
         if old is not None and old.block_ids and old.block_ids == block_ids[:len(old.block_ids)]:
@@ -183,7 +188,13 @@ class OffloadingScheduler:
             num_host = max(0, host_end - match.num_local)
             self.stats.num_host_hit_tokens += num_host
             self.stats.num_disk_hit_tokens += num_external - num_host
+            self._hit_split[rid] = (num_host, num_external - num_host)
             self._plan_load(rid, st, match)
+
+    def take_hit_split(self, req_id: str) -> tuple[int, int]:
+        """(host, disk) tokens of the request's latest hit: for engines that report hits by
+        source (vLLM)."""
+        return self._hit_split.pop(req_id, (0, 0))
 
     def _plan_load(self, rid: str, st: _ReqState, match: _Match) -> None:
         f = self.factor
@@ -347,6 +358,7 @@ class OffloadingScheduler:
         st = self._reqs.get(job.req_id)
         if st is not None:
             st.load_job = None
+            st.load_failed = st.load_failed or not result.success
             self._forget_if_done(job.req_id)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -355,6 +367,7 @@ class OffloadingScheduler:
         """The blocks are freed now; pending stores keep reading them under the fence."""
         rid = request.request_id
         self._matches.pop(rid, None)
+        self._hit_split.pop(rid, None)
         st = self._reqs.get(rid)
         if st is not None:
             st.request, st.block_ids, st.next_store_idx = None, [], 0

@@ -1,0 +1,24 @@
+"""kvport's connectors inside vLLM.
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "OffloadingConnector",
+        "kv_connector_module_path": "kvport.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 4294967296}}'
+
+vLLM imports this module and asks it for the class named in `kv_connector`. Importing it needs
+no vLLM; asking for a connector class imports vLLM lazily and checks its version (see compat).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["OffloadingConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OffloadingConnector":
+        from kvport.vllm.connector import OffloadingConnector
+
+        return OffloadingConnector
+    raise AttributeError(f"module 'kvport.vllm' has no attribute {name!r}; its connectors: "
+                         f"{__all__}")

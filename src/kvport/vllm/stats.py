@@ -1,0 +1,141 @@
+"""kvport's connector counters in vLLM's logs ("KV Transfer metrics: ...") and on the
+Prometheus endpoint of `vllm serve` (`/metrics`, names `vllm:kvport_*`).
+
+The scheduler half holds every number: its own (hits by tier, evictions, occupancy, failed jobs)
+and the workers' cumulative tier counters, which reach it with each step's worker metadata. The
+scheduler-side connector therefore reports the interval's increase of each counter (and the
+current value of each gauge) from `get_kv_connector_stats`; vLLM adds that to the workers' stats
+(kvport's workers report none), sums it over the logging interval with `aggregate`, logs
+`reduce()`, and hands each step's numbers to `KvportPromMetrics.observe`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvport.vllm.compat import require_vllm
+
+require_vllm()
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # noqa: E402
+    KVConnectorPromMetrics, KVConnectorStats,
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # flat key in the stats dict: "<section>.<counter>" of the connector's metrics()
+    name: str  # Prometheus name
+    labels: tuple[tuple[str, str], ...]
+    gauge: bool = False  # a level: the latest value, not a sum
+
+
+def _m(key: str, name: str, gauge: bool = False, **labels: str) -> Metric:
+    return Metric(key, f"vllm:kvport_{name}", tuple(labels.items()), gauge)
+
+
+METRICS = (
+    _m("requests.num_queried_tokens", "queried_tokens_total"),
+    _m("host.hit_tokens", "hit_tokens_total", tier="host"),
+    _m("disk.hit_tokens", "hit_tokens_total", tier="disk"),
+    _m("host.bytes_stored", "transfer_bytes_total", tier="host", direction="store"),
+    _m("host.bytes_loaded", "transfer_bytes_total", tier="host", direction="load"),
+    _m("disk.bytes_stored", "transfer_bytes_total", tier="disk", direction="store"),
+    _m("disk.bytes_loaded", "transfer_bytes_total", tier="disk", direction="load"),
+    _m("host.store_seconds", "transfer_seconds_total", tier="host", direction="store"),
+    _m("host.load_seconds", "transfer_seconds_total", tier="host", direction="load"),
+    _m("disk.store_seconds", "transfer_seconds_total", tier="disk", direction="store"),
+    _m("disk.load_seconds", "transfer_seconds_total", tier="disk", direction="load"),
+    _m("host.evictions", "evicted_blocks_total", tier="host"),
+    _m("disk.evictions", "evicted_blocks_total", tier="disk"),
+    _m("requests.num_failed_loads", "failures_total", kind="load"),
+    _m("requests.num_failed_stores", "failures_total", kind="store"),
+    _m("disk.failures", "failures_total", kind="disk_io"),
+    _m("disk.skipped_stores", "skipped_stores_total", tier="disk"),
+    _m("host.occupancy_bytes", "occupancy_bytes", gauge=True, tier="host"),
+    _m("disk.occupancy_bytes", "occupancy_bytes", gauge=True, tier="disk"),
+)
+_GAUGES = {m.key for m in METRICS if m.gauge}
+_DOC = {
+    "queried_tokens_total": "Prompt tokens beyond the engine's own prefix hit asked of kvport.",
+    "hit_tokens_total": "Prompt tokens kvport loaded, by the tier they came from.",
+    "transfer_bytes_total": "Bytes kvport moved, by tier and direction.",
+    "transfer_seconds_total": "Seconds kvport's copies and file I/O took, by tier and direction.",
+    "evicted_blocks_total": "Offload blocks evicted, by tier.",
+    "failures_total": "Failed loads, stores and disk I/O.",
+    "skipped_stores_total": "Stores skipped because the tier was full.",
+    "occupancy_bytes": "Bytes held, by tier.",
+}
+
+
+def flatten(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers METRICS names, from the connector's metrics() (missing tiers are absent)."""
+    out: dict[str, float] = {}
+    for m in METRICS:
+        section, _, name = m.key.partition(".")
+        value = metrics.get(section, {}).get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[m.key] = float(value)
+    return out
+
+
+class StatsDelta:
+    """Turns cumulative counters into per-interval increases (gauges pass through)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def take(self, current: dict[str, float]) -> dict[str, float]:
+        out = {k: v if k in _GAUGES else v - self._last.get(k, 0.0) for k, v in current.items()}
+        self._last = dict(current)
+        return {k: v for k, v in out.items() if v or k in _GAUGES}
+
+
+class KvportStats(KVConnectorStats):
+    """`data`: flat metric key -> increase in the interval (gauges: the latest value)."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KvportStats:
+        data = dict(self.data)
+        for key, value in other.data.items():
+            data[key] = value if key in _GAUGES else data.get(key, 0.0) + value
+        return KvportStats(data=data)
+
+    def reduce(self) -> dict[str, int | float]:
+        return {key: round(value, 6) for key, value in sorted(self.data.items())}
+
+    def is_empty(self) -> bool:
+        return not any(value for key, value in self.data.items() if key not in _GAUGES)
+
+
+class KvportPromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter or gauge per name, labelled by engine and by tier, direction or
+    kind (METRICS)."""
+
+    def __init__(self, vllm_config: Any, metric_types: dict[type, type], labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._families: dict[str, Any] = {}
+        for m in METRICS:
+            if m.name in self._families:
+                continue
+            cls = self._gauge_cls if m.gauge else self._counter_cls
+            extra = [k for k, _ in m.labels]
+            short = m.name.removeprefix("vllm:kvport_")
+            self._families[m.name] = cls(name=m.name, documentation=_DOC[short],
+                                         labelnames=labelnames + extra)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        base = self.per_engine_labelvalues[engine_idx]
+        for m in METRICS:
+            value = transfer_stats_data.get(m.key)
+            if value is None:
+                continue
+            metric = self._families[m.name].labels(*base, *[v for _, v in m.labels])
+            if m.gauge:
+                metric.set(value)
+            elif value > 0:
+                metric.inc(value)

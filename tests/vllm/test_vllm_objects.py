@@ -1,0 +1,84 @@
+"""vLLM's objects read as kvport's connector views, the pool geometry, and the namespace of a
+persistent tier (what vLLM's block hashes lack)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from harness import BLOCK_SIZE, kv_cache_config, offload_extra, vllm_config
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+from kvport.connectors.views import RequestView, SchedulerOutputView
+from kvport.vllm.connector import OffloadingConnector
+from kvport.vllm.objects import (
+    RequestAdapter, adapt_scheduler_output, engine_pool, hash_root, hashes_are_stable,
+)
+
+
+def test_a_resumed_request_is_new_with_its_whole_block_table() -> None:
+    so = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="n", block_ids=([1, 2],), num_computed_tokens=0)],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=["c", "r"], resumed_req_ids={"r"}, new_block_ids=[None, ([5, 6, 7],)],
+            num_computed_tokens=[33, 0]),
+        num_scheduled_tokens={"n": 20, "c": 1, "r": 40}, total_num_scheduled_tokens=61,
+        preempted_req_ids=None, finished_req_ids={"f"})
+    view = adapt_scheduler_output(so, step=4)
+    assert isinstance(view, SchedulerOutputView)
+    assert [(r.req_id, r.block_ids) for r in view.scheduled_new_reqs] == [("n", [1, 2]),
+                                                                         ("r", [5, 6, 7])]
+    assert [(r.req_id, r.new_block_ids) for r in view.scheduled_cached_reqs] == [("c", [])]
+    assert view.preempted_req_ids == set() and view.step == 4
+
+
+def test_a_request_reads_live_through_the_view() -> None:
+    req = SimpleNamespace(request_id=7, prompt_token_ids=None, num_prompt_tokens=3,
+                          num_tokens=3, num_computed_tokens=0, block_hashes=[])
+    view = RequestAdapter(req, BLOCK_SIZE)
+    assert isinstance(view, RequestView) and view.request_id == "7"
+    assert list(view.prompt_token_ids) == []  # prompt embeddings: no token ids
+    req.block_hashes.append(b"h")
+    assert list(view.block_hashes) == [b"h"]
+
+
+def test_pools_with_k_and_v_first_are_two_segments_per_layer() -> None:
+    kv_first = {f"l{i}": torch.zeros((2, 10, 4, 8)) for i in range(3)}
+    assert len(engine_pool(kv_first, ["l0", "l1", "l2"], 10).segments) == 6
+    with pytest.raises(ValueError, match=r"shape \(3, 10, 4\).*not supported"):
+        engine_pool({"l0": torch.zeros((3, 10, 4))}, ["l0"], 10)
+    with pytest.raises(ValueError, match="lacks layers"):
+        engine_pool(kv_first, ["l0", "lx"], 10)
+
+
+def test_the_namespace_carries_what_vllms_hashes_lack(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = hash_root("checkpoint:abc", "float32", 128, "vllm-pages|tp0of1", "sha256")
+    assert base != hash_root("checkpoint:abd", "float32", 128, "vllm-pages|tp0of1", "sha256")
+    assert base != hash_root("checkpoint:abc", "bfloat16", 128, "vllm-pages|tp0of1", "sha256")
+    assert base != hash_root("checkpoint:abc", "float32", 128, "vllm-pages|tp1of2", "sha256")
+    monkeypatch.setenv("PYTHONHASHSEED", "1")
+    seeded = hash_root("checkpoint:abc", "float32", 128, "vllm-pages|tp0of1", "xxhash")
+    monkeypatch.setenv("PYTHONHASHSEED", "2")
+    assert seeded != hash_root("checkpoint:abc", "float32", 128, "vllm-pages|tp0of1", "xxhash")
+    assert hashes_are_stable("xxhash") and hashes_are_stable("sha256")
+    monkeypatch.delenv("PYTHONHASHSEED")
+    assert not hashes_are_stable("xxhash") and hashes_are_stable("sha256_cbor")
+
+
+def test_a_disk_tier_with_process_random_hashes_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    config = vllm_config(offload_extra(disk_dir=tmp_path))
+    config.cache_config.prefix_caching_hash_algo = "xxhash"
+    with pytest.raises(ValueError, match=r"prefix_caching_hash_algo='xxhash'.*PYTHONHASHSEED"):
+        OffloadingConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config(16))
+    OffloadingConnector(vllm_config(offload_extra()), KVConnectorRole.SCHEDULER,
+                        kv_cache_config(16))  # no disk tier: the host tier is per process
+
+
+def test_bad_extra_config_names_the_key() -> None:
+    with pytest.raises(ValueError, match=r"unknown kv_connector_extra_config key\(s\) \['cpu_byts'\]"):
+        OffloadingConnector(vllm_config({"cpu_byts": 1}), KVConnectorRole.SCHEDULER,
+                            kv_cache_config(16))
