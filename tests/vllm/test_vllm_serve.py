@@ -1,0 +1,136 @@
+"""`vllm serve` with kvport's OffloadingConnector, queried as a user would, with the openai
+client: completions and streaming chat; a long prompt repeated after the engine's own prefix
+cache was dropped is served from kvport's host tier, and /metrics shows kvport's metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from kvport.model.builtin import builtin_model_dir
+
+MODEL = "smollm2"
+LONG = ("You are a helpful assistant. "
+        + " ".join(f"Fact {i}: the number {i} squared is {i * i}." for i in range(40)))
+START_DEADLINE_S = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "vllm.log"
+    ktc = {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
+           "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+           "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20}}
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="2")
+    cmd = [sys.executable, "-m", "kvport.vllm", "serve",
+           str(builtin_model_dir("smollm2-135m")), "--served-model-name", MODEL,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+           "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "4",
+           "--kv-transfer-config", json.dumps(ktc)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"vllm serve exited ({proc.returncode}):\n"
+                                     f"{Path(log).read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"vllm serve not ready after {START_DEADLINE_S:.0f} s:\n"
+                                     f"{Path(log).read_text()[-4000:]}")
+            time.sleep(0.5)  # polling a server's readiness, not waiting for a thread
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def reset_engine_cache(url: str) -> None:
+    """Drop vLLM's own prefix cache (not kvport's host tier); retried while blocks are held."""
+    for _ in range(50):
+        req = urllib.request.Request(url + "/reset_prefix_cache", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            if json.load(r).get("success"):
+                return
+        time.sleep(0.2)  # in-flight requests still hold blocks: poll until they are done
+    raise AssertionError("vLLM did not reset its prefix cache")
+
+
+def kvport_metric(url: str, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_completions_repeat_from_the_host_tier_and_metrics_show_it(server: str) -> None:
+    client = OpenAI(base_url=server + "/v1", api_key="unused")
+    first = client.completions.create(model=MODEL, prompt=LONG + " What is 7 squared?",
+                                      max_tokens=8, temperature=0.0)
+    reset_engine_cache(server)
+    again = client.completions.create(model=MODEL, prompt=LONG + " What is 7 squared?",
+                                      max_tokens=8, temperature=0.0)
+    assert again.choices[0].text == first.choices[0].text
+    assert kvport_metric(server, "vllm:kvport_hit_tokens_total", tier="host") >= 640
+    assert kvport_metric(server, "vllm:kvport_transfer_bytes_total", tier="host",
+                         direction="store") > 0
+    assert kvport_metric(server, "vllm:kvport_occupancy_bytes", tier="host") > 0
+
+
+def test_streaming_chat_with_a_long_system_prompt(server: str) -> None:
+    client = OpenAI(base_url=server + "/v1", api_key="unused")
+    messages = [{"role": "system", "content": LONG}, {"role": "user", "content": "What is 12 squared?"}]
+
+    def chat() -> str:
+        stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,  # type: ignore[arg-type]
+                                                temperature=0.0, stream=True)
+        return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+    before = kvport_metric(server, "vllm:kvport_hit_tokens_total", tier="host")
+    text = chat()
+    reset_engine_cache(server)
+    assert chat() == text and text
+    assert kvport_metric(server, "vllm:kvport_hit_tokens_total", tier="host") > before
+
+
+def test_a_request_with_a_bad_parameter_fails_alone(server: str) -> None:
+    client = OpenAI(base_url=server + "/v1", api_key="unused")
+    with pytest.raises(Exception, match=re.compile("max_tokens|maximum context", re.I)):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=100_000)
+    ok = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0.0)
+    assert ok.choices[0].text is not None
