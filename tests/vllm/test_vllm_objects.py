@@ -82,3 +82,6 @@ def test_bad_extra_config_names_the_key() -> None:
     with pytest.raises(ValueError, match=r"unknown kv_connector_extra_config key\(s\) \['cpu_byts'\]"):
         OffloadingConnector(vllm_config({"cpu_byts": 1}), KVConnectorRole.SCHEDULER,
                             kv_cache_config(16))
+    with pytest.raises(ValueError, match="'record_trace'.*remove it"):
+        OffloadingConnector(vllm_config({"cpu_bytes_to_use": 1 << 20, "record_trace": "t.jsonl"}),
+                            KVConnectorRole.SCHEDULER, kv_cache_config(16))

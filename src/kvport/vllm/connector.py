@@ -103,6 +103,10 @@ class OffloadingConnector(KVConnectorBase_V1):
         ktc = vllm_config.kv_transfer_config
         assert ktc is not None  # the base class checked
         extra = dict(ktc.kv_connector_extra_config or {})
+        if "record_trace" in extra:  # kvport's engine records it; nothing here would
+            raise ValueError("kvport.vllm OffloadingConnector: kv_connector_extra_config key "
+                             "'record_trace' is kvport's engine's call recorder, which does not "
+                             "run inside vLLM; remove it")
         parallel = vllm_config.parallel_config
         if parallel.pipeline_parallel_size > 1:
             raise ValueError("kvport.vllm OffloadingConnector: pipeline parallelism "
