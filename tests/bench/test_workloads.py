@@ -12,7 +12,7 @@ import pytest
 
 from kvport.bench import resolve_model_dir, special_token_ids
 from kvport.bench.cli import main
-from kvport.bench.report import format_result, percentile, plot_result
+from kvport.bench.report import evaluate_targets, format_result, percentile, plot_result
 from kvport.bench.serving import ConfigRunner, RequestRecord, metrics_delta
 from kvport.bench.workload_bench import (
     ConfigSpec,
@@ -195,6 +195,30 @@ def test_bad_values_are_named() -> None:
         LongDocSpec(doc_len=-1)
 
 
+def test_engine_values_are_named() -> None:
+    with pytest.raises(ValueError, match="'sglang'"):
+        WorkloadBenchConfig("long-doc", LD, engine="sglang")
+    with pytest.raises(ValueError, match="128 tokens; got block_size=16"):
+        WorkloadBenchConfig("long-doc", LD, engine="vllm")
+
+
+def test_targets_compare_against_the_named_configuration() -> None:
+    def result(engine: str) -> dict[str, Any]:
+        return {"workload": "long-doc", "params": {"engine": engine},
+                "configs": [{"name": "no-connector", "ttft_p50_repeat_s": 1.0},
+                            {"name": "example", "ttft_p50_repeat_s": 0.1},
+                            {"name": "host", "ttft_p50_repeat_s": 0.11}],
+                "ideal": {"name": "ideal", "ttft_p50_repeat_s": 0.1}}
+
+    got = {(t["config"], t["against"]): t for t in evaluate_targets(result("vllm"))}
+    assert got["host", "no-connector"]["ratio"] == pytest.approx(0.11)
+    assert got["host", "no-connector"]["met"] and got["host", "no-connector"]["ideal_ratio"] == 0.1
+    assert got["host", "ideal"]["ratio"] == pytest.approx(1.1) and got["host", "ideal"]["met"]
+    assert got["host", "example"]["met"] is False  # slower than the peer
+    # issue 10's targets are vLLM's: kvport's engine keeps issue 5's
+    assert {t["against"] for t in evaluate_targets(result("kvport"))} == {"no-connector"}
+
+
 def test_offloading_config_has_vllm_shape(tmp_path: Path) -> None:
     host = offloading_config(1 << 26)
     assert host == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
@@ -202,6 +226,9 @@ def test_offloading_config_has_vllm_shape(tmp_path: Path) -> None:
     disk = offloading_config(1 << 26, str(tmp_path), 1 << 27)
     assert disk["kv_connector_extra_config"]["secondary_tiers"] == [
         {"type": "disk", "root_dir": str(tmp_path), "max_bytes": 1 << 27}]
+    in_vllm = offloading_config(1 << 26, engine="vllm")  # kvport's, by module path
+    assert in_vllm["kv_connector_module_path"] == "kvport.vllm"
+    assert in_vllm["kv_load_failure_policy"] == "recompute"
 
 
 def _record(config: str, session: int, index: int, out: list[int]) -> RequestRecord:

