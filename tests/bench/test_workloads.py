@@ -13,7 +13,8 @@ import pytest
 from kvport.bench import resolve_model_dir, special_token_ids
 from kvport.bench.cli import main
 from kvport.bench.report import evaluate_targets, format_result, percentile, plot_result
-from kvport.bench.serving import ConfigRunner, RequestRecord, metrics_delta
+from kvport.bench.serving import ConfigRunner, EngineProcessFailed, RequestRecord, metrics_delta
+from kvport.bench.vllm_runner import last_error
 from kvport.bench.workload_bench import (
     ConfigSpec,
     OutputMismatch,
@@ -316,6 +317,32 @@ def test_a_configuration_with_other_outputs_fails_the_run(
     cfg = WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal"))
     with pytest.raises(OutputMismatch, match=r"session=1 index=0 \(phase 1\).*'no-connector'"):
         run_workload_bench(cfg, _specs(cfg, tmp_path), progress=False)
+
+
+def test_a_crashed_engine_process_fails_its_configuration_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = ConfigRunner.run_phase
+
+    def crash(self: ConfigRunner, phase: int) -> list[RequestRecord]:
+        if self.name == "ideal" and phase == 1:
+            raise EngineProcessFailed("the whole log", "RuntimeError: shape mismatch")
+        return original(self, phase)
+
+    monkeypatch.setattr(ConfigRunner, "run_phase", crash)
+    cfg = WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal"))
+    result = run_workload_bench(cfg, _specs(cfg, tmp_path), progress=False)
+    assert result["failed"] == {"ideal": "phase 1: RuntimeError: shape mismatch"}
+    assert result["ideal"] is None and [c["name"] for c in result["configs"]] == ["no-connector"]
+    assert "FAILED ideal: its engine stopped (phase 1: RuntimeError: shape mismatch)" \
+        in format_result(result)
+
+
+def test_last_error_finds_the_exception_line_of_a_vllm_log() -> None:
+    log = ("INFO starting\n[rank0]: Traceback (most recent call last):\n"
+           "[rank0]:   File \"x.py\", line 1, in f\n"
+           "[rank0]: RuntimeError: shape mismatch: value tensor of shape [1024]\nINFO bye\n")
+    assert last_error(log) == "RuntimeError: shape mismatch: value tensor of shape [1024]"
+    assert last_error("INFO nothing: went wrong\n") is None
 
 
 def test_cli_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

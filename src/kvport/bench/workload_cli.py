@@ -128,13 +128,14 @@ def _workload_config(args: argparse.Namespace) -> Any:
 def run_workload_command(args: argparse.Namespace) -> int:
     from kvport.bench import run_bench_command
     from kvport.bench.report import format_result, plot_result
-    from kvport.bench.workload_bench import OutputMismatch, run_workload_bench
+    from kvport.bench.workload_bench import EXAMPLE, USER, OutputMismatch, run_workload_bench
 
     def plot(result: dict[str, Any]) -> int:
         if args.plot:
             plot_result(result, args.plot)
             print(f"wrote {args.plot}")
-        return 0
+        # a crashed peer is a finding about the peer; a crashed kvport configuration fails the run
+        return 1 if set(result["failed"]) - {EXAMPLE, USER} else 0
 
     try:
         return run_bench_command(args.workload, args.json, lambda: _workload_config(args),

@@ -26,6 +26,43 @@ ROLES = (SCHEDULER, WORKER)
 # The recorder writes a marker line when the engine announces a step (see RecordingConnector).
 STEP_MARKER = "trace_step"
 
+# The first record a recorder writes (per process, per connector label): which engine made the
+# calls, so the checker applies that engine's contract. `result` holds a TraceHeader as a dict.
+HEADER = "trace_header"
+
+# The worker-side call orders an engine may follow (kvport's engine can run either):
+# - "legacy": start_load_kv before the forward on every step; wait_for_save only after a forward.
+# - "vllm-0.32": start_load_kv before the forward only when the step has synchronous loads, after
+#   the forward (after the layer hooks) otherwise; wait_for_save on every step, no-forward
+#   steps included. A recorder puts the step's has_sync_kv_loads in start_load_kv's `ints` ([1] or
+#   [0]) so the checker can tell which order applies.
+CALL_ORDERS = ("legacy", "vllm-0.32")
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    engine: str  # "kvport" or "vllm"
+    version: str  # the engine's version, e.g. "0.1.0" or "0.32.0"
+    call_order: str  # one of CALL_ORDERS
+
+    def __post_init__(self) -> None:
+        if self.call_order not in CALL_ORDERS:
+            raise ValueError(f"trace header call_order must be one of {CALL_ORDERS}, "
+                             f"got {self.call_order!r}")
+
+    def to_result(self) -> dict[str, str]:
+        return {"engine": self.engine, "version": self.version, "call_order": self.call_order}
+
+    @classmethod
+    def from_event(cls, event: TraceEvent) -> TraceHeader:
+        data = event.result
+        if event.method != HEADER or not isinstance(data, dict):
+            raise ValueError(f"not a trace header record: {event!r}")
+        try:
+            return cls(str(data["engine"]), str(data["version"]), str(data["call_order"]))
+        except KeyError as exc:
+            raise ValueError(f"trace header lacks {exc}: {data!r}") from None
+
 
 @dataclass(slots=True)
 class TraceEvent:
