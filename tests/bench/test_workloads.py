@@ -13,8 +13,8 @@ import pytest
 from kvport.bench import resolve_model_dir, special_token_ids
 from kvport.bench.cli import main
 from kvport.bench.report import evaluate_targets, format_result, percentile, plot_result
-from kvport.bench.serving import ConfigRunner, EngineProcessFailed, RequestRecord, metrics_delta
-from kvport.bench.vllm_runner import last_error
+from kvport.bench.json_process import EngineProcessFailed, last_error
+from kvport.bench.serving import ConfigRunner, RequestRecord, metrics_delta
 from kvport.bench.workload_bench import (
     ConfigSpec,
     OutputMismatch,

@@ -68,14 +68,6 @@ def metrics_delta(before: Any, after: Any, name: str = "") -> Any:
     return after
 
 
-class EngineProcessFailed(RuntimeError):
-    """A configuration's engine process stopped; `reason` is its last error line."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 class PhaseRunner(Protocol):
     """What the workload benchmark drives: one configuration's engine, a phase at a time
     (`ConfigRunner` for kvport's engine, `VllmConfigRunner` for a vLLM engine process)."""

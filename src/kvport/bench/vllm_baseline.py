@@ -5,7 +5,8 @@ that venv's Python, and this file has two halves:
 
 - the server, `main()`: run as a standalone script by vLLM's Python. It imports only the standard
   library and vLLM (never kvport: vLLM's venv does not have it).
-- the client, `VllmSystem`: imported by kvport's benchmark. Standard library only as well.
+- the client, `VllmSystem`: imported by kvport's benchmark; it drives the server through
+  `kvport.bench.json_process`, imported when a client is made.
 
 Protocol (one JSON object per line). The server first prints `{"event": "ready", "vllm_version",
 "torch_version", "torch_threads", "kv_block_size"}`, then answers each request `{"op": "run",
@@ -35,15 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 DEFAULT_VLLM_PYTHON = "/opt/vllm-venv/bin/python"
-LOG_TAIL_CHARS = 3000
 
 
 def default_vllm_python() -> str | None:
@@ -153,20 +152,19 @@ class VllmSystem:
         env = {**os.environ, **vllm_env}
         # kvport's own environment must not leak into vLLM's interpreter.
         env.pop("PYTHONPATH", None)
-        # Lives as long as the server (closed in close()), so no `with`.
-        self._log: IO[str] = tempfile.NamedTemporaryFile(  # noqa: SIM115
-            "w+", prefix="kvport-vllm-", suffix=".log")
         cmd = [python, str(Path(__file__).resolve()), "--serve", "--model-dir", str(model_dir),
                "--dtype", dtype, "--max-model-len", str(max_model_len),
                "--max-num-seqs", str(max_num_seqs),
                "--max-num-batched-tokens", str(max_num_batched_tokens),
                "--kv-space-gib", str(kv_space_gib)]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._log, text=True, env=env, cwd=tempfile.gettempdir())
+        # imported here: run as a script in vLLM's virtualenv, this file cannot import kvport
+        from kvport.bench.json_process import JsonLinesProcess
+
+        self._process = JsonLinesProcess("vLLM server", cmd, env, cwd=tempfile.gettempdir())
         self.settings = {"env": vllm_env, "enforce_eager": True, "enable_prefix_caching": False,
                          "dtype": dtype, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
                          "max_num_batched_tokens": max_num_batched_tokens}
-        self.info: dict[str, Any] = self._read()
+        self.info: dict[str, Any] = self._process.receive()
         self.version = str(self.info.get("vllm_version"))
         self.settings.update(torch_version=self.info.get("torch_version"),
                              kv_block_size=self.info.get("kv_block_size"))
@@ -174,36 +172,10 @@ class VllmSystem:
 
     def run_tasks(self, prompt_sets: dict[str, list[list[int]]],
                   tasks: list[dict[str, Any]]) -> dict[str, Any]:
-        self._write({"op": "run", "prompt_sets": prompt_sets, "tasks": tasks})
-        return self._read()
+        return self._process.call({"op": "run", "prompt_sets": prompt_sets, "tasks": tasks})
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                self._write({"op": "quit"})
-                self._proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self._proc.kill()
-                self._proc.wait()
-        self._log.close()
-
-    def _write(self, obj: dict[str, Any]) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps(obj) + "\n")
-        self._proc.stdin.flush()
-
-    def _read(self) -> dict[str, Any]:
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        if not line:
-            code = self._proc.wait()
-            raise RuntimeError(f"vLLM server exited with code {code}; log tail:\n{self._log_tail()}")
-        return json.loads(line)
-
-    def _log_tail(self) -> str:
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read()[-LOG_TAIL_CHARS:]
+        self._process.close(timeout=60)
 
 
 if __name__ == "__main__":

