@@ -284,15 +284,24 @@ def test_cli_exit_codes_and_output(tmp_path: Path, capsys: pytest.CaptureFixture
     write_events(good, GOOD)
     write_events(bad, GOOD + [output(3, recving=("b",))])
     assert cli.main(["check", good]) == 0
-    assert capsys.readouterr().out == f"ok: {len(GOOD)} records in 1 file(s), no violations\n"
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{good}: {len(GOOD)} records, 1 connector group(s)",
+                   "  profile legacy (no header: legacy): scheduler Fake pid 5",
+                   f"{good}: ok, {len(GOOD)} records, no violations"]
     assert cli.main(["check", bad]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out == [("step 3 request b: S7 [scheduler Fake pid 5] duplicate finished_recving: "
-                    "no async load of the request is pending")]
+    assert ("  step 3 request b: S7 [scheduler Fake pid 5] duplicate finished_recving: "
+            "no async load of the request is pending") in out
+    assert out[-1] == f"{bad}: 1 violation(s) in {len(GOOD) + 1} records (S7 1)"
     assert cli.main(["check", good, bad]) == 1
-    assert capsys.readouterr().out.startswith(f"{bad}: step 3 request b: S7")
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [f"{good}: ok, {len(GOOD)} records, no violations",
+                        f"{bad}: 1 violation(s) in {len(GOOD) + 1} records (S7 1)"]
     assert cli.main(["check", str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+    # an unreadable file stops the run before any report: no half-printed output
+    assert cli.main(["check", good, str(tmp_path / "missing.jsonl")]) == 2
+    assert capsys.readouterr().out == ""
 
 
 def test_add_trace_parser_hooks_into_the_kvport_command(tmp_path: Path) -> None:
@@ -310,4 +319,5 @@ def test_cli_as_module(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "kvport.trace.cli", "check", bad],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1, proc.stderr
-    assert proc.stdout.startswith("step 3 request -: W1 [worker Fake pid 7] no handle_preemptions")
+    assert "  step 3 request -: W1 [worker Fake pid 7] no handle_preemptions in the step\n" \
+        in proc.stdout
