@@ -173,6 +173,8 @@ def test_every_profile_states_every_rule_and_why_the_differing_ones_differ() -> 
     with pytest.raises(ValueError, match="unknown contract profile 'v2'; choose one of legacy, "
                                          "vllm-0.32"):
         get_profile("v2")
+    with pytest.raises(ValueError, match="'v2'"):
+        check_trace([], "v2")
 
 
 # ---- headers ----------------------------------------------------------------------------------

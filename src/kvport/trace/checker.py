@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kvport.trace.events import HEADER, SCHEDULER, STEP_MARKER, TraceEvent, read_events
 from kvport.trace.findings import Findings, Violation
-from kvport.trace.profiles import LEGACY, PROFILES, ProfileChoice, choose_profile
+from kvport.trace.profiles import LEGACY, PROFILES, ProfileChoice, choose_profile, get_profile
 from kvport.trace.scheduler_rules import REQUEST_CALLS, check_scheduler
 from kvport.trace.worker_rules import WORKER_STEP_METHODS, check_worker
 
@@ -67,6 +67,8 @@ def check_trace(events: Iterable[TraceEvent], profile: str | None = None) -> lis
 
 
 def analyze(events: Iterable[TraceEvent], profile: str | None = None) -> TraceCheck:
+    if profile is not None:
+        get_profile(profile)  # a bad name fails here, even for a trace without records
     groups: dict[tuple[int, str, str], list[tuple[int, TraceEvent]]] = defaultdict(list)
     for pos, event in enumerate(events):
         groups[(event.pid, event.role, event.connector)].append((pos, event))
