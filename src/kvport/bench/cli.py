@@ -82,6 +82,9 @@ def _add_connector_overhead(commands: Any) -> None:
                    help="with --engine vllm: the Python that has vLLM and kvport installed")
     p.add_argument("--threads", type=int, default=None,
                    help="with --engine vllm: OMP threads per engine (default: one per core)")
+    p.add_argument("--recorder", action="store_true",
+                   help="with --engine vllm: vLLM's ExampleConnector unwrapped vs inside "
+                        "kvport.vllm's RecordingConnector with recording off")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(func=run_overhead_command)
 
@@ -135,7 +138,7 @@ def run_overhead_command(args: argparse.Namespace) -> int:
             require_vllm(args.vllm_python)
             return VllmOverheadConfig(model=args.model or default_model().model, dtype=args.dtype,
                                       batch=args.batch, vllm_python=args.vllm_python,
-                                      threads=args.threads, **given)
+                                      threads=args.threads, recorder=args.recorder, **given)
 
         return run_bench_command("connector-overhead", args.json, vllm_config,
                                  run_vllm_overhead, format_vllm_overhead)

@@ -4,6 +4,12 @@
         "kv_connector_module_path": "kvport.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"cpu_bytes_to_use": 4294967296}}'
 
+    # any vLLM connector, its calls recorded for kvport's trace checker (kvport.vllm.recording):
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "RecordingConnector",
+        "kv_connector_module_path": "kvport.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"record_trace": "trace.jsonl",
+            "connector": {"kv_connector": "ExampleConnector"}}}'
+
 vLLM imports this module and asks it for the class named in `kv_connector`. Importing it needs
 no vLLM; asking for a connector class imports vLLM lazily and checks its version (see compat).
 """
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OffloadingConnector"]
+__all__ = ["OffloadingConnector", "RecordingConnector"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,5 +26,9 @@ def __getattr__(name: str) -> Any:
         from kvport.vllm.connector import OffloadingConnector
 
         return OffloadingConnector
+    if name == "RecordingConnector":
+        from kvport.vllm.recording import RecordingConnector
+
+        return RecordingConnector
     raise AttributeError(f"module 'kvport.vllm' has no attribute {name!r}; its connectors: "
                          f"{__all__}")

@@ -103,10 +103,16 @@ class OffloadingConnector(KVConnectorBase_V1):
         ktc = vllm_config.kv_transfer_config
         assert ktc is not None  # the base class checked
         extra = dict(ktc.kv_connector_extra_config or {})
-        if "record_trace" in extra:  # kvport's engine records it; nothing here would
-            raise ValueError("kvport.vllm OffloadingConnector: kv_connector_extra_config key "
-                             "'record_trace' is kvport's engine's call recorder, which does not "
-                             "run inside vLLM; remove it")
+        if "record_trace" in extra:  # kvport's engine records it; inside vLLM, the wrapper does
+            raise ValueError(
+                "kvport.vllm OffloadingConnector: kv_connector_extra_config key 'record_trace' "
+                "is kvport's engine's call recorder, which does not run inside vLLM; remove it, "
+                "and record with kvport.vllm's RecordingConnector around this connector: "
+                '{"kv_connector": "RecordingConnector", "kv_connector_module_path": '
+                '"kvport.vllm", "kv_role": ..., "kv_connector_extra_config": {"record_trace": '
+                '"trace.jsonl", "connector": {"kv_connector": "OffloadingConnector", '
+                '"kv_connector_module_path": "kvport.vllm", "kv_connector_extra_config": '
+                '{...without record_trace...}}}}')
         parallel = vllm_config.parallel_config
         if parallel.pipeline_parallel_size > 1:
             raise ValueError("kvport.vllm OffloadingConnector: pipeline parallelism "

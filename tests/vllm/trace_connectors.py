@@ -1,0 +1,124 @@
+"""Small vLLM connectors for the trace tests, loaded by vLLM with
+`"kv_connector_module_path": "trace_connectors"` (run_trace.py puts this directory on sys.path).
+
+AsyncLoadExample is vLLM's ExampleConnector (prompt KV saved to files, keyed by the prompt) with
+its loads made asynchronous: a hit is answered `(n, True)`, the request waits in
+WAITING_FOR_REMOTE_KVS, the worker copies the files into the registered KV caches in
+`start_load_kv` (which may run on a step without a forward) and reports the request in that
+step's `finished_recving`. Stores are ExampleConnector's own.
+
+StaleAnswerAsyncExample re-creates the preemption seed: it remembers, per request, the hit it
+found the first time it was asked and answers later questions from that memory. After a
+preemption vLLM asks again with the request's local prefix-cache hit, which now covers the
+remembered hit: the answer becomes `(0, True)`, which the contract forbids (rule S3). vLLM 0.32
+drops the async flag when the local hit ends inside a block, and otherwise stops on a bare
+`assert num_external_computed_tokens > 0` in its scheduler. The connector writes every such
+answer, with its own count of `build_connector_meta` calls (the step), to `stale_log`, so the
+test knows independently where the checker must point.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import safetensors.torch
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+    ExampleConnector,
+    ExampleConnectorMetadata,
+    ReqMeta,
+)
+
+
+@dataclass
+class AsyncLoadMetadata(ExampleConnectorMetadata):
+    loads: list[tuple[str, ReqMeta]] = field(default_factory=list)  # (request id, what to load)
+
+
+class AsyncLoadExample(ExampleConnector):
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._new_loads: dict[str, tuple[list[int], list[int]]] = {}  # req -> (tokens, blocks)
+        self._kv_caches: dict[str, torch.Tensor] = {}
+        self._done: set[str] = set()
+        self._builds = 0
+
+    # ---- scheduler side ----
+
+    def _hit_tokens(self, request: Any, num_computed_tokens: int) -> int:
+        n, _ = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        return max(int(n or 0), 0)
+
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        n = self._hit_tokens(request, num_computed_tokens)
+        return n, n > 0
+
+    def _plan_load(self, request: Any, blocks: Any) -> None:
+        prompt = list(request.prompt_token_ids or [])
+        self._new_loads[request.request_id] = (prompt, list(blocks.get_block_ids()[0]))
+
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None:
+        if num_external_tokens > 0:
+            self._plan_load(request, blocks)
+        super().update_state_after_alloc(request, blocks, 0)  # no synchronous load, ever
+
+    def build_connector_meta(self, scheduler_output: Any) -> AsyncLoadMetadata:
+        self._builds += 1
+        stores = super().build_connector_meta(scheduler_output)
+        meta = AsyncLoadMetadata(requests=stores.requests)
+        for rid, (tokens, blocks) in self._new_loads.items():
+            meta.loads.append((rid, ReqMeta.make_meta(tokens, blocks, self._block_size,
+                                                      is_store=False, mm_hashes=[])))
+        self._new_loads = {}
+        return meta
+
+    # ---- worker side ----
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._kv_caches = dict(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, AsyncLoadMetadata), meta
+        for rid, load in meta.loads:
+            if len(load.slot_mapping):
+                blocks = load.slot_mapping // self._block_size
+                offsets = load.slot_mapping % self._block_size
+                for layer, cache in self._kv_caches.items():
+                    path = self._generate_filename_debug(layer, load.token_ids, [])
+                    cache[blocks, :, offsets] = safetensors.torch.load_file(path)["kv_cache"]
+            self._done.add(rid)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done, self._done = self._done, set()
+        return None, done or None
+
+
+class StaleAnswerAsyncExample(AsyncLoadExample):
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._first_hit: dict[str, int] = {}  # req -> prompt tokens found the first time
+        self._stale_log = self._kv_transfer_config.get_from_extra_config("stale_log", None)
+
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        rid = request.request_id
+        if rid not in self._first_hit:
+            n = self._hit_tokens(request, num_computed_tokens)
+            if n > 0:
+                self._first_hit[rid] = n + num_computed_tokens
+            return n, n > 0
+        # The defect: the memory of the first answer outlives the preemption.
+        n = max(self._first_hit[rid] - num_computed_tokens, 0)
+        if n == 0 and self._stale_log:
+            with open(self._stale_log, "a") as f:
+                f.write(json.dumps({"req_id": rid, "step": self._builds}) + "\n")
+        return n, True
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        self._first_hit.pop(request.request_id, None)
+        return super().request_finished(request, block_ids)
