@@ -41,6 +41,9 @@ FENCE = f"{TESTS}/test_scheduler_fence.py"
 STAGES = f"{TESTS}/test_store_stages.py"
 ENGINE_DIR = "src/kvport/engine"
 SCHED = "tests/engine/test_scheduler_connector.py"
+DRIVER = "src/kvport/connectors/driver.py"
+REGRESSIONS = "tests/connectors/test_framework_regressions.py"
+RECORDING = "tests/connectors/test_recording.py"
 
 
 @dataclass(frozen=True)
@@ -343,6 +346,53 @@ MUTANTS: list[Mutant] = [
         "        if False:\n",
         (f"{SCHED}::test_fail_policy_fails_the_request_alone",),
         "kv_load_failure_policy=fail fails the request whose load failed"),
+    # ---- the worker call orders (connectors/driver.py, engine/scheduler.py, the recorder) -----
+    Mutant(
+        "preemptions-before-bind", DRIVER,
+        '        self._call("handle_preemptions", meta)  # first: see the NOTE above\n'
+        '        self._call("bind_connector_metadata", meta)\n',
+        '        self._call("bind_connector_metadata", meta)\n'
+        '        self._call("handle_preemptions", meta)\n',
+        (f"{REGRESSIONS}::test_1_handle_preemptions_runs_before_bind[vllm-0.32]",),
+        "handle_preemptions runs before the step's metadata is bound, in either order"),
+    Mutant(
+        "sync-loads-flagged", f"{ENGINE_DIR}/scheduler.py",
+        "            plan.has_sync_kv_loads = True  # the forward reads what start_load_kv loads\n",
+        "            pass\n",
+        (f"{SCHED}::test_only_the_step_that_admits_a_sync_load_has_sync_kv_loads",),
+        "a step that admits a sync load says so (vllm-0.32 starts its loads before the forward)"),
+    Mutant(
+        "sync-loads-before-the-forward", DRIVER,
+        "        return self.call_order == LEGACY or ctx.has_sync_kv_loads\n",
+        "        return self.call_order == LEGACY\n",
+        (f"{REGRESSIONS}::test_3_sync_loads_start_before_the_forward_that_reads_them[vllm-0.32]",),
+        "vllm-0.32 starts a step's sync loads before the forward that reads them"),
+    Mutant(
+        "loads-start-after-the-forward", DRIVER,
+        "        if not self._load_started:",
+        "        if False:",
+        ((f"{REGRESSIONS}::test_2_saves_queued_in_wait_for_save_are_lost_in_legacy_no_forward_steps"
+          "[DeferredSaveConnector-vllm-0.32]"),),
+        "vllm-0.32 starts the loads of a step without sync loads after its forward"),
+    Mutant(
+        "wait-for-save-every-step", DRIVER,
+        "        if did_forward or self.call_order == VLLM_0_32:",
+        "        if did_forward:",
+        ((f"{REGRESSIONS}::test_2_saves_queued_in_wait_for_save_are_lost_in_legacy_no_forward_steps"
+          "[SaveInWaitForSaveConnector-vllm-0.32]"),),
+        "vllm-0.32 calls wait_for_save on every step, no-forward steps included"),
+    Mutant(
+        "recorder-writes-the-header", "src/kvport/connectors/recording.py",
+        "        if self._header is not None and self._header_pid != _Process.pid:\n",
+        "        if False:\n",
+        (f"{RECORDING}::test_a_recorder_built_inside_engine_header_writes_it_first",),
+        "a recorded group starts with the engine's header (the checker picks its order by it)"),
+    Mutant(
+        "recorder-flags-sync-loads", "src/kvport/connectors/recording.py",
+        '        rec["ints"] = [int(bool(getattr(ctx, "has_sync_kv_loads", False)))]\n',
+        '        rec["ints"] = [0]\n',
+        (f"{RECORDING}::test_start_load_kv_records_whether_the_step_has_sync_loads",),
+        "start_load_kv's record says whether the step has sync loads"),
     # ---- disk tier ---------------------------------------------------------------------------
     Mutant(
         "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk.py",

@@ -8,6 +8,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER  # both light: no torch
+from kvport.trace.events import CALL_ORDERS
+
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="builtin:tiny-llama",
@@ -28,6 +31,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-transfer-config", default=None,
                    help='KV connector config as JSON, e.g. \'{"kv_connector": "ExampleConnector", '
                         '"kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}}\'')
+    p.add_argument("--kv-connector-call-order", default=DEFAULT_KV_CONNECTOR_CALL_ORDER,
+                   choices=CALL_ORDERS,
+                   help="the order of the KV connector's worker hooks: vLLM 0.32's (start_load_kv "
+                        "after the forward unless the step loads synchronously, wait_for_save on "
+                        "every step) or the legacy one (vLLM before 0.32)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -39,6 +47,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
         async_scheduling=args.async_scheduling, worker=args.worker,
         kv_transfer_config=args.kv_transfer_config,
+        kv_connector_call_order=args.kv_connector_call_order,
     )
 
 

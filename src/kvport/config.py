@@ -6,8 +6,14 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kvport.trace.events import CALL_ORDERS
+
 DTYPES = ("float32", "bfloat16", "float16")
 WORKER_MODES = ("inproc", "process")
+# The worker-side order in which the engine calls a KV connector's hooks (kvport.trace.events
+# defines the names): vLLM 0.32's by default; "legacy" (vLLM before 0.32) on request, so a
+# connector author can test a connector against both.
+DEFAULT_KV_CONNECTOR_CALL_ORDER = "vllm-0.32"
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,7 @@ class EngineConfig:
     async_scheduling: bool = False  # schedule step N+1 while step N runs
     worker: str = "inproc"  # "inproc": runner in this process; "process": in a child process
     kv_transfer_config: Any = None  # KVTransferConfig, or its dict or JSON text
+    kv_connector_call_order: str = DEFAULT_KV_CONNECTOR_CALL_ORDER  # one of CALL_ORDERS
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -47,6 +54,9 @@ class EngineConfig:
             raise ValueError("give num_kv_blocks or kv_cache_bytes, not both")
         if self.worker not in WORKER_MODES:
             raise ValueError(f"worker must be one of {WORKER_MODES}, got {self.worker!r}")
+        if self.kv_connector_call_order not in CALL_ORDERS:
+            raise ValueError(f"kv_connector_call_order must be one of {CALL_ORDERS}, "
+                             f"got {self.kv_connector_call_order!r}")
         object.__setattr__(self, "kv_transfer_config", KVTransferConfig.from_any(self.kv_transfer_config))
         if (not self.enable_chunked_prefill and self.max_model_len is not None
                 and self.max_num_batched_tokens < self.max_model_len):

@@ -17,6 +17,7 @@ from kvport.connectors.views import (
 )
 from kvport.engine.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from kvport.sampling_params import SamplingParams
+from kvport.trace.events import CALL_ORDERS
 
 SCRIPT = Path(__file__).with_name("engine_free_script.py")
 
@@ -26,15 +27,17 @@ def example(path: Path) -> dict[str, Any]:
             "kv_connector_extra_config": {"shared_storage_path": str(path)}}
 
 
+@pytest.mark.parametrize("call_order", CALL_ORDERS)
 @pytest.mark.parametrize("kind", ["example", "multi", "recorded"])
-def test_a_connector_runs_with_kvport_engine_unimportable(tmp_path: Path, kind: str) -> None:
+def test_a_connector_runs_with_kvport_engine_unimportable(tmp_path: Path, kind: str,
+                                                          call_order: str) -> None:
     config = example(tmp_path)
     if kind == "multi":
         config = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {
             "connectors": [{"kv_connector": "NoOpConnector"}, example(tmp_path)]}}
     if kind == "recorded":
         config["kv_connector_extra_config"]["record_trace"] = str(tmp_path / "trace.jsonl")
-    result = subprocess.run([sys.executable, str(SCRIPT), json.dumps(config)],
+    result = subprocess.run([sys.executable, str(SCRIPT), json.dumps(config), call_order],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
     if kind == "recorded":

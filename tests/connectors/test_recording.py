@@ -12,6 +12,7 @@ import pytest
 import torch
 from utils import make_request
 
+import kvport
 from kvport.config import KVTransferConfig
 from kvport.connectors.base import (
     ForwardContext,
@@ -22,11 +23,12 @@ from kvport.connectors.base import (
     KVConnectorRole,
     layer_name,
 )
+from kvport.connectors.driver import StepContext
 from kvport.connectors.factory import create_connector
+from kvport.connectors.recording import RecordingConnector, engine_header
 from kvport.engine.outputs import SchedulerOutput
 from kvport.trace.checker import check_file
-from kvport.trace.events import read_events
-from kvport.connectors.recording import RecordingConnector
+from kvport.trace.events import CALL_ORDERS, HEADER, TraceEvent, TraceHeader, read_events
 
 SCHED, WORKER = KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER
 NUM_LAYERS = 2
@@ -333,11 +335,72 @@ def test_two_processes_append_whole_lines(tmp_path: Path) -> None:
         assert [e.seq for e in records] == list(range(records[0].seq, records[0].seq + 200))
 
 
-def test_engine_run_with_example_connector_checks_clean(tmp_path: Path) -> None:
+def groups(events: list[TraceEvent]) -> dict[tuple[int, str, str], list[TraceEvent]]:
+    """Records per (pid, role, connector), in file order: what the checker checks apart."""
+    out: dict[tuple[int, str, str], list[TraceEvent]] = {}
+    for e in events:
+        out.setdefault((e.pid, e.role, e.connector), []).append(e)
+    return out
+
+
+def test_a_recorder_built_inside_engine_header_writes_it_first(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.jsonl")
+    header = TraceHeader("kvport", "9.9", "vllm-0.32")
+    with engine_header(header):
+        sched, worker = make_pair(path)
+    outside, _ = make_pair(path, {"name": "outside"})  # no engine said who it is
+    worker.trace_step(0)
+    worker.wait_for_save()
+    sched.take_events()
+    worker.wait_for_save()
+    outside.take_events()
+    got = groups(read_events(path))
+    for role in ("worker", "scheduler"):
+        first, *rest = got[(os.getpid(), role, "FakeConnector")]
+        assert (first.method, first.step, first.result) == (HEADER, None, header.to_result())
+        assert TraceHeader.from_event(first) == header
+        assert all(e.method != HEADER for e in rest)  # once per group
+        assert [e.seq for e in [first, *rest]] == sorted(e.seq for e in [first, *rest])
+    assert [e.method for e in got[(os.getpid(), "scheduler", "outside")]] == ["take_events"]
+
+
+def test_a_forked_child_starts_its_own_group_with_the_header(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.jsonl")
+    with engine_header(TraceHeader("kvport", "9.9", "legacy")):
+        _, worker = make_pair(path)
+    worker.wait_for_save()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            worker.wait_for_save()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    got = groups(read_events(path))
+    assert [e.method for e in got[(os.getpid(), "worker", "FakeConnector")]] == [
+        HEADER, "wait_for_save"]
+    assert [e.method for e in got[(pid, "worker", "FakeConnector")]] == [HEADER, "wait_for_save"]
+
+
+def test_start_load_kv_records_whether_the_step_has_sync_loads(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.jsonl")
+    _, worker = make_pair(path)
+    kv = torch.zeros(1)
+    worker.start_load_kv(StepContext(kv, {"a": 4}, 0, has_sync_kv_loads=True))
+    worker.start_load_kv(StepContext(kv, {"a": 4}, 1, has_sync_kv_loads=False))
+    worker.start_load_kv(ForwardContext(kv, {"a": 4}, 2))  # not from the driver: none known
+    assert [e.ints for e in read_events(path)] == [[1], [0], [0]]
+
+
+@pytest.mark.parametrize("call_order", CALL_ORDERS)
+@pytest.mark.parametrize("worker", ["inproc", "process"])
+def test_engine_run_with_example_connector_checks_clean(tmp_path: Path, worker: str,
+                                                        call_order: str) -> None:
     from kvport import LLM, SamplingParams
 
     trace = str(tmp_path / "t.jsonl")
-    llm = LLM("builtin:tiny-llama", block_size=4, max_model_len=64,
+    llm = LLM("builtin:tiny-llama", block_size=4, max_model_len=64, worker=worker,
+              kv_connector_call_order=call_order,
               kv_transfer_config={"kv_connector": "ExampleConnector", "kv_connector_extra_config": {
                   "shared_storage_path": str(tmp_path / "s"), "record_trace": trace}})
     prompts = [list(range(1, 22)), list(range(1, 22)) + [5, 6], list(range(3, 20))]
@@ -354,3 +417,12 @@ def test_engine_run_with_example_connector_checks_clean(tmp_path: Path) -> None:
     assert {e.role for e in events} == {"scheduler", "worker"}
     assert sum(e.method == "request_finished" for e in events) == 2 * len(prompts)
     assert events[-1].method == "shutdown"
+    # Each half (the worker in its own process or not) starts with the engine's header.
+    by_group = groups(events)
+    assert len({pid for pid, _, _ in by_group}) == (2 if worker == "process" else 1)
+    for records in by_group.values():
+        assert TraceHeader.from_event(records[0]) == TraceHeader("kvport", kvport.__version__,
+                                                                 call_order)
+    # The sync loads of the second run are flagged in their start_load_kv records.
+    flags = [e.ints for e in events if e.method == "start_load_kv"]
+    assert [1] in flags and [0] in flags and set(map(len, flags)) == {1}

@@ -51,6 +51,7 @@ def test_pool_smaller_than_one_request_is_rejected_at_construction() -> None:
     (dict(num_kv_blocks=0), "num_kv_blocks"),
     (dict(max_model_len=10**6), "max_position_embeddings"),
     (dict(no_such_option=1), "unknown engine argument"),
+    (dict(kv_connector_call_order="vllm"), r"kv_connector_call_order must be one of .*'vllm'"),
 ])
 def test_bad_engine_config(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):

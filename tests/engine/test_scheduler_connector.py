@@ -15,11 +15,15 @@ from utils import (
     FakeWorker, assert_scheduler_empty, make_request, make_scheduler, mock_connector_config,
 )
 
+from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorOutput
+from kvport.connectors.recording import engine_header
+from kvport.engine.connector_setup import trace_header
 from kvport.engine.outputs import ModelRunnerOutput
 from kvport.engine.request import RequestStatus
 from kvport.engine.scheduler import Scheduler
 from kvport.trace.checker import check_file
+from kvport.trace.events import CALL_ORDERS
 
 PROMPT = list(range(1, 15))  # 14 tokens: 3 full blocks of 4 + 2
 
@@ -50,6 +54,24 @@ def test_sync_load_skips_the_loaded_tokens() -> None:
     assert req.num_cached_tokens == 8 and req.num_external_computed_tokens == 8
     drain(sched, worker)
     assert req.output_token_ids == expected_tokens(14, 3)
+    assert_scheduler_empty(sched)
+
+
+@pytest.mark.parametrize("hit_blocks, is_async", [(2, False), (2, True), (0, False)])
+def test_only_the_step_that_admits_a_sync_load_has_sync_kv_loads(hit_blocks: int,
+                                                                 is_async: bool) -> None:
+    sched, worker = setup(hit_blocks=hit_blocks, is_async=is_async)
+    sched.add_request(make_request("a", PROMPT, max_tokens=3))
+    flags = []
+    for _ in range(200):
+        if not sched.has_pending_work():
+            break
+        out, _ = worker.step(sched)
+        flags.append(out.has_sync_kv_loads)
+    # A sync load is read by the forward of the step that admits its request (the first), and
+    # only then; an async load is read by steps after it reported.
+    sync = hit_blocks > 0 and not is_async
+    assert flags == [sync] + [False] * (len(flags) - 1), flags
     assert_scheduler_empty(sched)
 
 
@@ -409,11 +431,12 @@ def test_a_raising_scheduler_hook_fails_only_its_request() -> None:
     policy=st.sampled_from(["recompute", "fail"]),
     prompts=st.lists(st.integers(1, 20), min_size=1, max_size=6),
     aborts=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 5)), max_size=3),
+    call_order=st.sampled_from(CALL_ORDERS),
 )
 def test_random_connector_schedules_leak_nothing(
     num_blocks: int, budget: int, hit_blocks: int, is_async: bool, num_defers: int,
     fail_first_load_block: int, recv_delay: int, send_delay: int, policy: str,
-    prompts: list[int], aborts: list[tuple[int, int]],
+    prompts: list[int], aborts: list[tuple[int, int]], call_order: str,
 ) -> None:
     trace_dir = tempfile.TemporaryDirectory(prefix="kvport-trace-")
     trace = os.path.join(trace_dir.name, "trace.jsonl")
@@ -421,9 +444,12 @@ def test_random_connector_schedules_leak_nothing(
         policy, hit_blocks=hit_blocks, is_async=is_async, num_defers=num_defers,
         fail_first_load_block=fail_first_load_block, recv_delay_steps=recv_delay,
         send_delay_steps=send_delay, record_trace=trace)
-    sched = make_scheduler(num_blocks, max_num_batched_tokens=budget, max_model_len=32,
-                           kv_transfer_config=ktc)
-    worker = FakeWorker(sched)
+    # As the engine does: its recorders' header names the order its worker driver follows.
+    with engine_header(trace_header(EngineConfig(kv_connector_call_order=call_order))):
+        sched = make_scheduler(num_blocks, max_num_batched_tokens=budget, max_model_len=32,
+                               kv_transfer_config=ktc)
+        worker = FakeWorker(sched)
+    worker.driver.call_order = call_order
     reqs = [make_request(str(i), [(i * 5 + j) % 90 + 1 for j in range(n)], max_tokens=3)
             for i, n in enumerate(prompts)]
     for r in reqs:

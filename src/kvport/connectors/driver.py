@@ -1,14 +1,33 @@
-"""Drives the worker half of a KV connector through every step, in DESIGN.md's order.
+"""Drives the worker half of a KV connector through every step, in one of two call orders.
+
+"vllm-0.32" (the default; vLLM 0.32's worker):
+
+    pre_forward:   handle_preemptions(meta) -> bind_connector_metadata(meta)
+                   [-> start_load_kv(ctx)        only if the step has synchronous loads]
+    forward:       per attention layer: wait_for_layer_load(layer) ... save_kv_layer(layer, ...)
+    post_forward:  [start_load_kv(ctx) ->        if it did not run before the forward]
+                   wait_for_save() -> get_finished(finished_req_ids)
+                   -> get_block_ids_with_load_errors() -> build_connector_worker_meta()
+                   -> get_kv_connector_stats() -> clear_connector_metadata()
+    no_forward:    the same, without the layer hooks: wait_for_save runs on every step
+
+"legacy" (vLLM before 0.32; kvport's order until issue 11):
 
     pre_forward:   handle_preemptions(meta) -> bind_connector_metadata(meta) -> start_load_kv(ctx)
     forward:       per attention layer: wait_for_layer_load(layer) ... save_kv_layer(layer, ...)
-    post_forward:  wait_for_save() -> get_finished(finished_req_ids)
-                   -> get_block_ids_with_load_errors() -> build_connector_worker_meta()
-                   -> get_kv_connector_stats() -> clear_connector_metadata()
+    post_forward:  wait_for_save() -> get_finished(finished_req_ids) -> ... as above
     no_forward:    pre_forward, then post_forward WITHOUT wait_for_save
 
-NOTE: handle_preemptions comes before bind and before anything writes KV: blocks of requests
-preempted in this step are already free on the scheduler side and may be reused in this very step.
+A step has synchronous loads when a request scheduled in it gets external tokens from a connector
+that answered is_async=False (`SchedulerOutputView.has_sync_kv_loads`): the forward reads what
+those loads write, so they must start before it. vLLM 0.32 starts every other load after the
+forward, off its critical path. A connector must be correct under both orders: nothing that must
+happen every step may rely on wait_for_save (legacy skips it) or on start_load_kv coming before
+the layer hooks (vllm-0.32 does not).
+
+NOTE: handle_preemptions comes before bind and before anything writes KV, in both orders: blocks
+of requests preempted in this step are already free on the scheduler side and may be reused in
+this very step.
 
 A hook that raises does not stop the step: the error is recorded, the remaining hooks still run
 (so metadata is always cleared and completions are never lost), and the scheduler fails the
@@ -17,6 +36,7 @@ step's requests. One driver exists per worker; it is also the `LayerHooks` of th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -27,14 +47,38 @@ from kvport.connectors.base import (
     layer_name,
 )
 from kvport.connectors.views import SchedulerOutputView
+from kvport.trace.events import CALL_ORDERS
 
 logger = logging.getLogger(__name__)
 
+# The names of kvport.trace.events.CALL_ORDERS, which a recorded trace's header uses too.
+LEGACY = "legacy"
+VLLM_0_32 = "vllm-0.32"
+
+
+def check_call_order(call_order: str) -> str:
+    if call_order not in CALL_ORDERS:
+        raise ValueError(f"kv_connector_call_order must be one of {CALL_ORDERS}, "
+                         f"got {call_order!r}")
+    return call_order
+
+
+@dataclasses.dataclass
+class StepContext(ForwardContext):
+    """The ForwardContext the driver hands the connector in a step: also whether the step has
+    synchronous loads, which the call recorder writes into start_load_kv's record (the trace
+    checker needs it to know where start_load_kv belongs under vllm-0.32)."""
+
+    has_sync_kv_loads: bool = False
+
 
 class KVConnectorDriver:
-    def __init__(self, connector: KVConnectorBase, kv_cache: torch.Tensor, spec: KVCacheSpec) -> None:
+    def __init__(self, connector: KVConnectorBase, kv_cache: torch.Tensor, spec: KVCacheSpec,
+                 call_order: str = VLLM_0_32) -> None:
         self.connector = connector
-        self._ctx: ForwardContext | None = None
+        self.call_order = check_call_order(call_order)
+        self._ctx: StepContext | None = None
+        self._load_started = False  # start_load_kv ran in the current step
         self._errors: dict[str, str] = {}  # hook name -> message, for the current step
         self._error_req_ids: set[str] | None = set()  # None: a failure not tied to requests
         connector.register_kv_caches(kv_cache, spec)
@@ -43,14 +87,27 @@ class KVConnectorDriver:
         self._layer_views = [kv_cache[:, i] for i in range(spec.num_layers)]
 
     def pre_forward(self, sched_out: SchedulerOutputView, ctx: ForwardContext) -> None:
-        self._ctx = ctx
+        self._ctx = StepContext(ctx.kv_cache, ctx.num_scheduled_tokens, ctx.step,
+                                has_sync_kv_loads=bool(sched_out.has_sync_kv_loads))
+        self._load_started = False
         self._errors = {}
         self._error_req_ids = set()
         self._call("trace_step", sched_out.step)
-        meta = sched_out.kv_connector_metadata
-        self._call("handle_preemptions", meta)
+        self._preempt_and_bind(sched_out.kv_connector_metadata)
+        if self._loads_before_forward(self._ctx):
+            self._start_load()
+
+    def _preempt_and_bind(self, meta: Any) -> None:
+        self._call("handle_preemptions", meta)  # first: see the NOTE above
         self._call("bind_connector_metadata", meta)
-        self._call("start_load_kv", ctx)
+
+    def _loads_before_forward(self, ctx: StepContext) -> bool:
+        """Legacy: always. vllm-0.32: only when the forward reads what the step loads."""
+        return self.call_order == LEGACY or ctx.has_sync_kv_loads
+
+    def _start_load(self) -> None:
+        self._load_started = True
+        self._call("start_load_kv", self._ctx)
 
     # LayerHooks: called by PagedAttention around each layer's attention.
     def before_attention(self, layer_idx: int) -> None:
@@ -67,7 +124,9 @@ class KVConnectorDriver:
             self._record_error("save_kv_layer", exc)
 
     def post_forward(self, sched_out: SchedulerOutputView, did_forward: bool) -> KVConnectorOutput:
-        if did_forward:
+        if not self._load_started:  # vllm-0.32, no sync loads: loads start after the forward
+            self._start_load()
+        if did_forward or self.call_order == VLLM_0_32:  # legacy skips it without a forward
             self._call("wait_for_save")
         finished = self._call("get_finished", set(sched_out.finished_req_ids))
         sending, recving = finished if finished is not None else (None, None)

@@ -10,6 +10,18 @@ schedule() and of update_from_output, worker side before handle_preemptions; a n
 class). The recorder stamps that step on every following line, writes a marker line, and passes
 the call on to the inner connector (so nested recorders under a MultiConnector see it).
 
+Header: the first record of each (pid, role, connector) group is a `trace_header` record (step
+None) whose result is a kvport.trace.events.TraceHeader: which engine made the calls and its
+worker call order, so the checker applies that order's contract. A recorder learns it from the
+engine that builds it, never by importing the engine: the engine builds its connector halves
+inside `engine_header(TraceHeader(...))` (kvport.engine.connector_setup does), and every recorder
+made in that block, a MultiConnector's children included, takes the header from it. A recorder
+made outside such a block writes no header; the checker then applies the legacy order. A forked
+child writes the header again before its first record (its lines carry its own pid).
+
+Sync loads: start_load_kv's record has `ints: [1]` if the step has synchronous loads, `[0]` if
+not (from the worker driver's StepContext; a plain ForwardContext counts as none).
+
 Writes: every recorder of a run appends to the same file, possibly from several processes. Each
 line is one os.write on an O_APPEND descriptor, so lines never interleave, and nothing is buffered
 (a killed worker loses no line). `kvport trace check` reads the file back (trace.checker).
@@ -17,6 +29,8 @@ line is one os.write on an O_APPEND descriptor, so lines never interleave, and n
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import os
 import weakref
@@ -34,7 +48,7 @@ from kvport.connectors.base import (
     KVConnectorWorkerMetadata,
 )
 from kvport.connectors.views import RequestView, SchedulerOutputView
-from kvport.trace.events import STEP_MARKER, encode_line
+from kvport.trace.events import HEADER, STEP_MARKER, TraceHeader, encode_line
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +76,23 @@ class _Process:
 os.register_at_fork(after_in_child=_Process.reset)
 
 
+# The header of the engine building connectors right now (see engine_header).
+_ENGINE_HEADER: contextvars.ContextVar[TraceHeader | None] = contextvars.ContextVar(
+    "kvport_trace_engine_header", default=None)
+
+
+@contextlib.contextmanager
+def engine_header(header: TraceHeader) -> Iterator[None]:
+    """Recorders created inside this block write `header` as their first record. An engine wraps
+    the creation of its connector halves in it, so the recorder (and a MultiConnector's recording
+    children, created in their parent's constructor) knows the engine without importing it."""
+    token = _ENGINE_HEADER.set(header)
+    try:
+        yield
+    finally:
+        _ENGINE_HEADER.reset(token)
+
+
 def _label(inner: KVConnectorBase, path: str, role: str) -> str:
     extra = inner.kv_transfer_config.kv_connector_extra_config
     base = str(extra.get("name") or type(inner).__name__)
@@ -86,6 +117,8 @@ class RecordingConnector(KVConnectorBase):
         self._role_name = inner.role.value
         self._name = _label(inner, path, self._role_name)
         self._step: int | None = None
+        self._header = _ENGINE_HEADER.get()
+        self._header_pid: int | None = None  # the process whose lines start with the header
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._close_fd = weakref.finalize(self, os.close, self._fd)
 
@@ -113,8 +146,17 @@ class RecordingConnector(KVConnectorBase):
     # ---- recording ------------------------------------------------------------------------------
 
     def _head(self, method: str) -> dict[str, Any]:
+        if self._header is not None and self._header_pid != _Process.pid:
+            # The group's first record; written now, so its seq precedes the record's.
+            self._header_pid = _Process.pid
+            header = self._new_record(HEADER, step=None)
+            header["result"] = self._header.to_result()
+            self._write(header)
+        return self._new_record(method, self._step)
+
+    def _new_record(self, method: str, step: int | None) -> dict[str, Any]:
         return {"seq": next(_Process.seq), "pid": _Process.pid, "role": self._role_name,
-                "connector": self._name, "step": self._step, "method": method}
+                "connector": self._name, "step": step, "method": method}
 
     def _write(self, rec: dict[str, Any]) -> None:
         if self._fd < 0:  # after shutdown: the call is still forwarded, just not recorded
@@ -172,6 +214,8 @@ class RecordingConnector(KVConnectorBase):
     def start_load_kv(self, ctx: ForwardContext) -> None:
         rec = self._head("start_load_kv")
         rec["req_ids"] = sorted(ctx.num_scheduled_tokens)
+        # Where start_load_kv belongs under vllm-0.32 depends on it (trace.events.CALL_ORDERS).
+        rec["ints"] = [int(bool(getattr(ctx, "has_sync_kv_loads", False)))]
         self._call(rec, self._inner.start_load_kv, ctx)
 
     def wait_for_layer_load(self, layer_name: str) -> None:

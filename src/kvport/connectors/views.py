@@ -106,5 +106,12 @@ class SchedulerOutputView(Protocol):
     def step(self) -> int: ...
 
     @property
+    def has_sync_kv_loads(self) -> bool:
+        """Some request scheduled in this step gets external tokens from a synchronous load
+        (its connector answered is_async=False with tokens > 0). Those loads must finish before
+        the forward reads them, so under vLLM 0.32's call order the worker driver runs
+        start_load_kv before the forward only on such steps (see kvport.connectors.driver)."""
+
+    @property
     def kv_connector_metadata(self) -> Any:
         """What build_connector_meta returned for this step (read by the worker driver)."""

@@ -16,8 +16,8 @@ import torch
 
 from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorRole
-from kvport.connectors.factory import create_connector
 from kvport.engine.block_pool import BlockPool
+from kvport.engine.connector_setup import create_engine_connector
 from kvport.engine.kv_cache_manager import KVCacheManager
 from kvport.engine.request import Request, RequestStatus
 from kvport.engine.scheduler import Scheduler
@@ -85,11 +85,10 @@ class EngineCore:
         self.max_model_len = max_model_len
         pool = BlockPool(self.num_kv_blocks, enable_caching=config.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(pool, config.block_size)
-        ktc = config.kv_transfer_config
         # The two halves of the connector: separate objects, separate state (the worker half is
         # built next to the runner, possibly in another process).
         self.hash_root = engine_hash_root(config, self.loaded.identity)
-        sched_connector = create_connector(ktc, KVConnectorRole.SCHEDULER) if ktc else None
+        sched_connector = create_engine_connector(config, KVConnectorRole.SCHEDULER)
         if sched_connector is not None:
             sched_connector.set_kv_cache_spec(kv_cache_spec(
                 mc, self.num_kv_blocks, config.block_size, dtype, self.hash_root))

@@ -24,7 +24,7 @@ import torch
 
 from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorRole
-from kvport.connectors.factory import create_connector
+from kvport.engine.connector_setup import create_engine_connector
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from kvport.engine.hashing import namespace_hash
 from kvport.engine.runner import ModelRunner
@@ -57,10 +57,10 @@ def build_runner(config: EngineConfig, num_kv_blocks: int, loaded: Any | None = 
     dtype = getattr(torch, config.dtype)
     if loaded is None or loaded.model is None:
         loaded = load_model(config.model, dtype)
-    ktc = config.kv_transfer_config
-    connector = create_connector(ktc, KVConnectorRole.WORKER) if ktc is not None else None
+    connector = create_engine_connector(config, KVConnectorRole.WORKER)
     return ModelRunner(loaded.model, loaded.config, num_kv_blocks, config.block_size, dtype,
-                       connector, engine_hash_root(config, loaded.identity))
+                       connector, engine_hash_root(config, loaded.identity),
+                       call_order=config.kv_connector_call_order)
 
 
 def engine_hash_root(config: EngineConfig, model_identity: str) -> bytes:

@@ -40,6 +40,9 @@ class SchedulerOutput:
     finished_req_ids: set[str]  # finished (or aborted) since the previous step
     step: int = 0
     kv_connector_metadata: Any = None
+    # A request scheduled in this step loads external tokens synchronously (the worker driver
+    # then starts loads before the forward under vLLM 0.32's call order).
+    has_sync_kv_loads: bool = False
 
 
 @dataclass

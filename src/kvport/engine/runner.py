@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER
 from kvport.connectors.base import ForwardContext, KVCacheSpec, KVConnectorBase
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
@@ -61,7 +62,7 @@ class ModelRunner:
     def __init__(
         self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
         block_size: int, dtype: torch.dtype, connector: KVConnectorBase | None = None,
-        hash_root: bytes = b"",
+        hash_root: bytes = b"", call_order: str = DEFAULT_KV_CONNECTOR_CALL_ORDER,
     ) -> None:
         self.model = model
         self.hash_root = hash_root
@@ -73,7 +74,8 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}  # req_id -> state
         self.driver: KVConnectorDriver | None = None
         if connector is not None:
-            self.driver = KVConnectorDriver(connector, self.kv_cache, self.kv_cache_spec)
+            self.driver = KVConnectorDriver(connector, self.kv_cache, self.kv_cache_spec,
+                                            call_order)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:

@@ -55,6 +55,7 @@ class _StepPlan:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_reqs: list[CachedRequestData] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    has_sync_kv_loads: bool = False  # an admitted request loads external tokens synchronously
 
     def add(self, req_id: str, num_tokens: int) -> None:
         self.num_scheduled[req_id] = num_tokens
@@ -138,6 +139,7 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in plan.preempted},
             finished_req_ids=self.finished_req_ids,
             step=self.step_id,
+            has_sync_kv_loads=plan.has_sync_kv_loads,
         )
         # The connector sees num_computed_tokens before this step's advance.
         out.kv_connector_metadata = self.xfer.build_connector_meta(out)
@@ -243,6 +245,8 @@ class Scheduler:
             req.first_scheduled_time = plan.now
         plan.new_reqs.append(self._new_request_data(req))
         plan.add(req.request_id, num_new)
+        if num_external > 0:  # a sync load: an async one parked the request above
+            plan.has_sync_kv_loads = True  # the forward reads what start_load_kv loads
         return _Admission.ADMITTED
 
     def _finish_async_load(self, req: Request) -> bool:
