@@ -56,6 +56,7 @@ class ViewSchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     finished_req_ids: set[str] = field(default_factory=set)
     kv_connector_metadata: Any = None
+    has_sync_kv_loads: bool = False
 
     @property
     def total_num_scheduled_tokens(self) -> int:

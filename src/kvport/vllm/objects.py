@@ -97,6 +97,8 @@ class SchedulerOutputAdapter:
     preempted_req_ids: set[str]
     finished_req_ids: set[str]
     step: int
+    # a request of this step loads external tokens synchronously (vLLM 0.32 names it so too)
+    has_sync_kv_loads: bool = False
     kv_connector_metadata: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -123,7 +125,8 @@ def adapt_scheduler_output(so: Any, step: int) -> SchedulerOutputAdapter:
             cached.append(CachedRequest(rid, ids, c.num_computed_tokens[i]))
     return SchedulerOutputAdapter(
         new, cached, dict(so.num_scheduled_tokens), int(so.total_num_scheduled_tokens),
-        set(so.preempted_req_ids or ()), set(so.finished_req_ids), step)
+        set(so.preempted_req_ids or ()), set(so.finished_req_ids), step,
+        bool(getattr(so, "has_sync_kv_loads", False)))
 
 
 def engine_pool(kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str],
