@@ -20,12 +20,16 @@ Scheduler side, in the order the scheduler calls them:
     get_metrics()                            cumulative counters, on demand
     reset_cache(), shutdown()
 
-Worker side, every step (see kvport.connectors.driver for the exact order):
+Worker side, every step (kvport.connectors.driver has the exact order; the engine runs vLLM
+0.32's order by default, the older one with kv_connector_call_order="legacy"):
     register_kv_caches(kv_cache, spec)       once, after the runner allocates the pool
     handle_preemptions(meta)                 first in every step, before anything writes KV
-    bind_connector_metadata(meta)            then start_load_kv(ctx)
+    bind_connector_metadata(meta)            then start_load_kv(ctx), before the forward if the
+                                             step has synchronous loads (always under legacy),
+                                             else after it
     wait_for_layer_load(layer) / save_kv_layer(layer, ...)   inside each attention layer
-    wait_for_save()                          after the forward; SKIPPED on steps with no tokens
+    wait_for_save()                          after the forward; every step under vllm-0.32,
+                                             SKIPPED on steps with no tokens under legacy
     get_finished(finished_req_ids)           every step: completions of async sends and loads
     get_block_ids_with_load_errors()         every step
     build_connector_worker_meta()            every step
@@ -183,8 +187,9 @@ class KVConnectorBase(ABC):
 
     @abstractmethod
     def start_load_kv(self, ctx: ForwardContext) -> None:
-        """Worker, every step after bind (before the forward): start loading KV into the pool.
-        A synchronous load may finish here; layer pipelining finishes in wait_for_layer_load."""
+        """Worker, every step after bind: start loading KV into the pool. Before the forward on a
+        step with synchronous loads (which must finish here or in wait_for_layer_load); on other
+        steps after it under vLLM 0.32's order (always before it under legacy)."""
 
     @abstractmethod
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -197,9 +202,10 @@ class KVConnectorBase(ABC):
 
     @abstractmethod
     def wait_for_save(self) -> None:
-        """Worker, after the forward, when there was one. It is SKIPPED on steps with no
-        scheduled tokens and is not ordered against get_finished: nothing that must happen
-        every step may live here (queue stores in get_finished instead)."""
+        """Worker, after the forward. Under vLLM 0.32's order every step (no-forward steps too),
+        before get_finished; under legacy it is SKIPPED on steps with no scheduled tokens. A
+        connector meets both orders in the field: nothing that must happen every step may live
+        here (queue stores in get_finished instead)."""
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Worker, every step: (finished_sending, finished_recving). `finished_req_ids` are the

@@ -9,7 +9,7 @@ Every step, in the driver's order:
                         disk; a promotion that finished starts its HOST->ENGINE copy; a finished
                         load reports its request in finished_recving and its failed engine
                         blocks as load errors
-Nothing is left to wait_for_save, which no-forward steps skip in kvport's engine order.
+Nothing is left to wait_for_save, which no-forward steps skip under the legacy call order.
 
 `sync_stores` is for engines that may stop stepping as soon as no request is left (vLLM's
 in-process LLM): the last step's stores must be in the host tier, and the scheduler half must
