@@ -383,7 +383,7 @@ MUTANTS: list[Mutant] = [
         "vllm-0.32 calls wait_for_save on every step, no-forward steps included"),
     Mutant(
         "recorder-writes-the-header", "src/kvport/connectors/recording.py",
-        "        if self._header is not None and self._header_pid != _Process.pid:\n",
+        "        if self._header is not None and self._header_pid != TraceProcess.pid:\n",
         "        if False:\n",
         (f"{RECORDING}::test_a_recorder_built_inside_engine_header_writes_it_first",),
         "a recorded group starts with the engine's header (the checker picks its order by it)"),

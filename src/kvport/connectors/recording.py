@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 import os
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from kvport.connectors.base import (
     ForwardContext,
@@ -49,6 +48,7 @@ from kvport.connectors.base import (
 )
 from kvport.connectors.views import RequestView, SchedulerOutputView
 from kvport.trace.events import HEADER, STEP_MARKER, TraceHeader, encode_line
+from kvport.trace.process import TraceProcess, unique_label
 
 if TYPE_CHECKING:
     import torch
@@ -58,22 +58,6 @@ if TYPE_CHECKING:
 _MAX_ERROR_CHARS = 300  # keeps an error line well under the 4 KiB atomic-append size
 
 
-class _Process:
-    """Per-process state, reset in a forked child so its lines carry its own pid and seq."""
-
-    pid: ClassVar[int] = os.getpid()
-    seq: ClassVar[Iterator[int]] = itertools.count()
-    # (trace path, role, label) -> recorders made so far, to tell same-class instances apart
-    labels: ClassVar[dict[tuple[str, str, str], int]] = {}
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.pid = os.getpid()
-        cls.seq = itertools.count()
-        cls.labels = {}
-
-
-os.register_at_fork(after_in_child=_Process.reset)
 
 
 # The header of the engine building connectors right now (see engine_header).
@@ -96,12 +80,7 @@ def engine_header(header: TraceHeader) -> Iterator[None]:
 def _label(inner: KVConnectorBase, path: str, role: str) -> str:
     extra = inner.kv_transfer_config.kv_connector_extra_config
     base = str(extra.get("name") or type(inner).__name__)
-    key = (os.path.realpath(path), role, base)
-    count = _Process.labels.get(key, 0) + 1
-    _Process.labels[key] = count
-    # NOTE: a second recorder with the same name in one process (two children of one class, or a
-    # second engine on the same file) gets "#2": the checker groups records per connector label.
-    return base if count == 1 else f"{base}#{count}"
+    return unique_label(base, path, role)
 
 
 def _sorted_ids(ids: set[str] | None) -> list[str]:
@@ -146,16 +125,16 @@ class RecordingConnector(KVConnectorBase):
     # ---- recording ------------------------------------------------------------------------------
 
     def _head(self, method: str) -> dict[str, Any]:
-        if self._header is not None and self._header_pid != _Process.pid:
+        if self._header is not None and self._header_pid != TraceProcess.pid:
             # The group's first record; written now, so its seq precedes the record's.
-            self._header_pid = _Process.pid
+            self._header_pid = TraceProcess.pid
             header = self._new_record(HEADER, step=None)
             header["result"] = self._header.to_result()
             self._write(header)
         return self._new_record(method, self._step)
 
     def _new_record(self, method: str, step: int | None) -> dict[str, Any]:
-        return {"seq": next(_Process.seq), "pid": _Process.pid, "role": self._role_name,
+        return {"seq": next(TraceProcess.seq), "pid": TraceProcess.pid, "role": self._role_name,
                 "connector": self._name, "step": step, "method": method}
 
     def _write(self, rec: dict[str, Any]) -> None:

@@ -41,13 +41,13 @@ rebuilds the inner connector's stats from it.
 from __future__ import annotations
 
 import copy
-import itertools
 import os
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from kvport.trace.events import HEADER, STEP_MARKER, TraceHeader, encode_line
+from kvport.trace.process import TraceProcess, unique_label
 from kvport.vllm.compat import require_vllm
 from kvport.vllm.recording_config import INHERITED, WRAPPER, RecordingSpec, parse_recording_config
 
@@ -227,28 +227,6 @@ class RecordingPromMetrics(KVConnectorPromMetrics):
 # ---- the trace file ------------------------------------------------------------------------------
 
 
-class _Process:
-    """Per-process state, reset in a forked child so its lines carry its own pid and seq."""
-
-    pid: ClassVar[int] = os.getpid()
-    seq: ClassVar[Iterator[int]] = itertools.count()
-    labels: ClassVar[dict[tuple[str, str, str], int]] = {}
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.pid = os.getpid()
-        cls.seq = itertools.count()
-        cls.labels = {}
-
-
-os.register_at_fork(after_in_child=_Process.reset)
-
-
-def _label(base: str, path: str, role: str) -> str:
-    key = (os.path.realpath(path), role, base)
-    count = _Process.labels.get(key, 0) + 1
-    _Process.labels[key] = count
-    return base if count == 1 else f"{base}#{count}"
 
 
 class _Trace:
@@ -267,7 +245,7 @@ class _Trace:
         self.write(header)
 
     def head(self, method: str) -> dict[str, Any]:
-        return {"seq": next(_Process.seq), "pid": _Process.pid, "role": self.role,
+        return {"seq": next(TraceProcess.seq), "pid": TraceProcess.pid, "role": self.role,
                 "connector": self.label, "step": self.step, "method": method}
 
     def write(self, rec: dict[str, Any]) -> None:
@@ -344,7 +322,7 @@ class RecordingConnector(KVConnectorBase_V1):
             role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
             base = spec.name or type(self._inner).__name__
             self._trace = _Trace(spec.record_trace, role_name,
-                                 _label(base, spec.record_trace, role_name))
+                                 unique_label(base, spec.record_trace, role_name))
         else:
             for name in _DIRECT_WHEN_OFF:
                 setattr(self, name, getattr(self._inner, name))
