@@ -393,6 +393,13 @@ MUTANTS: list[Mutant] = [
         '        rec["ints"] = [0]\n',
         (f"{RECORDING}::test_start_load_kv_records_whether_the_step_has_sync_loads",),
         "start_load_kv's record says whether the step has sync loads"),
+    Mutant(
+        "multi-tells-each-child-its-own-completions", "src/kvport/connectors/multi.py",
+        "            finished_recving={rid for rid, owner in recv_owner.items() if owner == i},\n",
+        "            finished_recving=set(recv_owner),\n",
+        ("tests/connectors/test_multi.py::test_each_child_is_told_only_of_its_own_completions",
+         "tests/connectors/test_call_orders.py::test_loads_give_the_output_of_no_connector_in_either_order"),
+        "a MultiConnector child hears only of the async loads it owns (S7 in its own trace)"),
     # ---- disk tier ---------------------------------------------------------------------------
     Mutant(
         "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk.py",

@@ -216,6 +216,30 @@ def test_sync_load_owner_is_not_tracked_by_the_worker() -> None:
     assert meta_of(sched).async_load_owners == {}
 
 
+def test_each_child_is_told_only_of_its_own_completions() -> None:
+    """A child hears of the async load it owns and of the saves it kept, nothing else: a child
+    told of another's load (or save) would see a completion it never started (S7, S6 in its own
+    trace)."""
+    sched = make_multi(SCHED, fake_child("a"), fake_child("b", matched_tokens=8, load_async=True),
+                       fake_child("c", keep_blocks=True))
+    a, b, c = fakes(sched)
+    loading, kept = make_request("load", PROMPT), make_request("kept", PROMPT)
+    assert sched.get_num_new_matched_tokens(loading, 0) == (8, True)  # b owns the load
+    sched.update_state_after_alloc(loading, [1, 2, 3], 8)
+    assert sched.request_finished(kept, [4, 5]) == (True, None)  # only c keeps the blocks
+    meta_of(sched)
+    sched.update_connector_output(KVConnectorOutput(finished_sending={"kept"},
+                                                    finished_recving={"load"}))
+    seen = [x.outputs_seen[-1] for x in (a, b, c)]
+    assert [s.finished_recving for s in seen] == [set(), {"load"}, set()]
+    assert [s.finished_sending for s in seen] == [set(), set(), {"kept"}]
+    # Reported once: a repeat (which the worker half never sends) reaches no child.
+    sched.update_connector_output(KVConnectorOutput(finished_sending={"kept"},
+                                                    finished_recving={"load"}))
+    assert all(not x.outputs_seen[-1].finished_recving and not x.outputs_seen[-1].finished_sending
+               for x in (a, b, c))
+
+
 def test_worker_metadata_is_per_child_and_aggregates_elementwise() -> None:
     worker = make_multi(WORKER, fake_child("a"), fake_child("b"), fake_child("c"))
     a, b, c = fakes(worker)
@@ -238,8 +262,8 @@ def test_worker_metadata_is_per_child_and_aggregates_elementwise() -> None:
     seen = [x.outputs_seen[0] for x in fakes(sched)]
     assert [s.worker_meta for s in seen] == list(m1.per_connector)
     assert [s.stats for s in seen] == [{"n": 1}, {}, {}]
-    assert all(s.finished_sending == {"r"} for s in seen)
-    assert out.worker_meta is m1  # the combined output is left as it was
+    assert all(s.finished_sending == set() for s in seen)  # no child kept "r"
+    assert out.worker_meta is m1 and out.finished_sending == {"r"}  # left as it was
     with pytest.raises(TypeError, match="MultiConnectorWorkerMetadata"):
         sched.update_connector_output(KVConnectorOutput(worker_meta=FakeWorkerMeta(frozenset())))
 

@@ -54,6 +54,10 @@ class MultiConnector(KVConnectorBase):
         self._matched: dict[str, tuple[int, bool]] = {}  # req_id -> (owner, is_async) of last match
         self._new_async_loads: dict[str, int] = {}  # req_id -> owner, for the next metadata
         self._new_savers: dict[str, tuple[int, ...]] = {}  # req_id -> savers, for the next metadata
+        # Completions still to come, so each child is told only of its own (a child told of a
+        # load it never made, or of a save it never kept, sees a broken contract).
+        self._pending_recv: dict[str, int] = {}  # req_id -> owner of its async load
+        self._pending_send: dict[str, tuple[int, ...]] = {}  # req_id -> savers
         # worker side
         self._recv_owner: dict[str, int] = {}  # req_id -> the child whose recv report counts
         self._sends_owed: dict[str, set[int]] = {}  # req_id -> savers that have not reported yet
@@ -203,6 +207,7 @@ class MultiConnector(KVConnectorBase):
         owner = match[0] if match is not None and num_external_tokens > 0 else -1
         if match is not None and owner >= 0 and match[1]:
             self._new_async_loads[request.request_id] = owner
+            self._pending_recv[request.request_id] = owner
         self._each("update_state_after_alloc", lambda i, c: c.update_state_after_alloc(
             request, list(block_ids), num_external_tokens if i == owner else 0))
 
@@ -214,15 +219,23 @@ class MultiConnector(KVConnectorBase):
         return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        """Each child sees the output with its own worker metadata and stats in place."""
+        """Each child sees the output with its own worker metadata, stats and completions: only
+        the loads it owns in finished_recving, only the saves it kept in finished_sending."""
         meta, n = connector_output.worker_meta, len(self.connectors)
         if meta is not None and not (isinstance(meta, MultiConnectorWorkerMetadata)
                                      and len(meta.per_connector) == n):
             raise TypeError(f"MultiConnector: worker metadata must be a "
                             f"MultiConnectorWorkerMetadata with {n} elements, got {meta!r}")
+        recv_owner = {rid: self._pending_recv.pop(rid, -1)
+                      for rid in connector_output.finished_recving}
+        savers = {rid: self._pending_send.pop(rid, ())
+                  for rid in connector_output.finished_sending}
         outputs = [dataclasses.replace(
             connector_output, worker_meta=None if meta is None else meta.per_connector[i],
-            stats=connector_output.stats.get(name, {})) for i, name in enumerate(self._names)]
+            stats=connector_output.stats.get(name, {}),
+            finished_recving={rid for rid, owner in recv_owner.items() if owner == i},
+            finished_sending={rid for rid, kept in savers.items() if i in kept})
+            for i, name in enumerate(self._names)]
         self._each("update_connector_output", lambda i, c: c.update_connector_output(outputs[i]))
 
     def request_finished(
@@ -238,7 +251,7 @@ class MultiConnector(KVConnectorBase):
                                         lambda i, c: c.request_finished(request, list(block_ids)))
         savers = tuple(i for i, (keep, _) in answers.items() if keep)
         if savers:
-            self._new_savers[rid] = savers
+            self._new_savers[rid] = self._pending_send[rid] = savers
         elif error is not None:
             raise error
         merged: dict[str, Any] = {}
