@@ -1,0 +1,176 @@
+"""Redis tier (worker side): one Redis value per offload block, shared by every engine (and
+machine) that reaches the same Redis or Redis Cluster; written through from the host tier.
+
+Value: the disk tier's header (disk_format: magic, format version, header size, sha256 of the
+namespace, digest of the key, payload length, xxh3 of the payload) with header size HEADER.size
+(80 bytes: a value has no pages to align), then the payload, the offload block's bytes as the host
+tier holds them. Never pickle: a value is read from a server other processes write to. The key
+is `redis_client.value_key` (namespace digest prefix, key hex).
+
+A job is one batch: a pipeline of SETs (store) or GETs (load), one round trip per server (per
+node holding a key on a cluster). Redis owns eviction (`maxmemory` with an LRU policy): this tier
+tracks no occupancy, and a value may vanish between the scheduler's lookup and the load.
+
+Nothing here raises for a Redis problem; positions fail and are counted instead:
+    down (no attempt while backing off)    skipped_down (per call); every position fails
+    timeout / connection error             timeouts / errors (per round trip)
+    a SET refused (OOM, READONLY, ...)     refused_stores (per block)
+    another error reply (WRONGTYPE, MOVED) errors (per block)
+    a GET that finds nothing               vanished (per block)
+    a bad header, checksum or length       corrupt (per block); the value is deleted
+`skipped_stores` counts every block not stored, `failures` every block not loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from redis.exceptions import ResponseError
+
+from kvport.connectors.offloading.config import RedisTierConfig
+from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
+from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.tiers.disk_format import HEADER, checksum, header_ok, pack_header
+from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.tiers.redis_client import (
+    TOPOLOGY_ERRORS,
+    RedisConnection,
+    RedisUnavailable,
+    namespace_digest,
+    value_key,
+)
+
+logger = logging.getLogger(__name__)
+
+VALUE_HEADER_SIZE = HEADER.size  # 80
+
+
+@dataclass
+class RedisTierStats(TierStats):
+    """TierStats plus the Redis outcomes. Per call: round_trips, timeouts, errors, skipped_down;
+    per block: vanished, corrupt, refused_stores. Occupancy and evictions stay 0 (Redis's)."""
+
+    round_trips: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    vanished: int = 0  # gone between the lookup and the load (evicted, deleted)
+    corrupt: int = 0  # bad header, checksum or length; deleted
+    refused_stores: int = 0  # Redis answered a SET with an error (OOM under noeviction, READONLY)
+    skipped_down: int = 0  # calls not attempted: the connection is down
+
+
+class RedisTier:
+    """Stores and loads host slots as Redis values under `namespace` (the geometry's) and the
+    config's tenant salt."""
+
+    def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
+        self.config = config
+        self.namespace_digest = namespace_digest(namespace, config.tenant_salt)
+        self.stats = RedisTierStats()
+        self._conn = RedisConnection(config, timeout_s=config.io_timeout_s, stats=self.stats)
+        self._refusing = False  # warn once per run of refused stores, not once per job
+
+    def key(self, key: bytes) -> bytes:
+        """The Redis key of an offload block's key."""
+        return value_key(self.namespace_digest, key)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # --- values ---------------------------------------------------------------------------------
+
+    def _value(self, key: bytes, payload: torch.Tensor) -> bytearray:
+        """Header and payload in one buffer: SET takes one value (one copy of the slot)."""
+        data = payload.numpy().data
+        value = bytearray(VALUE_HEADER_SIZE + data.nbytes)
+        value[:VALUE_HEADER_SIZE] = pack_header(self.namespace_digest, key, data,
+                                                VALUE_HEADER_SIZE)
+        value[VALUE_HEADER_SIZE:] = data
+        return value
+
+    def _fill(self, key: bytes, value: bytes, out: torch.Tensor) -> bool:
+        """Check value against key and out's size, then copy its payload into out (the one copy:
+        from redis-py's bytes straight into the slot)."""
+        n = out.numel()
+        if len(value) != VALUE_HEADER_SIZE + n:
+            return False
+        if not header_ok(self.namespace_digest, value[:VALUE_HEADER_SIZE], key, n,
+                         VALUE_HEADER_SIZE):
+            return False
+        if checksum(memoryview(value)[VALUE_HEADER_SIZE:]) != HEADER.unpack_from(value)[7]:
+            return False
+        out.numpy()[:] = np.frombuffer(value, dtype=np.uint8, count=n, offset=VALUE_HEADER_SIZE)
+        return True
+
+    # --- transfers (run on worker threads) ------------------------------------------------------
+
+    def store_from_host(self, host: HostTier, src: HostBlocks, dst: RedisBlocks,
+                        ) -> TransferOutcome:
+        """HOST -> REDIS (write-through): slot src.slot_ids[i] is stored as dst.keys[i]."""
+        _check_pairs(src.slot_ids, dst.keys)
+        start = time.perf_counter()
+        replies = self._conn.execute([("SET", self.key(k), self._value(k, host.slot(s)))
+                                      for s, k in zip(src.slot_ids, dst.keys)])
+        failed = [i for i, r in enumerate(replies) if not _stored(r)]
+        refused = [r for r in replies
+                   if isinstance(r, ResponseError) and not isinstance(r, TOPOLOGY_ERRORS)]
+        errors = sum(isinstance(r, TOPOLOGY_ERRORS) for r in replies)
+        self._note_refusals(refused)
+        done = len(replies) - len(failed)
+        self.stats.add(skipped_stores=len(failed), refused_stores=len(refused), errors=errors,
+                       blocks_stored=done, bytes_stored=done * host.slot_bytes,
+                       store_seconds=time.perf_counter() - start)
+        return TransferOutcome(done * host.slot_bytes, failed)
+
+    def load_to_host(self, host: HostTier, src: RedisBlocks, dst: HostBlocks) -> TransferOutcome:
+        """REDIS -> HOST (promotion): value src.keys[i] fills slot dst.slot_ids[i]."""
+        _check_pairs(src.keys, dst.slot_ids)
+        start = time.perf_counter()
+        replies = self._conn.execute([("GET", self.key(k)) for k in src.keys])
+        failed: list[int] = []
+        corrupt: list[bytes] = []
+        vanished = errors = 0
+        for i, (k, s, value) in enumerate(zip(src.keys, dst.slot_ids, replies)):
+            if isinstance(value, bytes) and self._fill(k, value, host.slot(s)):
+                continue
+            failed.append(i)
+            if value is None:
+                vanished += 1
+            elif isinstance(value, bytes):
+                corrupt.append(k)
+            elif not isinstance(value, RedisUnavailable):
+                errors += 1  # an error reply (WRONGTYPE, ...): counted, left alone
+        if corrupt:
+            self._delete_corrupt(corrupt)
+        done = len(replies) - len(failed)
+        self.stats.add(failures=len(failed), vanished=vanished, corrupt=len(corrupt),
+                       errors=errors, blocks_loaded=done, bytes_loaded=done * host.slot_bytes,
+                       load_seconds=time.perf_counter() - start)
+        return TransferOutcome(done * host.slot_bytes, failed)
+
+    def _delete_corrupt(self, keys: list[bytes]) -> None:
+        # A later store rewrites it; until then every lookup would find it and every load fail.
+        # NOTE: a good value written between our GET and this DEL is deleted too: a later miss.
+        logger.warning("Redis tier: %d corrupt value(s) deleted (first %s)", len(keys),
+                       self.key(keys[0]).decode())
+        self._conn.execute([("DEL", self.key(k)) for k in keys])
+
+    def _note_refusals(self, refused: list[Any]) -> None:
+        if refused and not self._refusing:
+            logger.warning("Redis tier %s refuses stores (%s); blocks are not written through",
+                           self._conn.url, refused[0])
+        self._refusing = bool(refused)
+
+
+def _stored(reply: Any) -> bool:
+    return reply is True or reply == b"OK"
+
+
+def _check_pairs(src: list[int] | list[bytes], dst: list[int] | list[bytes]) -> None:
+    if len(src) != len(dst):
+        raise ValueError(f"source has {len(src)} blocks, destination {len(dst)}")
