@@ -8,6 +8,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
+# Real redis-server fixtures (tests/ is on sys.path: pyproject's pythonpath = ["tests"]).
+pytest_plugins = ["redis_fixtures"]
+
 # Deterministic by default (the same examples on every run, as CI needs); set
 # KVPORT_HYPOTHESIS=explore to draw new examples each run while hunting bugs.
 settings.register_profile("deterministic", derandomize=True, database=None)
