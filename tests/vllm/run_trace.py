@@ -68,6 +68,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()[-3000:]
     result["preemptions"] = sum(preemptions)
+    result["preempted_steps"] = [step for step, n in enumerate(preemptions) if n]
     result["steps"] = len(preemptions)
     if "error" not in result:
         llm.llm_engine.engine_core.shutdown()

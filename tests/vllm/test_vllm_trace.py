@@ -130,6 +130,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "stale": {**WORKLOAD, "kv_transfer_config": recording(
             d / "stale.jsonl", trace_connector("StaleAnswerAsyncExample", d / "store-stale",
                                               stale_log=str(d / "stale-log.jsonl")))},
+        # The same children under a composite that hands them preemptions after their bind.
+        "late-preemptions": {**WORKLOAD, "kv_transfer_config": recording(
+            d / "late-preemptions.jsonl", {
+                "kv_connector": "PreemptionsAfterBindMulti",
+                "kv_connector_module_path": "trace_connectors",
+                "kv_connector_extra_config": {"connectors": [
+                    recording(d / "late-children.jsonl",
+                              example(d / "store-late-a", kv_role="kv_both"), name="child-a"),
+                    recording(d / "late-children.jsonl",
+                              example(d / "store-late-b", kv_role="kv_both"), name="child-b"),
+                ]}})},
         "compare": {**COMPARE, "kv_transfer_config": recording(d / "compare.jsonl",
                                                                 offloading())},
     }
@@ -261,6 +272,25 @@ def test_stale_answer_after_preemption_is_reported_at_its_step_and_request(
     assert len(violations) == len(by_rule) == 2, [str(v) for v in violations]
     assert by_rule["S3"] == (log[0]["step"], log[0]["req_id"])
     assert by_rule["S1"] == (log[0]["step"], None)
+
+
+def test_preemptions_handed_over_after_the_bind_are_reported_at_the_preempting_steps(
+        runs: dict[str, Any]) -> None:
+    """The seed "metadata used before preemptions are handled", re-created in a composite
+    (PreemptionsAfterBindMulti): vLLM calls the composite in order, so its own trace is clean;
+    each child, recorded on its own, gets bind_connector_metadata before handle_preemptions on
+    exactly the steps vLLM preempted on, and the checker says so there (W1, and W2 for the bind
+    that no longer follows handle_preemptions), nowhere else. The same children under vLLM's
+    MultiConnector pass (test_recorded_connectors_give_plain_output_and_pass_the_checker)."""
+    run = runs["late-preemptions"]
+    assert_same_output(run, runs["plain"])  # ExampleConnector has nothing to do on a preemption
+    assert run["preempted_steps"], "the pool was meant to force preemption"
+    assert check_trace(events(runs, "late-preemptions")) == []
+    violations = check_trace(events(runs, "late-children"))
+    for child in ("child-a", "child-b"):
+        found = [(v.rule, v.step) for v in violations if child in v.message]
+        assert found == [(rule, step) for step in run["preempted_steps"] for rule in ("W1", "W2")], \
+            [str(v) for v in violations]
 
 
 # ---- the same connector in kvport's engine and in vLLM ------------------------------------------

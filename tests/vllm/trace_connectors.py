@@ -15,6 +15,12 @@ drops the async flag when the local hit ends inside a block, and otherwise stops
 `assert num_external_computed_tokens > 0` in its scheduler. The connector writes every such
 answer, with its own count of `build_connector_meta` calls (the step), to `stale_log`, so the
 test knows independently where the checker must point.
+
+PreemptionsAfterBindMulti re-creates the seed "metadata used before preemptions are handled" in
+a composite connector: vLLM's MultiConnector, except that on a step that preempted requests it
+binds its children's metadata first and hands them the preemptions only afterwards (vLLM calls
+the composite itself in the right order). Its children, each wrapped in a recorder, see the
+broken order (rules W1 and W2 in their traces) on exactly the steps that preempted.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
     ExampleConnectorMetadata,
     ReqMeta,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 
 
 @dataclass
@@ -122,3 +129,26 @@ class StaleAnswerAsyncExample(AsyncLoadExample):
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
         self._first_hit.pop(request.request_id, None)
         return super().request_finished(request, block_ids)
+
+
+class PreemptionsAfterBindMulti(MultiConnector):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._late: Any = None  # the metadata whose preemptions are handed over after the bind
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        meta = super().build_connector_meta(scheduler_output)
+        meta.preempted = bool(scheduler_output.preempted_req_ids)
+        return meta
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        if getattr(kv_connector_metadata, "preempted", False):
+            self._late = kv_connector_metadata  # the defect: held back until after the bind
+            return
+        super().handle_preemptions(kv_connector_metadata)
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        late, self._late = self._late, None
+        if late is not None:
+            super().handle_preemptions(late)
