@@ -29,7 +29,7 @@ a failed job's destination holds must never be used.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -38,21 +38,21 @@ from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
 from kvport.connectors.offloading.mediums import (
-    DISK,
     ENGINE,
     HOST,
     EngineBlocks,
     HostBlocks,
     LoadStoreSpec,
 )
-from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.transfers import (
+    LowerTier,
     OffloadingWorker,
     TransferFn,
     TransferHandler,
     TransferResult,
     failed_result,
+    tier_routes,
 )
 from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 
@@ -135,21 +135,16 @@ class GatedHandler(TransferHandler):
 
 
 class ControlledTransfers(OffloadingWorker):
-    """The standard routes (ENGINE<->HOST, and HOST<->DISK with a disk tier) on GatedHandlers."""
+    """The standard routes (ENGINE<->HOST, and HOST<->each lower tier) on GatedHandlers."""
 
-    def __init__(self, host: HostTier, disk: DiskTier | None) -> None:
+    def __init__(self, host: HostTier, lower: Mapping[str, LowerTier]) -> None:
         super().__init__()
         self.host = host
         self.pool: torch.Tensor | None = None  # the engine pool, set by the connector
         self.fenced: list[Job] = []  # held jobs an unbounded wait (the fence) ran
         self.torn: list[Job] = []  # jobs whose source changed between submit and run
-        routes: dict[Direction, TransferFn] = {
-            (ENGINE, HOST): host.store, (HOST, ENGINE): host.load}  # type: ignore[dict-item]
-        if disk is not None:
-            routes[(HOST, DISK)] = lambda s, d: disk.store_from_host(host, s, d)  # type: ignore
-            routes[(DISK, HOST)] = lambda s, d: disk.load_to_host(host, s, d)  # type: ignore
         self.gates: dict[Direction, GatedHandler] = {}
-        for kind, fn in routes.items():
+        for kind, fn in tier_routes(host, lower).items():
             self.gates[kind] = GatedHandler(fn, self._source, self._scribble, self.fenced,
                                             self.torn)
             self.register_handler(*kind, self.gates[kind])

@@ -5,29 +5,26 @@ builds the LLM; the wrappers of the last connector built are in WRAPPERS."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fault_tiers import FaultyTransfer
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
-from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
-from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.transfers import OffloadingWorker, ThreadPoolHandler
+from kvport.connectors.offloading.transfers import (
+    LowerTier, OffloadingWorker, ThreadPoolHandler, tier_routes,
+)
 from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 
 FAULTS: dict[tuple[str, str], dict[str, Any]] = {}
 WRAPPERS: dict[tuple[str, str], FaultyTransfer] = {}
 
 
-def faulty_transfers(host: HostTier, disk: DiskTier | None) -> OffloadingWorker:
-    routes: dict[tuple[str, str], Any] = {(ENGINE, HOST): host.store, (HOST, ENGINE): host.load}
-    if disk is not None:
-        routes[(HOST, DISK)] = lambda s, d: disk.store_from_host(host, s, d)
-        routes[(DISK, HOST)] = lambda s, d: disk.load_to_host(host, s, d)
+def faulty_transfers(host: HostTier, lower: Mapping[str, LowerTier]) -> OffloadingWorker:
     worker = OffloadingWorker()
     WRAPPERS.clear()
-    for (src, dst), fn in routes.items():
+    for (src, dst), fn in tier_routes(host, lower).items():
         WRAPPERS[(src, dst)] = wrapper = FaultyTransfer(fn, **FAULTS.get((src, dst), {}))
         worker.register_handler(src, dst, ThreadPoolHandler(wrapper, 1, f"{src}-{dst}"))
     return worker

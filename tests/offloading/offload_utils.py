@@ -24,12 +24,18 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def offload_config(cpu_bytes: int = 16 << 20, disk_dir: Path | None = None,
-                   disk_bytes: int = 64 << 20, **extra: Any) -> dict[str, Any]:
+                   disk_bytes: int = 64 << 20, redis: dict[str, Any] | None = None,
+                   kv_role: str = "kv_both", **extra: Any) -> dict[str, Any]:
+    """`redis`: the Redis tier's entry without "type" (at least {"url": ...})."""
     cfg: dict[str, Any] = {"cpu_bytes_to_use": cpu_bytes, "block_size": OFFLOAD_BLOCK, **extra}
+    tiers: list[dict[str, Any]] = []
     if disk_dir is not None:
-        cfg["secondary_tiers"] = [{"type": "disk", "root_dir": str(disk_dir),
-                                   "max_bytes": disk_bytes}]
-    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        tiers.append({"type": "disk", "root_dir": str(disk_dir), "max_bytes": disk_bytes})
+    if redis is not None:
+        tiers.append({"type": "redis", **redis})
+    if tiers:
+        cfg["secondary_tiers"] = tiers
+    return {"kv_connector": "OffloadingConnector", "kv_role": kv_role,
             "kv_connector_extra_config": cfg}
 
 

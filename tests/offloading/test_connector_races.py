@@ -155,7 +155,7 @@ def test_a_hit_on_keys_being_promoted_is_computed_without_waiting(tmp_path: Path
     (promotion,) = transfers.in_flight((DISK, HOST))
     # The load's two stages run under one job id, told apart by a typed stage (no sign trick).
     load_id = offloading_half(llm)._reqs["A"].load_job
-    assert promotion.id == TransferKey(load_id, Stage.PROMOTION)  # type: ignore[arg-type]
+    assert promotion.id == TransferKey(load_id, Stage.PROMOTION, DISK)  # type: ignore[arg-type]
     b = llm.engine.add_request("B", p, params)
     step_until(llm, lambda: b.is_finished)
     b_done_first = promotion.result is None and a.status == RequestStatus.WAITING_FOR_REMOTE_KVS

@@ -8,7 +8,7 @@ import pytest
 
 from kvport.config import KVTransferConfig
 from kvport.connectors.factory import parse_extra_config
-from kvport.connectors.offloading.config import DiskTierConfig, OffloadingConfig
+from kvport.connectors.offloading.config import DiskTierConfig, OffloadingConfig, RedisTierConfig
 from kvport.connectors.offloading.geometry import block_factor, offload_keys
 from kvport.engine.hashing import hash_blocks, namespace_hash
 
@@ -32,7 +32,8 @@ def test_vllm_names_parse() -> None:
     ({"cpu_bytes_to_use": 1, "eviction_policy": "fifo"}, "eviction_policy must be one of"),
     ({"cpu_bytes_to_use": 1, "store_threshold": -1}, "store_threshold must be >= 0"),
     ({"cpu_bytes_to_use": 1, "block_size": 0}, "block_size must be positive"),
-    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "s3"}]}, r"'type' one of \['disk'\]"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "s3"}]},
+     r"'type' one of \['disk', 'redis'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x", "max_bytes": 1,
                                                   "speed": 3}]}, r"unknown key\(s\) \['speed'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "max_bytes": 1}]},
@@ -50,6 +51,22 @@ def test_vllm_names_parse() -> None:
     ({"cpu_bytes_to_use": 1, "secondary_tiers": {"type": "disk"}},
      "secondary_tiers must be a list of tier dicts"),
     ({"cpu_bytes_to_use": 1, "num_cpu_blocks": 4}, r"unknown kv_connector_extra_config key"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis"}]},
+     r"secondary_tiers\[0\]: missing key\(s\) \['url'\]; accepted: \['cluster', "),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "127.0.0.1:6379"}]},
+     r"url must be a redis:// or rediss:// URL, got '127.0.0.1:6379'"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h",
+                                                  "cluster": "yes"}]},
+     r"cluster must be true or false, got 'yes'"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h",
+                                                  "lookup_timeout_ms": 0}]},
+     r"lookup_timeout_ms must be a positive number, got 0"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h",
+                                                  "tls_ca_file": "/ca.pem"}]},
+     r"tls_ca_file needs a rediss:// url"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h"},
+                                                 {"type": "redis", "url": "redis://g"}]},
+     r"2 redis tiers, but at most 1 redis tier is supported"),
 ])
 def test_bad_configs_name_the_key(extra: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -95,3 +112,18 @@ def test_offload_keys_are_the_hash_of_each_last_engine_block() -> None:
     other: list[bytes] = []
     hash_blocks(root, list(range(1, 24)) + [99] * 6, 4, other)  # differs from token 24 on
     assert offload_keys(other, 3)[0] == hashes[2] and offload_keys(other, 3)[1] != hashes[5]
+
+
+def test_redis_below_disk_whatever_the_order_and_no_password_in_messages() -> None:
+    url = "redis://tenant:s3cret@127.0.0.1:6379/0"
+    cfg = parse({"cpu_bytes_to_use": 1, "secondary_tiers": [
+        {"type": "redis", "url": url, "tenant_salt": "acme", "cluster": True},
+        {"type": "disk", "root_dir": "/x", "max_bytes": 1}]})
+    disk, redis = cfg.tiers
+    assert disk == cfg.disk_tier and redis == cfg.redis_tier
+    assert redis == RedisTierConfig(url, cluster=True, tenant_salt="acme")
+    assert "s3cret" not in repr(cfg) and "acme" not in repr(cfg)
+    with pytest.raises(ValueError) as err:
+        parse({"cpu_bytes_to_use": 1, "secondary_tiers": [
+            {"type": "redis", "url": "http://tenant:s3cret@h", "cluster": True}]})
+    assert "s3cret" not in str(err.value) and "tenant:***@h" in str(err.value)

@@ -108,7 +108,7 @@ def test_failed_load_names_the_unfilled_engine_blocks(tmp_path: Path,
     pool = torch.randn(8, 2, 2, 4, 2, 8)
     host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=2)
     disk = FaultyDisk(tmp_path, 1 << 20, b"ns")
-    worker = build_tier_worker(host, disk)
+    worker = build_tier_worker(host, {DISK: disk})
     workers.append(worker)
     keys = [hashlib.sha256(bytes([i])).digest() for i in range(3)]
     worker.submit(1, EngineBlocks([0, 1, 2, 3, 4, 5]), HostBlocks([0, 1, 2]))

@@ -5,6 +5,7 @@ counts, and kvport's connector statistics. The end-to-end tests run it as a subp
 vLLM engine per process).
 
     python run_vllm.py '{"connector": true, "disk_dir": "/tmp/kv", "rounds": 2}'
+    python run_vllm.py '{"connector": true, "redis_url": "redis://127.0.0.1:6379/0"}'
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ QUESTIONS = [" What is 7 squared?", " What is 17 squared?", " What is 12 squared
              " What is 31 squared?"]
 
 
-def offloading_config(disk_dir: str | None) -> dict[str, Any]:
+def offloading_config(disk_dir: str | None, redis_url: str | None = None) -> dict[str, Any]:
     extra: dict[str, Any] = {"cpu_bytes_to_use": 256 << 20}
+    tiers: list[dict[str, Any]] = []
     if disk_dir:
-        extra["secondary_tiers"] = [{"type": "disk", "root_dir": disk_dir, "max_bytes": 1 << 30}]
+        tiers.append({"type": "disk", "root_dir": disk_dir, "max_bytes": 1 << 30})
+    if redis_url:
+        tiers.append({"type": "redis", "url": redis_url})
+    if tiers:
+        extra["secondary_tiers"] = tiers
     return {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
             "kv_role": "kv_both", "kv_connector_extra_config": extra,
             "kv_load_failure_policy": "recompute"}
@@ -46,7 +52,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
 
     kwargs: dict[str, Any] = {}
     if cfg.get("connector"):
-        kwargs["kv_transfer_config"] = offloading_config(cfg.get("disk_dir"))
+        kwargs["kv_transfer_config"] = offloading_config(cfg.get("disk_dir"),
+                                                         cfg.get("redis_url"))
     if cfg.get("num_gpu_blocks_override"):
         kwargs["num_gpu_blocks_override"] = cfg["num_gpu_blocks_override"]
     llm = LLM(model=str(builtin_model_dir("smollm2-135m")), dtype="float32", enforce_eager=True,

@@ -1,8 +1,8 @@
 """kvport's OffloadingConnector inside vLLM's CPU build, end to end, on SmolLM2-135M in float32:
 greedy tokens and logprobs equal with and without the connector; after reset_prefix_cache() the
-prompts come back from the host tier; a second process on the same disk root gets disk hits; a
-KV space small enough to force preemption still gives equal output. Each engine runs in its own
-process (run_vllm.py)."""
+prompts come back from the host tier; a second process on the same disk root gets disk hits, and
+one on the same Redis gets Redis hits; a KV space small enough to force preemption still gives
+equal output. Each engine runs in its own process (run_vllm.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_fixtures import RedisServer
 
 RUN = Path(__file__).with_name("run_vllm.py")
 PREFIX_TOKENS = 640  # the shared prefix: 5 of vLLM's 128-token CPU blocks
@@ -29,15 +30,25 @@ def run_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     disk = str(tmp_path_factory.mktemp("kv-disk"))
-    return {
-        "plain": run_vllm({"num_prompts": 4}),
-        "host": run_vllm({"connector": True, "disk_dir": disk, "rounds": 3, "num_prompts": 4}),
-        "second_process": run_vllm({"connector": True, "disk_dir": disk, "num_prompts": 4}),
-        # 4 requests share 5 prefix blocks and grow past their own block while decoding:
-        # 5 + 4 * 2 blocks do not fit in 11.
-        "small_kv": run_vllm({"connector": True, "num_prompts": 4, "max_num_seqs": 4,
-                              "num_gpu_blocks_override": 11, "max_tokens": 140, "rounds": 2}),
-    }
+    redis = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        return {
+            "plain": run_vllm({"num_prompts": 4}),
+            "host": run_vllm({"connector": True, "disk_dir": disk, "rounds": 3,
+                              "num_prompts": 4}),
+            "second_process": run_vllm({"connector": True, "disk_dir": disk, "num_prompts": 4}),
+            "redis_first": run_vllm({"connector": True, "redis_url": redis.url,
+                                     "num_prompts": 4}),
+            "redis_second": run_vllm({"connector": True, "redis_url": redis.url,
+                                      "num_prompts": 4}),
+            # 4 requests share 5 prefix blocks and grow past their own block while decoding:
+            # 5 + 4 * 2 blocks do not fit in 11.
+            "small_kv": run_vllm({"connector": True, "num_prompts": 4, "max_num_seqs": 4,
+                                  "num_gpu_blocks_override": 11, "max_tokens": 140,
+                                  "rounds": 2}),
+        }
+    finally:
+        redis.stop()
 
 
 def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -70,6 +81,18 @@ def test_a_second_process_on_the_same_disk_root_gets_disk_hits(
     assert second["stats"]["num_disk_hit_tokens"] >= PREFIX_TOKENS
     assert second["metrics"]["disk"]["blocks_loaded"] >= 5
     assert_same(second["rounds"][0], runs["plain"]["rounds"][0])
+
+
+def test_a_second_process_on_the_same_redis_gets_redis_hits(
+        runs: dict[str, dict[str, Any]]) -> None:
+    first, second = runs["redis_first"], runs["redis_second"]
+    assert first["metrics"]["redis"]["blocks_stored"] >= 5, first["metrics"]["redis"]
+    assert second["stats"]["num_redis_hit_tokens"] >= PREFIX_TOKENS
+    assert second["stats"]["num_host_hit_tokens"] == 0
+    assert second["metrics"]["redis"]["blocks_loaded"] >= 5
+    assert second["metrics"]["redis"]["lookup_round_trips"] >= 1
+    for run in (first, second):
+        assert_same(run["rounds"][0], runs["plain"]["rounds"][0])
 
 
 def test_a_kv_space_that_forces_preemption_gives_equal_output(

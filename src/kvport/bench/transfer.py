@@ -181,7 +181,7 @@ def bench_disk(cfg: TransferBenchConfig, root: Path) -> list[dict[str, Any]]:
 def _disk_row(cfg: TransferBenchConfig, size: int, root: Path) -> dict[str, Any]:
     import torch
 
-    from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
+    from kvport.connectors.offloading.mediums import DISK, DiskBlocks, HostBlocks
     from kvport.connectors.offloading.tiers.disk import DiskTier
     from kvport.connectors.offloading.tiers.host import HostTier
     from kvport.connectors.offloading.transfers import build_tier_worker
@@ -201,7 +201,7 @@ def _disk_row(cfg: TransferBenchConfig, size: int, root: Path) -> dict[str, Any]
     one = sub / "one-file.bin"
     with open(one, "wb") as fh:
         fh.write(host.buffer.numpy().data)
-    worker = build_tier_worker(host, disk, disk_threads=cfg.disk_threads)
+    worker = build_tier_worker(host, {DISK: disk}, lower_threads=cfg.disk_threads)
     jobs = [(DiskBlocks(keys[i:i + cfg.job_blocks]),
              HostBlocks(list(range(i, min(n, i + cfg.job_blocks)))))
             for i in range(0, n, cfg.job_blocks)]

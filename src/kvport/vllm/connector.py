@@ -33,6 +33,7 @@ from kvport.connectors.base import KVCacheSpec, KVConnectorOutput
 from kvport.connectors.factory import parse_extra_config
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
+from kvport.connectors.offloading.mediums import DISK, HOST, REDIS
 from kvport.connectors.offloading.metadata import (
     OffloadingConnectorMetadata, OffloadingWorkerMetadata,
 )
@@ -124,11 +125,11 @@ class OffloadingConnector(KVConnectorBase_V1):
         # cpu_bytes_to_use is the engine's host memory: each rank holds its shard of every slot.
         self.offloading_config = dataclasses.replace(
             config, cpu_bytes_to_use=config.cpu_bytes_to_use // self._num_workers)
-        if config.disk_tier is not None:
+        if config.tiers:
             algo = vllm_config.cache_config.prefix_caching_hash_algo
             if not hashes_are_stable(algo):
                 raise ValueError(
-                    f"kvport.vllm OffloadingConnector: secondary_tiers has a disk tier, but "
+                    f"kvport.vllm OffloadingConnector: secondary_tiers has a shared tier, but "
                     f"vLLM's prefix_caching_hash_algo={algo!r} seeds block hashes at random in "
                     f"every process, so no other process would ever hit its entries; use "
                     f"--prefix-caching-hash-algo sha256 (vLLM's default) or set PYTHONHASHSEED")
@@ -183,7 +184,7 @@ class OffloadingConnector(KVConnectorBase_V1):
                              f"K and V ({kvport.block_bytes // kvport.num_layers} bytes); "
                              f"padded or quantized KV pages are not supported")
         root = b""
-        if self.offloading_config.disk_tier is not None:
+        if self.offloading_config.tiers:  # shared with other processes: names the model
             mc = vllm_config.model_config
             root = hash_root(model_identity(mc.model, getattr(mc, "revision", None)), dtype,
                              spec.block_size, layout,
@@ -223,13 +224,17 @@ class OffloadingConnector(KVConnectorBase_V1):
         half = self.scheduler_half
         view = RequestAdapter(request, self._block_size)
         half.update_state_after_alloc(view, group0(blocks.get_block_ids()), num_external_tokens)
-        host, disk = half.take_hit_split(view.request_id)
-        sources = {CacheHitSource.HOST: host, CacheHitSource.DISK: disk}
+        split = half.take_hit_split(view.request_id)
+        # vLLM has no source for a remote store: Redis hits are EXTERNAL_UNSPECIFIED.
+        sources = {CacheHitSource.HOST: split.get(HOST, 0),
+                   CacheHitSource.DISK: split.get(DISK, 0),
+                   CacheHitSource.EXTERNAL_UNSPECIFIED: split.get(REDIS, 0)}
         self._hit_sources[view.request_id] = {s: n for s, n in sources.items() if n > 0}
 
     def get_external_cache_hit_sources(self, request: Request,
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
-        """Host hits as HOST, hits promoted from disk as DISK."""
+        """Host hits as HOST, hits promoted from disk as DISK, from Redis as
+        EXTERNAL_UNSPECIFIED (vLLM has no source for a remote store)."""
         sources = self._hit_sources.pop(str(request.request_id), {})
         if sum(sources.values()) != num_external_tokens:  # vLLM then reports it unspecified
             return super().get_external_cache_hit_sources(request, num_external_tokens)
@@ -335,6 +340,8 @@ class OffloadingConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.close()
 
 
 def _inner(meta: Any) -> OffloadingConnectorMetadata:

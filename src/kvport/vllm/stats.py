@@ -55,6 +55,27 @@ METRICS = (
     _m("disk.skipped_stores", "skipped_stores_total", tier="disk"),
     _m("host.occupancy_bytes", "occupancy_bytes", gauge=True, tier="host"),
     _m("disk.occupancy_bytes", "occupancy_bytes", gauge=True, tier="disk"),
+    # The Redis tier: the same families, plus what only a network store has.
+    _m("redis.hit_tokens", "hit_tokens_total", tier="redis"),
+    _m("redis.bytes_stored", "transfer_bytes_total", tier="redis", direction="store"),
+    _m("redis.bytes_loaded", "transfer_bytes_total", tier="redis", direction="load"),
+    _m("redis.store_seconds", "transfer_seconds_total", tier="redis", direction="store"),
+    _m("redis.load_seconds", "transfer_seconds_total", tier="redis", direction="load"),
+    _m("redis.failures", "failures_total", kind="redis_load"),
+    _m("redis.skipped_stores", "skipped_stores_total", tier="redis"),
+    _m("redis.lookup_keys_queried", "redis_lookup_keys_total", result="queried"),
+    _m("redis.lookup_keys_found", "redis_lookup_keys_total", result="found"),
+    _m("redis.round_trips", "redis_round_trips_total", side="worker"),
+    _m("redis.lookup_round_trips", "redis_round_trips_total", side="scheduler"),
+    _m("redis.timeouts", "redis_problems_total", kind="timeout", side="worker"),
+    _m("redis.lookup_timeouts", "redis_problems_total", kind="timeout", side="scheduler"),
+    _m("redis.errors", "redis_problems_total", kind="error", side="worker"),
+    _m("redis.lookup_errors", "redis_problems_total", kind="error", side="scheduler"),
+    _m("redis.skipped_down", "redis_problems_total", kind="down", side="worker"),
+    _m("redis.lookup_skipped_down", "redis_problems_total", kind="down", side="scheduler"),
+    _m("redis.vanished", "redis_problems_total", kind="vanished", side="worker"),
+    _m("redis.corrupt", "redis_problems_total", kind="corrupt", side="worker"),
+    _m("redis.refused_stores", "redis_problems_total", kind="refused", side="worker"),
 )
 _GAUGES = {m.key for m in METRICS if m.gauge}
 _DOC = {
@@ -63,8 +84,12 @@ _DOC = {
     "transfer_bytes_total": "Bytes kvport moved, by tier and direction.",
     "transfer_seconds_total": "Seconds kvport's copies and file I/O took, by tier and direction.",
     "evicted_blocks_total": "Offload blocks evicted, by tier.",
-    "failures_total": "Failed loads, stores and disk I/O.",
-    "skipped_stores_total": "Stores skipped because the tier was full.",
+    "failures_total": "Failed loads, stores, disk I/O and Redis loads.",
+    "skipped_stores_total": "Stores skipped: the tier was full, or Redis down or refusing.",
+    "redis_lookup_keys_total": "Keys the scheduler asked Redis about, and those it held.",
+    "redis_round_trips_total": "Pipelined round trips to Redis, by side.",
+    "redis_problems_total": "Redis timeouts, errors, calls skipped while down, keys vanished "
+                            "before their load, corrupt values deleted, writes refused.",
     "occupancy_bytes": "Bytes held, by tier.",
 }
 

@@ -25,18 +25,42 @@ class DiskTierConfig:
     max_bytes: int  # the entries this process knows, headers included
 
 
+@dataclass(frozen=True)
+class RedisTierConfig:
+    """A shared tier on Redis (or Redis Cluster) below the host tier (and the disk tier, if any),
+    written through from the host tier. Redis owns eviction (`maxmemory` and an LRU policy)."""
+
+    url: str  # redis://[user:password@]host:port/db, or rediss:// for TLS
+    cluster: bool = False  # the URL names one node of a Redis Cluster
+    # Names of environment variables holding the ACL user and the password (they win over the
+    # URL's): secrets stay out of configs and logs.
+    username_env: str | None = None
+    password_env: str | None = None
+    tls_ca_file: str | None = None  # rediss://: the CA that signed the server's certificate
+    tenant_salt: str = ""  # part of the key namespace: tenants with different salts never share
+    lookup_timeout_ms: float = 50.0  # the scheduler's existence query; later: a miss
+    io_timeout_s: float = 2.0  # a worker's reads and writes; later: failed (counted)
+
+    def __repr__(self) -> str:  # the URL's password never reaches a log or an error message
+        return (f"RedisTierConfig(url={_redacted(self.url)!r}, cluster={self.cluster}, "
+                f"tenant_salt={'***' if self.tenant_salt else ''!r})")
+
+
 # A parsed secondary tier: the union of the tier records (one per type).
-TierConfig = DiskTierConfig
+TierConfig = DiskTierConfig | RedisTierConfig
 
 
 @dataclass(frozen=True)
 class TierType:
-    """How one `secondary_tiers` type is parsed. Every key besides "type" is required."""
+    """How one `secondary_tiers` type is parsed: `keys` are required, `optional` may be left out
+    (the record's default)."""
 
     record: type[TierConfig]
     keys: tuple[str, ...]
     max_count: int  # tiers of this type one connector may have
     parse: Callable[[Mapping[str, Any]], TierConfig]  # raises ValueError(message about one key)
+    optional: tuple[str, ...] = ()
+    rank: int = 0  # lookup order below the host tier: lower first, whatever the list's order
 
 
 def _parse_disk(entry: Mapping[str, Any]) -> DiskTierConfig:
@@ -48,10 +72,49 @@ def _parse_disk(entry: Mapping[str, Any]) -> DiskTierConfig:
     return DiskTierConfig(root, max_bytes)
 
 
+def _parse_redis(entry: Mapping[str, Any]) -> RedisTierConfig:
+    url = entry["url"]
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://")):
+        raise ValueError(f"url must be a redis:// or rediss:// URL, got {_redacted(url)!r}")
+    kw: dict[str, Any] = {}
+    if "cluster" in entry:
+        if not isinstance(entry["cluster"], bool):
+            raise ValueError(f"cluster must be true or false, got {entry['cluster']!r}")
+        kw["cluster"] = entry["cluster"]
+    for name in ("username_env", "password_env", "tls_ca_file", "tenant_salt"):
+        if name in entry:
+            value = entry[name]
+            if not isinstance(value, str) or (name != "tenant_salt" and not value):
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+            kw[name] = value
+    for name in ("lookup_timeout_ms", "io_timeout_s"):
+        if name in entry:
+            value = entry[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+            kw[name] = float(value)
+    if url.startswith("redis://") and "tls_ca_file" in kw:
+        raise ValueError("tls_ca_file needs a rediss:// url (TLS)")
+    return RedisTierConfig(url, **kw)
+
+
+def _redacted(url: object) -> object:
+    """A URL without its password, for messages (never log a secret)."""
+    if not isinstance(url, str) or "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://{user}@{host}"
+
+
 TIER_TYPES: dict[str, TierType] = {
-    # NOTE: one disk tier: chaining disk tiers (host -> disk 1 -> disk 2) is not implemented,
-    # and a second one must not be dropped silently, so it is an error.
-    "disk": TierType(DiskTierConfig, ("root_dir", "max_bytes"), 1, _parse_disk),
+    # NOTE: one tier of each type: chaining disk tiers (host -> disk 1 -> disk 2) is not
+    # implemented, and a second one must not be dropped silently, so it is an error.
+    "disk": TierType(DiskTierConfig, ("root_dir", "max_bytes"), 1, _parse_disk, rank=0),
+    "redis": TierType(RedisTierConfig, ("url",), 1, _parse_redis,
+                      optional=("cluster", "username_env", "password_env", "tls_ca_file",
+                                "tenant_salt", "lookup_timeout_ms", "io_timeout_s"), rank=1),
 }
 
 
@@ -83,12 +146,16 @@ class OffloadingConfig:
 
     @property
     def tiers(self) -> tuple[TierConfig, ...]:
-        """The parsed secondary tiers, in order (host tier first, then these)."""
+        """The parsed secondary tiers, top down below the host tier: disk, then redis."""
         return self.secondary_tiers  # type: ignore[return-value]  # parsed in __post_init__
 
     @property
     def disk_tier(self) -> DiskTierConfig | None:
         return next((t for t in self.tiers if isinstance(t, DiskTierConfig)), None)
+
+    @property
+    def redis_tier(self) -> RedisTierConfig | None:
+        return next((t for t in self.tiers if isinstance(t, RedisTierConfig)), None)
 
 
 def parse_tiers(entries: object) -> tuple[TierConfig, ...]:
@@ -97,14 +164,16 @@ def parse_tiers(entries: object) -> tuple[TierConfig, ...]:
     if not isinstance(entries, (list, tuple)):
         raise ValueError(f"OffloadingConnector: secondary_tiers must be a list of tier dicts "
                          f"like {{'type': 'disk', ...}}, got {entries!r}")
-    records = tuple(e if isinstance(e, tuple(t.record for t in TIER_TYPES.values()))
-                    else _parse_entry(i, e) for i, e in enumerate(entries))
+    records: tuple[TierConfig, ...] = tuple(
+        e if isinstance(e, (DiskTierConfig, RedisTierConfig)) else _parse_entry(i, e)
+        for i, e in enumerate(entries))
     for name, tier_type in TIER_TYPES.items():
         count = sum(isinstance(r, tier_type.record) for r in records)
         if count > tier_type.max_count:
             raise ValueError(f"OffloadingConnector: secondary_tiers has {count} {name} tiers, but "
                              f"at most {tier_type.max_count} {name} tier is supported; keep one")
-    return records
+    rank = {t.record: t.rank for t in TIER_TYPES.values()}
+    return tuple(sorted(records, key=lambda r: rank[type(r)]))  # disk above redis
 
 
 def _parse_entry(index: int, entry: object) -> TierConfig:
@@ -113,7 +182,7 @@ def _parse_entry(index: int, entry: object) -> TierConfig:
         raise ValueError(f"{where} must be a dict with 'type' one of {sorted(TIER_TYPES)}, "
                          f"got {entry!r}")
     tier_type = TIER_TYPES[entry["type"]]
-    accepted = sorted(("type", *tier_type.keys))
+    accepted = sorted(("type", *tier_type.keys, *tier_type.optional))
     unknown = sorted(set(entry) - set(accepted))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; accepted: {accepted}")

@@ -1,11 +1,12 @@
-"""OffloadingConnector: tiered KV offload to host memory and, below it, local disk.
+"""OffloadingConnector: tiered KV offload to host memory and, below it, local disk and Redis.
 
 Configuration (`kv_connector_extra_config`, vLLM's names; see config.OffloadingConfig):
     cpu_bytes_to_use   host tier size in bytes (required)
     block_size         offload block in tokens (a multiple of the engine's; default about 1 MiB)
     eviction_policy    "lru" (default) or "arc"
     store_threshold    store a block only after it was looked up this many times (0: always)
-    secondary_tiers    [{"type": "disk", "root_dir": PATH, "max_bytes": N}]
+    secondary_tiers    [{"type": "disk", "root_dir": PATH, "max_bytes": N},
+                        {"type": "redis", "url": "redis://127.0.0.1:6379/0", ...}]
 
 This class only routes the API to the half its role builds: `scheduler.OffloadingScheduler`
 (hits, job planning, the block-reuse fence) or `worker.OffloadingConnectorWorker` (transfers).
@@ -106,7 +107,7 @@ class OffloadingConnector(KVConnectorBase):
         return self.scheduler_half.has_pending_work()
 
     def reset_cache(self) -> bool | None:
-        """Drops the host tier, not the disk tier (other engines may share its directory).
+        """Drops the host tier, not disk or Redis (other engines may share them).
         False while host blocks are being read or written."""
         return self.scheduler_half.reset_cache()
 
@@ -152,6 +153,8 @@ class OffloadingConnector(KVConnectorBase):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.close()
 
 
 def _checked(metadata: Any) -> OffloadingConnectorMetadata:

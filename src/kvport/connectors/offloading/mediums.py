@@ -10,6 +10,7 @@ Mediums:
     ENGINE  engine KV pool blocks (`EngineBlocks`), one entry per engine block
     HOST    host-memory slots (`HostBlocks`), one entry per offload block of f engine blocks
     DISK    files of the disk tier (`DiskBlocks`), one entry per offload block, by key
+    REDIS   values of the Redis tier (`RedisBlocks`), one entry per offload block, by key
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 ENGINE = "ENGINE"
 HOST = "HOST"
 DISK = "DISK"
+REDIS = "REDIS"
 
 
 class LoadStoreSpec(ABC):
@@ -89,20 +91,37 @@ class HostBlocks(LoadStoreSpec):
 
 
 @dataclass
-class DiskBlocks(LoadStoreSpec):
-    """Entries of the disk tier, one per offload block, by key (the chained hash of the offload
-    block's last engine block)."""
+class KeyedBlocks(LoadStoreSpec):
+    """Entries of a tier below the host tier, one per offload block, by key (the chained hash of
+    the offload block's last engine block)."""
 
     keys: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.keys = [bytes(k) for k in self.keys]
         if any(not k for k in self.keys):
-            raise ValueError("DiskBlocks.keys must be non-empty bytes")
+            raise ValueError(f"{type(self).__name__}.keys must be non-empty bytes")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class DiskBlocks(KeyedBlocks):
+    """Files of the disk tier."""
 
     @staticmethod
     def medium() -> str:
         return DISK
 
-    def __len__(self) -> int:
-        return len(self.keys)
+
+@dataclass
+class RedisBlocks(KeyedBlocks):
+    """Values of the Redis tier."""
+
+    @staticmethod
+    def medium() -> str:
+        return REDIS
+
+
+KEYED_BLOCKS: dict[str, type[KeyedBlocks]] = {DISK: DiskBlocks, REDIS: RedisBlocks}

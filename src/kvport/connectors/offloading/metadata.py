@@ -3,10 +3,11 @@ job results (worker -> scheduler). Plain data, picklable: the worker may run in 
 
 Jobs, and the stages a worker reports for each:
     store      COPY: ENGINE -> HOST, full offload blocks a step computed, into slots the manager
-               reserved; then, with a disk tier, WRITE: HOST -> DISK of the slots it filled,
-               which the worker starts itself (no step of the scheduler is needed in between)
-    load       PROMOTION: DISK -> HOST of the hit's disk-only blocks (when any), then
-               COPY: HOST -> ENGINE; one job id, reported once
+               reserved; then, with tiers below host (disk, Redis), WRITE: HOST -> each of them,
+               of the slots it filled, which the worker starts itself (no step of the scheduler
+               is needed in between) and reports once every tier's write ended
+    load       PROMOTION: DISK -> HOST and REDIS -> HOST of the hit's blocks that are not in
+               host memory (when any), then COPY: HOST -> ENGINE; one job id, reported once
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import enum
 from dataclasses import dataclass, field
 
 from kvport.connectors.base import KVConnectorMetadata, KVConnectorWorkerMetadata
-from kvport.connectors.offloading.mediums import DiskBlocks, EngineBlocks, HostBlocks
+from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks, KeyedBlocks
 
 
 class Stage(enum.Enum):
     COPY = "copy"  # a store's ENGINE -> HOST or a load's HOST -> ENGINE copy
-    PROMOTION = "promotion"  # a load's DISK -> HOST stage, run before its copy (not reported)
-    WRITE = "write"  # a store's HOST -> DISK write-through, run after its copy
+    PROMOTION = "promotion"  # a load's (DISK|REDIS) -> HOST stage, before its copy (not reported)
+    WRITE = "write"  # a store's HOST -> (DISK, REDIS) write-through, run after its copy
 
 
 @dataclass
@@ -29,23 +30,37 @@ class StoreJob:
     job_id: int
     src: EngineBlocks  # f engine blocks per offload block, in key order
     dst: HostBlocks
-    # With a disk tier: the keys of dst's slots, written through to disk once the copy is done.
-    write_dst: DiskBlocks | None = None
+    # One per tier below host (disk, Redis): the keys of dst's slots, written through to that
+    # tier once the copy is done. Empty: host memory only.
+    writes: list[KeyedBlocks] = field(default_factory=list)
+
+
+@dataclass
+class Promotion:
+    """Blocks of one lower tier copied into host slots before a load's copy: entry i of `src`
+    fills slot `dst.slot_ids[i]`."""
+
+    src: KeyedBlocks
+    dst: HostBlocks
 
 
 @dataclass
 class LoadJob:
     job_id: int
     req_id: str
-    src: HostBlocks  # every offload block of the hit, host hits first, then promoted ones
+    # Every offload block of the hit, in token order: the host hits, then the promoted blocks
+    # (src's last `num_promoted` slots), which the promotions fill before the copy.
+    src: HostBlocks
     dst: EngineBlocks
-    # Promotion of the hit's disk-only blocks into their host slots, run first: `promote_src`
-    # entry i fills `promote_dst` slot i; those slots are the last len(promote_dst) of src.
-    promote_src: DiskBlocks | None = None
-    promote_dst: HostBlocks | None = None
+    # One per lower tier the hit reaches (disk, Redis): each fills some of the promoted slots.
+    promotions: list[Promotion] = field(default_factory=list)
     # Engine blocks that cannot be loaded at all (no host slot for their promotion): reported
     # as load errors when the job finishes, so the engine recomputes them.
     unloadable: list[int] = field(default_factory=list)
+
+    @property
+    def num_promoted(self) -> int:
+        return sum(len(p.dst) for p in self.promotions)
 
 
 @dataclass
@@ -68,7 +83,8 @@ class JobResult:
     # Loads: engine blocks that hold no valid data. Stores (COPY and WRITE): positions (offload
     # blocks, in the job's key order) that were not written.
     failed_indices: list[int] = field(default_factory=list)
-    promote_failed: list[int] = field(default_factory=list)  # loads: positions in promote_dst
+    # Loads: positions among the promoted slots (src's last ones) whose promotion failed.
+    promote_failed: list[int] = field(default_factory=list)
     stage: Stage = Stage.COPY
 
     def merged(self, other: JobResult) -> JobResult:

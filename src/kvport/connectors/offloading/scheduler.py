@@ -5,10 +5,12 @@ Keys: offload block i of a request (f engine blocks, obs = f * block_size tokens
 offload blocks are stored or loaded.
 
 Hits (`get_num_new_matched_tokens`): after the engine's own prefix hit, the leading run of keys
-ready in the host tier, extended by keys whose disk entry exists. Every load is async (the
-request waits in WAITING_FOR_REMOTE_KVS). Disk-only keys are promoted through host slots
-reserved with prepare_store (bypassing admission control: they are hits), in the same job as
-the host-to-engine copy. Lookups are counted (manager stats, admission control) once per
+ready in the host tier, extended by keys a lower tier holds: each from the highest that has it
+(a disk entry exists; else Redis, asked once per request for all the keys left, in one batched
+round trip with a short timeout, which is a miss). Every load is async (the request waits in
+WAITING_FOR_REMOTE_KVS). Keys outside host memory are promoted through host slots reserved with
+prepare_store (bypassing admission control: they are hits), in the same job as the host-to-engine
+copy. Lookups are counted (manager stats, admission control) once per
 admission, in update_state_after_alloc, not per match: the engine may match a waiting request
 several times before it is admitted.
 
@@ -20,9 +22,9 @@ each request copies its own (reads of ready slots run in parallel).
 
 Stores (`build_connector_meta`): every full offload block that the step computes (or that a hit
 covered without it being in the host tier) gets a slot from prepare_store and one ENGINE->HOST
-job per request and step. A full host tier (None) retries the next step. With a disk tier the
-job also names its keys' disk entries: once a worker's copy is done, the worker writes the same
-slots through to disk by itself. When every worker reported the copy, the keys become ready and
+job per request and step. A full host tier (None) retries the next step. With lower tiers the
+job also names its keys' entries there: once a worker's copy is done, the worker writes the same
+slots through to disk and Redis by itself. When every worker reported the copy, the keys become ready and
 stay pinned until every worker reported the write (see jobs.py for the stages).
 
 The fence: `request_finished` returns False, so a finished or preempted request's blocks go back
@@ -50,12 +52,15 @@ from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.jobs import LOAD, STORE, Job, JobTable
 from kvport.connectors.offloading.lru import LRUManager
-from kvport.connectors.offloading.mediums import DISK, HOST, DiskBlocks, EngineBlocks, HostBlocks
+from kvport.connectors.offloading.lower_lookup import LowerLookup
+from kvport.connectors.offloading.mediums import (
+    DISK, HOST, KEYED_BLOCKS, REDIS, EngineBlocks, HostBlocks,
+)
 from kvport.connectors.offloading.metadata import (
-    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage, StoreJob,
+    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Promotion, Stage,
+    StoreJob,
 )
 from kvport.connectors.offloading.policy import PolicyManager
-from kvport.connectors.offloading.tiers.disk_format import DiskLocation
 
 if TYPE_CHECKING:
     from kvport.connectors.views import RequestView, SchedulerOutputView
@@ -83,7 +88,9 @@ class _Match:
     start: int  # first offload block not fully covered by the local hit
     asked: list[bytes]  # the keys from `start` on: counted once the request is admitted
     host_keys: list[bytes] = field(default_factory=list)
-    disk_keys: list[bytes] = field(default_factory=list)
+    # The run's keys outside host memory, in token order, each with the lower tier (DISK, REDIS)
+    # it is promoted from.
+    lower: list[tuple[bytes, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -91,6 +98,7 @@ class HitStats:
     num_queried_tokens: int = 0  # prompt tokens beyond the local hit, asked of the connector
     num_host_hit_tokens: int = 0
     num_disk_hit_tokens: int = 0
+    num_redis_hit_tokens: int = 0
     num_load_jobs: int = 0
     num_failed_loads: int = 0
     num_store_jobs: int = 0
@@ -114,9 +122,7 @@ class OffloadingScheduler:
         self.factor = geometry.block_factor  # f
         self.offload_tokens = geometry.offload_tokens  # obs
         self.manager = make_manager(config, geometry.num_slots)
-        disk = config.disk_tier
-        self.disk = (DiskLocation(disk.root_dir, geometry.disk_namespace)
-                     if disk is not None else None)
+        self.lower = LowerLookup(config, geometry.disk_namespace)  # disk, Redis: which keys
         self._reqs: dict[str, _ReqState] = {}
         self._matches: dict[str, _Match] = {}  # req_id -> its latest match
         # In flight (planned, not every stage reported by every worker: one per TP rank).
@@ -124,7 +130,7 @@ class OffloadingScheduler:
         self._fresh_blocks: set[int] = set()  # handed out in this step (after_alloc)
         self._finished: set[str] = set()  # finished requests kept until their jobs report
         self._loads: list[LoadJob] = []  # for the next metadata
-        self._hit_split: dict[str, tuple[int, int]] = {}  # req_id -> (host, disk) hit tokens
+        self._hit_split: dict[str, dict[str, int]] = {}  # req_id -> tier -> hit tokens
         self.stats = HitStats()
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
 
@@ -147,20 +153,18 @@ class OffloadingScheduler:
         if start >= len(keys):
             return 0, False
         host_keys = keys[start:start + num_host]
-        disk_keys: list[bytes] = []
-        if self.disk is not None:
-            # Promotions need host slots: never more than the tier could free for them.
-            room = self._room() - num_host
-            for key in keys[start + num_host:start + num_host + max(0, room)]:
-                # A key being written to the host tier ends the run: no waiting on another job.
-                if self.manager.contains(key) or not self.disk.exists(key):
-                    break
-                disk_keys.append(key)
-        end = start + num_host + len(disk_keys)
+        lower: list[tuple[bytes, str]] = []
+        if self.lower:
+            # Promotions need host slots: never more than the tier could free for them. A key
+            # being written to the host tier ends the run: no waiting on another job.
+            room = max(0, self._room() - num_host)
+            candidates = keys[start + num_host:start + num_host + room]
+            lower = self.lower.find_run(candidates, stop=self.manager.contains)
+        end = start + num_host + len(lower)
         num_external = end * self.offload_tokens - num_local
         if num_external <= 0:
             return 0, False
-        self._matches[rid] = _Match(num_local, start, keys[start:], host_keys, disk_keys)
+        self._matches[rid] = _Match(num_local, start, keys[start:], host_keys, lower)
         return num_external, True
 
     def update_state_after_alloc(self, request: RequestView, block_ids: list[int],
@@ -183,42 +187,55 @@ class OffloadingScheduler:
                 self.manager.count_admission(match.asked, len(match.host_keys))
         if num_external > 0:
             assert match is not None, f"{rid}: {num_external} external tokens without a match"
-            # The local hit may end inside the first offload block, host hit or not.
-            host_end = (match.start + len(match.host_keys)) * self.offload_tokens
-            num_host = max(0, host_end - match.num_local)
-            self.stats.num_host_hit_tokens += num_host
-            self.stats.num_disk_hit_tokens += num_external - num_host
-            self._hit_split[rid] = (num_host, num_external - num_host)
+            split = self._split_by_tier(match)
+            assert sum(split.values()) == num_external, (rid, split, num_external)
+            self.stats.num_host_hit_tokens += split.get(HOST, 0)
+            self.stats.num_disk_hit_tokens += split.get(DISK, 0)
+            self.stats.num_redis_hit_tokens += split.get(REDIS, 0)
+            self._hit_split[rid] = split
             self._plan_load(rid, st, match)
 
-    def take_hit_split(self, req_id: str) -> tuple[int, int]:
-        """(host, disk) tokens of the request's latest hit: for engines that report hits by
-        source (vLLM)."""
-        return self._hit_split.pop(req_id, (0, 0))
+    def _split_by_tier(self, match: _Match) -> dict[str, int]:
+        """The hit's tokens per tier it comes from (HOST, DISK, REDIS). The local hit may end
+        inside the run's first offload block: those tokens are the engine's own."""
+        sources = [HOST] * len(match.host_keys) + [medium for _, medium in match.lower]
+        split: dict[str, int] = {}
+        for j, medium in enumerate(sources):
+            tokens = self.offload_tokens
+            if j == 0:
+                tokens -= match.num_local - match.start * self.offload_tokens
+            split[medium] = split.get(medium, 0) + tokens
+        return split
+
+    def take_hit_split(self, req_id: str) -> dict[str, int]:
+        """Tokens of the request's latest hit per tier (HOST, DISK, REDIS): for engines that
+        report hits by source (vLLM)."""
+        return self._hit_split.pop(req_id, {})
 
     def _plan_load(self, rid: str, st: _ReqState, match: _Match) -> None:
         f = self.factor
         first_block = match.num_local // self.block_size  # engine blocks before it are local
-        num_host, num_disk = len(match.host_keys), len(match.disk_keys)
+        num_host = len(match.host_keys)
         slots = self.manager.prepare_load(match.host_keys)  # pinned until the load reports
         job = Job(LOAD, rid, list(match.host_keys), pinned=list(match.host_keys))
-        promote_src = promote_dst = None
-        if num_disk:
+        promotions: list[Promotion] = []
+        lower_keys = [key for key, _ in match.lower]
+        if lower_keys:
             # Host slots for the promotion. The keys are hits, admitted when first stored:
             # admission control must not hold them back.
-            out = self.manager.prepare_store(match.disk_keys, bypass_admission=True)
-            if out is not None and out.keys_to_store == match.disk_keys:
-                job.promoted = list(match.disk_keys)
-                promote_src, promote_dst = DiskBlocks(job.promoted), HostBlocks(out.slot_ids)
+            out = self.manager.prepare_store(lower_keys, bypass_admission=True)
+            if out is not None and out.keys_to_store == lower_keys:
+                job.promoted = lower_keys
                 slots = slots + out.slot_ids
+                promotions = _promotions(match.lower, out.slot_ids)
             elif out is not None:  # not expected (keys being written end the hit run)
                 self.manager.complete_store(out.keys_to_store, success=False)
         loadable_end = (match.start + num_host + len(job.promoted)) * f
-        hit_end = (match.start + num_host + num_disk) * f
+        hit_end = (match.start + num_host + len(lower_keys)) * f
         dst = st.block_ids[first_block:loadable_end]
         load = LoadJob(self._jobs.add(job), rid, HostBlocks(slots),
                        EngineBlocks(dst, first_block - match.start * f if dst else 0),
-                       promote_src, promote_dst,
+                       promotions,
                        unloadable=st.block_ids[max(first_block, loadable_end):hit_end])
         st.load_job = load.job_id
         self._loads.append(load)
@@ -285,11 +302,11 @@ class OffloadingScheduler:
         src = [b for k in out.keys_to_store
                for b in st.block_ids[position[k] * f:(position[k] + 1) * f]]
         keys = list(out.keys_to_store)
-        job_id = self._jobs.add(Job(STORE, rid, keys, src, writes_through=self.disk is not None))
+        writes = [KEYED_BLOCKS[medium](keys) for medium in self.lower.media]
+        job_id = self._jobs.add(Job(STORE, rid, keys, src, writes_through=bool(writes)))
         st.store_jobs.add(job_id)
         self.stats.num_store_jobs += 1
-        return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids),
-                        DiskBlocks(keys) if self.disk is not None else None)
+        return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids), writes)
 
     def update_connector_output(self, out: KVConnectorOutput) -> None:
         meta = out.worker_meta
@@ -340,8 +357,8 @@ class OffloadingScheduler:
             self._forget_if_done(job.req_id)
 
     def _finish_write(self, result: JobResult, job: Job) -> None:
-        """Every worker's write-through ended (written, skipped or failed: the disk tier counts
-        which); the slots it read may be reused."""
+        """Every worker's write-throughs ended (written, skipped or failed: each lower tier
+        counts which); the slots they read may be reused."""
         self._jobs.pop(result.job_id)
         self.manager.complete_load(job.pinned)
         self.manager.complete_store(job.failed_keys, success=False)
@@ -389,8 +406,8 @@ class OffloadingScheduler:
         return bool(self._jobs)
 
     def reset_cache(self) -> bool:
-        """Drops the host tier (not the disk tier: other engines may share it). False while any
-        host block is being read or written."""
+        """Drops the host tier (not disk or Redis: other engines may share them). False while
+        any host block is being read or written."""
         return self.manager.reset()
 
     def _room(self) -> int:
@@ -411,11 +428,17 @@ class OffloadingScheduler:
                     hit_tokens=self.stats.num_host_hit_tokens)
         out: dict[str, Any] = {"offload_block_tokens": self.offload_tokens, "host": host,
                                "requests": vars(self.stats).copy()}
-        if self.disk is not None:
-            disk = dict(self.tier_stats.get(DISK, {}))
-            disk["hit_tokens"] = self.stats.num_disk_hit_tokens
-            out["disk"] = disk
+        hit_tokens = {DISK: self.stats.num_disk_hit_tokens, REDIS: self.stats.num_redis_hit_tokens}
+        for medium in self.lower.media:
+            tier = dict(self.tier_stats.get(medium, {}))
+            tier.update(self.lower.stats(medium))  # the lookups: this half's own
+            tier["hit_tokens"] = hit_tokens[medium]
+            out[medium.lower()] = tier
         return out
+
+    def close(self) -> None:
+        """Releases the lookups' connections (Redis)."""
+        self.lower.close()
 
     def check_no_leaks(self) -> None:
         """Raise if any job, pinned or half-written host block is left (tests call it)."""
@@ -427,3 +450,15 @@ class OffloadingScheduler:
             raise RuntimeError(f"OffloadingConnector: {len(self._jobs)} jobs in flight, "
                                f"{self.manager.num_pinned} pinned and "
                                f"{self.manager.num_being_written} half-written host blocks")
+
+
+def _promotions(lower: list[tuple[bytes, str]], slots: list[int]) -> list[Promotion]:
+    """The promotions of a hit's keys outside host memory into their slots: one per lower tier,
+    each with its keys in token order."""
+    by_medium: dict[str, tuple[list[bytes], list[int]]] = {}
+    for (key, medium), slot in zip(lower, slots, strict=True):
+        keys, dst = by_medium.setdefault(medium, ([], []))
+        keys.append(key)
+        dst.append(slot)
+    return [Promotion(KEYED_BLOCKS[medium](keys), HostBlocks(dst))
+            for medium, (keys, dst) in by_medium.items()]

@@ -18,6 +18,7 @@ hold no valid KV; a job that failed as a whole lists every position.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -27,14 +28,15 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, LoadStoreSpec
-from kvport.connectors.offloading.tiers import TransferOutcome
+from kvport.connectors.offloading.mediums import ENGINE, HOST, LoadStoreSpec
+from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 
 if TYPE_CHECKING:
-    from kvport.connectors.offloading.tiers.disk import DiskTier
+    from kvport.connectors.offloading.mediums import HostBlocks
     from kvport.connectors.offloading.tiers.host import HostTier
 
 logger = logging.getLogger(__name__)
@@ -242,22 +244,43 @@ class OffloadingWorker:
             raise errors[0]
 
 
-def build_tier_worker(host: HostTier, disk: DiskTier | None = None, host_threads: int = 1,
-                      disk_threads: int = 2) -> OffloadingWorker:
-    """The standard wiring: ENGINE<->HOST copies and, with a disk tier, HOST<->DISK file I/O.
+class LowerTier(Protocol):
+    """A tier below the host tier (disk, Redis): it moves whole offload blocks between host slots
+    and its own entries, by key. Runs on worker threads; never raises for its medium's faults
+    (those are failed positions, counted in its stats)."""
+
+    @property
+    def stats(self) -> TierStats: ...
+
+    def store_from_host(self, host: HostTier, src: HostBlocks, dst: Any) -> TransferOutcome: ...
+
+    def load_to_host(self, host: HostTier, src: Any, dst: HostBlocks) -> TransferOutcome: ...
+
+    def close(self) -> None:
+        """Release connections (after the transfers stopped); must not block for long."""
+
+
+def tier_routes(host: HostTier,
+                lower: Mapping[str, LowerTier]) -> dict[tuple[str, str], TransferFn]:
+    """The transfer functions of the standard wiring: ENGINE<->HOST copies, and HOST<->medium
+    for each lower tier (medium name -> tier)."""
+    routes: dict[tuple[str, str], TransferFn] = {
+        (ENGINE, HOST): host.store, (HOST, ENGINE): host.load}  # type: ignore[dict-item]
+    for medium, tier in lower.items():
+        routes[(HOST, medium)] = functools.partial(tier.store_from_host, host)
+        routes[(medium, HOST)] = functools.partial(tier.load_to_host, host)
+    return routes
+
+
+def build_tier_worker(host: HostTier, lower: Mapping[str, LowerTier] | None = None,
+                      host_threads: int = 1, lower_threads: int = 2) -> OffloadingWorker:
+    """The standard wiring (`tier_routes`) on thread pools, one per direction.
 
     NOTE: one host thread per direction is enough: torch already spreads one large copy over
-    its intra-op threads. Disk jobs wait on I/O, so several threads overlap them."""
+    its intra-op threads. Disk and Redis jobs wait on I/O, so several threads overlap them."""
     worker = OffloadingWorker()
-    worker.register_handler(ENGINE, HOST, ThreadPoolHandler(
-        host.store, host_threads, "engine-host"))  # type: ignore[arg-type]
-    worker.register_handler(HOST, ENGINE, ThreadPoolHandler(
-        host.load, host_threads, "host-engine"))  # type: ignore[arg-type]
-    if disk is not None:
-        worker.register_handler(HOST, DISK, ThreadPoolHandler(
-            lambda s, d: disk.store_from_host(host, s, d),  # type: ignore[arg-type]
-            disk_threads, "host-disk"))
-        worker.register_handler(DISK, HOST, ThreadPoolHandler(
-            lambda s, d: disk.load_to_host(host, s, d),  # type: ignore[arg-type]
-            disk_threads, "disk-host"))
+    for (src, dst), fn in tier_routes(host, lower or {}).items():
+        threads = host_threads if ENGINE in (src, dst) else lower_threads
+        worker.register_handler(src, dst, ThreadPoolHandler(
+            fn, threads, f"{src.lower()}-{dst.lower()}"))
     return worker

@@ -6,9 +6,9 @@ Every step, in the driver's order:
     get_finished        submit this step's stores (the forward has written their blocks); with
                         `sync_stores`, wait for them, so they report in this very step; poll
                         completions: a store whose copy finished starts its write-through to
-                        disk; a promotion that finished starts its HOST->ENGINE copy; a finished
-                        load reports its request in finished_recving and its failed engine
-                        blocks as load errors
+                        each lower tier (disk, Redis); a load whose promotions all finished
+                        starts its HOST->ENGINE copy; a finished load reports its request in
+                        finished_recving and its failed engine blocks as load errors
 Nothing is left to wait_for_save, which no-forward steps skip under the legacy call order.
 
 `sync_stores` is for engines that may stop stepping as soon as no request is left (vLLM's
@@ -16,54 +16,84 @@ in-process LLM): the last step's stores must be in the host tier, and the schedu
 know it, when generate() returns; their write-through then runs with no further step.
 
 Job ids come from the scheduler half. Transfers are submitted under a `TransferKey` (job id,
-stage): a load with disk-only blocks runs its PROMOTION (DISK->HOST) first, then its COPY; a
-store its COPY (ENGINE->HOST), then with a disk tier its WRITE (HOST->DISK).
+stage, lower tier): a load with blocks outside host memory runs one PROMOTION per lower tier
+(DISK->HOST, REDIS->HOST) first, then its COPY; a store its COPY (ENGINE->HOST), then one WRITE
+per lower tier (HOST->DISK, HOST->REDIS), reported together once every one of them ended.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
-from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.config import OffloadingConfig, RedisTierConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import (
-    DISK, HOST, DiskBlocks, EngineBlocks, HostBlocks, LoadStoreSpec,
+    DISK, HOST, REDIS, EngineBlocks, HostBlocks, LoadStoreSpec,
 )
 from kvport.connectors.offloading.metadata import (
     JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage, StoreJob,
 )
-from kvport.connectors.offloading.tiers.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.disk import DiskTier
+from kvport.connectors.offloading.tiers.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.transfers import (
-    OffloadingWorker, TransferResult, build_tier_worker,
+    LowerTier, OffloadingWorker, TransferResult, build_tier_worker,
 )
 
 logger = logging.getLogger(__name__)
 
-TransfersFactory = Callable[[HostTier, "DiskTier | None"], OffloadingWorker]
+TransfersFactory = Callable[[HostTier, Mapping[str, LowerTier]], OffloadingWorker]
 IDLE_WAIT_S = 0.002  # a step with no forward waits this long for a transfer, instead of spinning
 __all__ = ["OffloadingConnectorWorker", "Stage", "TransferKey"]
 
 
 @dataclass(frozen=True)
 class TransferKey:
-    """The id a transfer is submitted under: the scheduler half's job id and the job's stage."""
+    """The id a transfer is submitted under: the scheduler half's job id, the job's stage, and
+    for a promotion or a write-through the lower tier's medium (DISK, REDIS)."""
 
     job_id: int
     stage: Stage = Stage.COPY
+    medium: str = ""
 
 
 @dataclass
 class _Load:
     job: LoadJob
     engine_failed: list[int]  # engine block ids left without valid KV
-    promote_failed: list[int] = field(default_factory=list)  # positions in job.promote_dst
+    promotions_left: int = 0  # promotions still running
+    promote_failed: list[int] = field(default_factory=list)  # positions among promoted slots
     copy_dst: list[int] = field(default_factory=list)  # engine blocks of the HOST->ENGINE copy
+
+
+@dataclass
+class _WriteThrough:
+    """A store's writes to the lower tiers, reported as one WRITE stage when all ended."""
+
+    left: int
+    failed: set[int] = field(default_factory=set)  # positions (the job's slots) not written
+
+
+def make_lower_tiers(config: OffloadingConfig, geometry: OffloadGeometry) -> dict[str, LowerTier]:
+    """The configured tiers below host, top down (disk, then Redis), by medium."""
+    lower: dict[str, LowerTier] = {}
+    disk = config.disk_tier
+    if disk is not None:
+        lower[DISK] = DiskTier(disk.root_dir, disk.max_bytes, geometry.disk_namespace)
+    if config.redis_tier is not None:
+        lower[REDIS] = _redis_tier(config.redis_tier, geometry.disk_namespace)
+    return lower
+
+
+def _redis_tier(config: RedisTierConfig, namespace: bytes) -> LowerTier:
+    # Imported here: redis-py is an optional dependency (kvport[redis]).
+    from kvport.connectors.offloading.tiers.redis_tier import RedisTier
+
+    return RedisTier(config, namespace)
 
 
 class OffloadingConnectorWorker:
@@ -75,9 +105,10 @@ class OffloadingConnectorWorker:
         self.sync_stores = sync_stores
         self.geometry: OffloadGeometry | None = None  # set by register_kv_caches
         self.host: HostTier | None = None
-        self.disk: DiskTier | None = None
+        self.lower: dict[str, LowerTier] = {}  # medium -> tier below host, top down
         self.transfers: OffloadingWorker | None = None
         self._stores: dict[int, StoreJob] = {}  # job id -> store whose copy is in flight
+        self._writes: dict[int, _WriteThrough] = {}  # job id -> its write-throughs in flight
         self._loads: dict[int, _Load] = {}  # job id -> load in flight
         self._in_flight: set[TransferKey] = set()  # submitted to the transfers, not reported
         self._ready: list[_Load] = []  # loads done, to report in this step's get_finished
@@ -90,10 +121,14 @@ class OffloadingConnectorWorker:
         self.host = HostTier.for_pool(kv_cache, geometry.num_slots, geometry.block_factor)
         assert self.host.slot_bytes == geometry.slot_bytes, \
             f"host slots of {self.host.slot_bytes} bytes, geometry says {geometry.slot_bytes}"
-        disk = self.config.disk_tier
-        if disk is not None:
-            self.disk = DiskTier(disk.root_dir, disk.max_bytes, geometry.disk_namespace)
-        self.transfers = self._make_transfers(self.host, self.disk)
+        self.lower = make_lower_tiers(self.config, geometry)
+        self.transfers = self._make_transfers(self.host, self.lower)
+
+    @property
+    def disk(self) -> DiskTier | None:
+        disk = self.lower.get(DISK)
+        assert disk is None or isinstance(disk, DiskTier)
+        return disk
 
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
         if meta.jobs_to_flush:
@@ -103,13 +138,13 @@ class OffloadingConnectorWorker:
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
         for job in meta.loads:
-            load = _Load(job, engine_failed=list(job.unloadable))
+            load = _Load(job, engine_failed=list(job.unloadable),
+                         promotions_left=len(job.promotions))
             self._loads[job.job_id] = load
-            if job.promote_src is not None:
-                assert job.promote_dst is not None, f"load {job.job_id}: promotion without slots"
-                self._submit(TransferKey(job.job_id, Stage.PROMOTION), job.promote_src,
-                             job.promote_dst)
-            else:
+            for promotion in job.promotions:
+                self._submit(TransferKey(job.job_id, Stage.PROMOTION, promotion.src.medium()),
+                             promotion.src, promotion.dst)
+            if not job.promotions:
                 self._start_copy(load, job.src, job.dst)
 
     def get_finished(self, meta: OffloadingConnectorMetadata | None,
@@ -133,39 +168,59 @@ class OffloadingConnectorWorker:
             self._in_flight.discard(key)
             load = self._loads.get(key.job_id)
             if load is not None and key.stage is Stage.PROMOTION:
-                self._on_promoted(load, result)
+                self._on_promoted(load, key.medium, result)
             elif load is not None:
                 load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]
                 self._ready.append(load)
             elif key.stage is Stage.COPY:
                 self._on_stored(self._stores.pop(key.job_id), result)
-            else:  # a store's write-through
-                self._results.append(JobResult(key.job_id, result.success,
-                                               list(result.failed_indices), stage=Stage.WRITE))
+            else:
+                self._on_written(key.job_id, result)
         ready, self._ready = self._ready, []
         return {self._finish_load(load) for load in ready}
 
     def _on_stored(self, job: StoreJob, result: TransferResult) -> None:
-        """The store's copy finished: report it, and write the slots it filled through to disk
-        (reported as its WRITE stage; nothing to write is reported at once)."""
-        failed = list(result.failed_indices)
-        self._results.append(JobResult(job.job_id, result.success, failed))
-        if job.write_dst is None:
+        """The store's copy finished: report it, and write the slots it filled through to each
+        lower tier (reported as its WRITE stage once all ended; nothing to write is reported at
+        once)."""
+        failed = set(result.failed_indices)
+        self._results.append(JobResult(job.job_id, result.success, sorted(failed)))
+        if not job.writes:
             return
-        good = [i for i in range(len(job.dst.slot_ids)) if i not in set(failed)]
+        good = [i for i in range(len(job.dst.slot_ids)) if i not in failed]
         if not good:
             self._results.append(JobResult(job.job_id, True, stage=Stage.WRITE))
             return
-        self._submit(TransferKey(job.job_id, Stage.WRITE),
-                     HostBlocks([job.dst.slot_ids[i] for i in good]),
-                     DiskBlocks([job.write_dst.keys[i] for i in good]))
+        self._writes[job.job_id] = _WriteThrough(len(job.writes))
+        src = HostBlocks([job.dst.slot_ids[i] for i in good])
+        for write in job.writes:
+            dst = type(write)([write.keys[i] for i in good])
+            self._submit(TransferKey(job.job_id, Stage.WRITE, dst.medium()), src, dst)
 
-    def _on_promoted(self, load: _Load, result: TransferResult) -> None:
-        """The promotion finished: copy every block that is in host memory now to the engine."""
+    def _on_written(self, job_id: int, result: TransferResult) -> None:
+        """One lower tier's write-through of a store ended (written, skipped or failed: the tier
+        counts which); the last one reports the store's WRITE stage."""
+        write = self._writes[job_id]
+        write.left -= 1
+        write.failed.update(result.failed_indices)
+        if write.left == 0:
+            del self._writes[job_id]
+            self._results.append(JobResult(job_id, not write.failed, sorted(write.failed),
+                                           stage=Stage.WRITE))
+
+    def _on_promoted(self, load: _Load, medium: str, result: TransferResult) -> None:
+        """One lower tier's promotion finished; once all have, copy every block that is in host
+        memory now to the engine."""
         job = load.job
-        assert job.promote_dst is not None
-        load.promote_failed = list(result.failed_indices)
-        num_host = len(job.src.slot_ids) - len(job.promote_dst.slot_ids)
+        (promotion,) = [p for p in job.promotions if p.src.medium() == medium]
+        num_host = len(job.src.slot_ids) - job.num_promoted
+        position = {slot: i for i, slot in enumerate(job.src.slot_ids[num_host:])}
+        load.promote_failed += [position[promotion.dst.slot_ids[i]]
+                                for i in result.failed_indices]
+        load.promotions_left -= 1
+        if load.promotions_left:
+            return
+        load.promote_failed.sort()
         bad = {num_host + p for p in load.promote_failed}  # offload block positions in src
         f, skip = self._factor(), job.dst.skip
         slots: list[int] = []
@@ -203,8 +258,8 @@ class OffloadingConnectorWorker:
             return None
         results, self._results = self._results, []
         stats = {HOST: self.host.stats.snapshot()} if self.host is not None else {}
-        if self.disk is not None:
-            stats[DISK] = self.disk.stats.snapshot()
+        for medium, tier in self.lower.items():
+            stats[medium] = tier.stats.snapshot()
         return OffloadingWorkerMetadata(results, stats)
 
     shutdown_timeout_s = 30.0  # how long shutdown waits for stores and write-throughs
@@ -221,6 +276,8 @@ class OffloadingConnectorWorker:
             logger.warning("OffloadingConnector: %d stores or write-throughs still running after "
                            "%.0f s at shutdown; abandoned", len(pending), self.shutdown_timeout_s)
         self.transfers.shutdown(0.0)
+        for tier in self.lower.values():
+            tier.close()
 
     def _submit(self, key: TransferKey, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
         self._in_flight.add(key)

@@ -121,6 +121,9 @@ class DiskTier:
             self._pop(key)
             self._update_occupancy()
 
+    def close(self) -> None:
+        """Nothing to release: every file is closed when its transfer ends."""
+
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
             return key in self._index
