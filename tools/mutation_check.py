@@ -400,6 +400,42 @@ MUTANTS: list[Mutant] = [
         ("tests/connectors/test_multi.py::test_each_child_is_told_only_of_its_own_completions",
          "tests/connectors/test_call_orders.py::test_loads_give_the_output_of_no_connector_in_either_order"),
         "a MultiConnector child hears only of the async loads it owns (S7 in its own trace)"),
+    # ---- the Redis tier ----------------------------------------------------------------------
+    Mutant(
+        "write-through-waits-for-every-tier", f"{OFFLOADING}/worker.py",
+        """        if write.left > 0:
+            return  # another tier still reads the slots: they stay pinned
+        del self._writes[job_id]
+""",
+        """        if write.left == 0:
+            del self._writes[job_id]
+""",
+        (f"{RACES}::test_slots_stay_pinned_until_every_lower_tiers_write_reported",),
+        "a store's slots stay pinned until every lower tier's write-through ended"),
+    Mutant(
+        "redis-checksum-checked", f"{OFFLOADING}/tiers/redis_tier.py",
+        """        if checksum(memoryview(value)[VALUE_HEADER_SIZE:]) != HEADER.unpack_from(value)[7]:
+            return False
+""",
+        "",
+        (f"{TESTS}/test_redis_tier.py::test_corrupt_values_fail_are_counted_and_deleted",),
+        "a Redis value whose payload does not match its checksum is never loaded"),
+    Mutant(
+        "redis-corrupt-deleted", f"{OFFLOADING}/tiers/redis_tier.py",
+        """        if corrupt:
+            self._delete_corrupt(corrupt)
+""",
+        "",
+        (f"{TESTS}/test_redis_tier.py::test_corrupt_values_fail_are_counted_and_deleted",),
+        "a corrupt Redis value is deleted (else every lookup finds it and every load fails)"),
+    Mutant(
+        "redis-promotion-failure-is-a-load-error", f"{OFFLOADING}/worker.py",
+        """        load.promote_failed += [position[promotion.dst.slot_ids[i]]
+                                for i in result.failed_indices]
+""",
+        "",
+        (f"{RACES}::test_a_hit_from_disk_and_redis_fails_only_the_redis_blocks",),
+        "blocks whose promotion from a lower tier failed are load errors, recomputed"),
     # ---- disk tier ---------------------------------------------------------------------------
     Mutant(
         "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk.py",

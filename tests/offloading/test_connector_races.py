@@ -7,6 +7,7 @@ write-through in flight when its slots are wanted again.
 Each scenario checks the guard's outcome, not its mechanism: no transfer read bytes that changed
 after it was submitted (`torn`), greedy output equal to no connector (also when the stored KV is
 loaded back), and nothing leaked. Each fails when the guard is removed (tools/mutation_check.py).
+The scenarios with a Redis tier run against a real redis-server (tests/redis_fixtures.py).
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ from typing import Any
 
 from controlled_transfers import ControlledTransfers
 from kvport import LLM, SamplingParams
-from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
+from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
 from kvport.connectors.offloading.worker import Stage, TransferKey
 from kvport.engine.request import Request, RequestStatus
 from offload_utils import (
-    assert_nothing_leaked, make_llm, offload_block_bytes, offload_config, offloading_half,
+    BLOCK_SIZE, assert_nothing_leaked, make_llm, offload_block_bytes, offload_config, offloading_half,
     prompts, run_bounded, step_until, worker_half,
 )
+from redis_fixtures import RedisServer
 
 
 def controlled_llm(extra: dict[str, Any] | None = None, disk_dir: Path | None = None,
+                   redis: dict[str, Any] | None = None,
                    **kwargs: Any) -> tuple[LLM, ControlledTransfers]:
-    ktc = offload_config(disk_dir=disk_dir, **(extra or {}))
+    ktc = offload_config(disk_dir=disk_dir, redis=redis, **(extra or {}))
     ktc["kv_connector"] = "ControlledOffloadingConnector"
     ktc["kv_connector_module_path"] = "controlled_transfers"
     llm = make_llm(ktc, **kwargs)
@@ -209,4 +212,54 @@ def test_a_failed_promotion_is_reported_and_frees_its_slots(tmp_path: Path) -> N
     llm.reset_prefix_cache()  # what the host tier holds for P now is what the recompute stored
     assert run_bounded(llm, [p], params) == want
     assert offloading_half(llm).stats.num_host_hit_tokens >= 56
+    release_and_finish(llm, transfers)
+
+
+def test_slots_stay_pinned_until_every_lower_tiers_write_reported(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    # As above with disk and Redis below host: R1's disk write finishes, its Redis write is held.
+    # The slots stay pinned until the Redis write too reported, so R2's stores wait instead of
+    # overwriting what the Redis write still reads (a torn transfer otherwise).
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    ps = two_prompts(seed=17, length=20)
+    want = reference(ps, params)
+    llm, transfers = controlled_llm({"cpu_bytes_to_use": 2 * offload_block_bytes()},
+                                    disk_dir=tmp_path, redis={"url": redis_server.url})
+    transfers.hold((HOST, REDIS))
+    r1 = llm.engine.add_request("R1", ps[0], params)
+    step_until(llm, lambda: r1.is_finished and bool(transfers.in_flight((HOST, REDIS))))
+    assert not transfers.in_flight((HOST, DISK))  # the disk's write is done, Redis's is not
+    r2 = llm.engine.add_request("R2", ps[1], params)
+    step_until(llm, lambda: r2.is_finished)
+    raced = bool(transfers.in_flight((HOST, REDIS)))
+    release_and_finish(llm, transfers)
+    assert [r1.output_token_ids, r2.output_token_ids] == want
+    assert raced
+    # R1's two blocks reached Redis whole; R2's found no free slot while R1's were pinned.
+    assert redis_server.client().dbsize() == 2
+
+
+def test_a_hit_from_disk_and_redis_fails_only_the_redis_blocks(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    # P's first blocks are on this machine's disk, all of them in Redis. One hit run promotes
+    # from both tiers (disk first); the Redis promotion fails: exactly its blocks are load
+    # errors (the engine recomputes from there), the disk ones are loaded, the output is equal.
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    p = prompts(1, seed=19)[0]
+    want = reference([p], params)
+    redis = {"url": redis_server.url}
+    writer = make_llm(offload_config(redis=redis))  # another machine: Redis has every block
+    assert run_bounded(writer, [p], params) == want
+    writer.shutdown()
+    local = make_llm(offload_config(disk_dir=tmp_path))  # this machine computed the first 24
+    assert run_bounded(local, [p[:24]], SamplingParams(max_tokens=1, temperature=0.0)) != []
+    local.shutdown()
+    llm, transfers = controlled_llm(disk_dir=tmp_path, redis=redis)
+    transfers.gates[(REDIS, HOST)].fail_next = 1
+    assert run_bounded(llm, [p], params) == want
+    req = offloading_half(llm).stats
+    assert req.num_disk_hit_tokens == 24 and req.num_redis_hit_tokens >= 24, vars(req)
+    assert req.num_failed_loads == 1
+    m = llm.get_metrics()
+    assert m["kv_transfer"]["num_invalid_blocks"] == req.num_redis_hit_tokens // BLOCK_SIZE, m
     release_and_finish(llm, transfers)

@@ -203,10 +203,11 @@ class OffloadingConnectorWorker:
         write = self._writes[job_id]
         write.left -= 1
         write.failed.update(result.failed_indices)
-        if write.left == 0:
-            del self._writes[job_id]
-            self._results.append(JobResult(job_id, not write.failed, sorted(write.failed),
-                                           stage=Stage.WRITE))
+        if write.left > 0:
+            return  # another tier still reads the slots: they stay pinned
+        del self._writes[job_id]
+        self._results.append(JobResult(job_id, not write.failed, sorted(write.failed),
+                                       stage=Stage.WRITE))
 
     def _on_promoted(self, load: _Load, medium: str, result: TransferResult) -> None:
         """One lower tier's promotion finished; once all have, copy every block that is in host
