@@ -98,13 +98,13 @@ MUTANTS: list[Mutant] = [
         "a request re-admitted while its own stores are unreported asks again, then loads them"),
     Mutant(
         "no-convoy", f"{OFFLOADING}/scheduler.py",
-        "                if self.manager.contains(key) or not self.disk.exists(key):\n",
-        "                if not self.disk.exists(key):\n",
+        "            lower = self.lower.find_run(candidates, stop=self.manager.contains)\n",
+        "            lower = self.lower.find_run(candidates, stop=lambda key: False)\n",
         (f"{RACES}::test_a_hit_on_keys_being_promoted_is_computed_without_waiting",),
         "a key being written to the host tier (another request's promotion) ends the hit run"),
     Mutant(
         "promotion-room", f"{OFFLOADING}/scheduler.py",
-        "            room = self._room() - num_host\n",
+        "            room = max(0, self._room() - num_host)\n",
         "            room = len(keys)\n",
         (f"{ENGINE}::test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
         "a hit promotes at most as many disk blocks as the host tier could free"),
@@ -116,8 +116,8 @@ MUTANTS: list[Mutant] = [
         "a run longer than the host tier is stored a part per step, not refused forever"),
     Mutant(
         "promotion-bypasses-admission", f"{OFFLOADING}/scheduler.py",
-        "            out = self.manager.prepare_store(match.disk_keys, bypass_admission=True)\n",
-        "            out = self.manager.prepare_store(match.disk_keys)\n",
+        "            out = self.manager.prepare_store(lower_keys, bypass_admission=True)\n",
+        "            out = self.manager.prepare_store(lower_keys)\n",
         (f"{ADMISSION}::test_disk_hits_are_promoted_whatever_the_admission_count",),
         "promotions from disk are hits: admission control must not hold them back"),
     Mutant(
@@ -150,9 +150,9 @@ MUTANTS: list[Mutant] = [
         "a block one rank failed stays reserved while another rank may write its slot to disk"),
     Mutant(
         "write-through-started-by-the-worker", f"{OFFLOADING}/worker.py",
-        "        self._submit(TransferKey(job.job_id, Stage.WRITE),\n",
+        "        self._writes[job.job_id] = _WriteThrough(len(job.writes))\n",
         "        self._results.append(JobResult(job.job_id, True, stage=Stage.WRITE))\n"
-        "        return\n        self._submit(TransferKey(job.job_id, Stage.WRITE),\n",
+        "        return\n        self._writes[job.job_id] = _WriteThrough(len(job.writes))\n",
         (f"{STAGES}::test_an_engine_that_stops_stepping_loses_no_store",),
         "the worker writes a store through to disk itself: no scheduler step is needed"),
     Mutant(
