@@ -1,6 +1,7 @@
 """`vllm serve` with kvport's OffloadingConnector, queried as a user would, with the openai
 client: completions and streaming chat; a long prompt repeated after the engine's own prefix
-cache was dropped is served from kvport's host tier, and /metrics shows kvport's metrics."""
+cache was dropped is served from kvport's host tier, and /metrics shows kvport's metrics, those
+of its Redis tier (a real redis-server) among them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from openai import OpenAI
+from redis_fixtures import RedisServer
 
 from kvport.model.builtin import builtin_model_dir
 
@@ -34,12 +36,22 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "vllm.log"
     ktc = {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-           "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20}}
+           "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20, "secondary_tiers": [
+               {"type": "redis", "url": redis.url}]}}
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="2")
     cmd = [sys.executable, "-m", "kvport.vllm", "serve",
@@ -110,6 +122,11 @@ def test_completions_repeat_from_the_host_tier_and_metrics_show_it(server: str) 
     assert kvport_metric(server, "vllm:kvport_transfer_bytes_total", tier="host",
                          direction="store") > 0
     assert kvport_metric(server, "vllm:kvport_occupancy_bytes", tier="host") > 0
+    # The Redis tier: written through, asked once per request, nothing went wrong.
+    assert kvport_metric(server, "vllm:kvport_transfer_bytes_total", tier="redis",
+                         direction="store") > 0
+    assert kvport_metric(server, "vllm:kvport_redis_round_trips_total", side="scheduler") > 0
+    assert kvport_metric(server, "vllm:kvport_redis_problems_total") == 0
 
 
 def test_streaming_chat_with_a_long_system_prompt(server: str) -> None:
