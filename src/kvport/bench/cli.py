@@ -91,10 +91,13 @@ def _add_connector_overhead(commands: Any) -> None:
 
 def _add_transfer(commands: Any) -> None:
     p = commands.add_parser(
-        "transfer", help="offload tier bandwidth (host, disk) vs plain copies of the same bytes",
+        "transfer", help="offload tier bandwidth (host, disk, Redis) vs plain copies of the "
+                         "same bytes",
         description="Host tier store/load GiB/s per offload block size next to one torch copy of "
-                    "the same bytes, and disk tier load GiB/s next to reading one file, warm and "
-                    "cold page cache; see kvport.bench.transfer for the method.")
+                    "the same bytes, disk tier load GiB/s next to reading one file, warm and "
+                    "cold page cache, and (with --redis-url) Redis tier store/load GiB/s next to "
+                    "redis-py's own pipelined SET/GET of the same payloads; see "
+                    "kvport.bench.transfer for the method.")
     p.add_argument("--geometry", default="tiny-llama", choices=("tiny-llama", "smollm2-135m"),
                    help="engine block geometry (float32)")
     p.add_argument("--layout", default="kvport", choices=("kvport", "vllm-cpu"),
@@ -108,18 +111,35 @@ def _add_transfer(commands: Any) -> None:
     p.add_argument("--disk-mib", type=int, default=128, help="MiB of disk entries per size")
     p.add_argument("--disk-dir", default=None, help="where to write (default: $TMPDIR)")
     p.add_argument("--disk-threads", type=int, default=2, help="disk load threads")
+    p.add_argument("--redis-url", default=None, metavar="URL",
+                   help="also measure the Redis tier on this server (e.g. "
+                        "redis://127.0.0.1:6379/0); writes keys under a random namespace of its "
+                        "own and deletes exactly those (needs pip install 'kvport[redis]')")
+    p.add_argument("--redis-mib", type=int, default=64,
+                   help="MiB of Redis values per size (the server needs room for twice this)")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(func=run_transfer_command)
 
 
 def run_transfer_command(args: argparse.Namespace) -> int:
-    from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
+    from kvport.bench.transfer import (
+        TransferBenchConfig,
+        check_redis,
+        format_transfer,
+        run_transfer,
+    )
 
-    return run_bench_command("transfer", args.json, lambda: TransferBenchConfig(
-        geometry=args.geometry, layout=args.layout, block_sizes=args.block_sizes,
-        total_mib=args.total_mib,
-        repeats=args.repeats, disk=args.disk, disk_mib=args.disk_mib, disk_dir=args.disk_dir,
-        disk_threads=args.disk_threads), run_transfer, format_transfer)
+    def config() -> TransferBenchConfig:
+        cfg = TransferBenchConfig(
+            geometry=args.geometry, layout=args.layout, block_sizes=args.block_sizes,
+            total_mib=args.total_mib, repeats=args.repeats, disk=args.disk,
+            disk_mib=args.disk_mib, disk_dir=args.disk_dir, disk_threads=args.disk_threads,
+            redis_url=args.redis_url, redis_mib=args.redis_mib)
+        if cfg.redis_url is not None:
+            check_redis(cfg.redis_url)  # before the host and disk rows, not after them
+        return cfg
+
+    return run_bench_command("transfer", args.json, config, run_transfer, format_transfer)
 
 
 def run_overhead_command(args: argparse.Namespace) -> int:
