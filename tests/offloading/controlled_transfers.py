@@ -38,8 +38,6 @@ from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
 from kvport.connectors.offloading.mediums import (
-    ENGINE,
-    HOST,
     EngineBlocks,
     HostBlocks,
     LoadStoreSpec,

@@ -22,8 +22,8 @@ from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
 from kvport.connectors.offloading.worker import Stage, TransferKey
 from kvport.engine.request import Request, RequestStatus
 from offload_utils import (
-    BLOCK_SIZE, assert_nothing_leaked, make_llm, offload_block_bytes, offload_config, offloading_half,
-    prompts, run_bounded, step_until, worker_half,
+    BLOCK_SIZE, assert_nothing_leaked, make_llm, offload_block_bytes, offload_config,
+    offloading_half, prompts, run_bounded, step_until, worker_half,
 )
 from redis_fixtures import RedisServer
 

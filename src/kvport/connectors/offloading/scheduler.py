@@ -24,8 +24,8 @@ Stores (`build_connector_meta`): every full offload block that the step computes
 covered without it being in the host tier) gets a slot from prepare_store and one ENGINE->HOST
 job per request and step. A full host tier (None) retries the next step. With lower tiers the
 job also names its keys' entries there: once a worker's copy is done, the worker writes the same
-slots through to disk and Redis by itself. When every worker reported the copy, the keys become ready and
-stay pinned until every worker reported the write (see jobs.py for the stages).
+slots through to disk and Redis by itself. When every worker reported the copy, the keys become
+ready and stay pinned until every worker reported the write (see jobs.py for the stages).
 
 The fence: `request_finished` returns False, so a finished or preempted request's blocks go back
 to the pool at once, while its store jobs may not have read them yet. Every step, the pending
@@ -187,24 +187,27 @@ class OffloadingScheduler:
                 self.manager.count_admission(match.asked, len(match.host_keys))
         if num_external > 0:
             assert match is not None, f"{rid}: {num_external} external tokens without a match"
-            split = self._split_by_tier(match)
-            assert sum(split.values()) == num_external, (rid, split, num_external)
+            split = self._split_by_tier(match, num_external)
             self.stats.num_host_hit_tokens += split.get(HOST, 0)
             self.stats.num_disk_hit_tokens += split.get(DISK, 0)
             self.stats.num_redis_hit_tokens += split.get(REDIS, 0)
             self._hit_split[rid] = split
             self._plan_load(rid, st, match)
 
-    def _split_by_tier(self, match: _Match) -> dict[str, int]:
-        """The hit's tokens per tier it comes from (HOST, DISK, REDIS). The local hit may end
-        inside the run's first offload block: those tokens are the engine's own."""
+    def _split_by_tier(self, match: _Match, num_external: int) -> dict[str, int]:
+        """The hit's first `num_external` tokens per tier they come from (HOST, DISK, REDIS), in
+        token order. The local hit may end inside the run's first offload block: those tokens
+        are the engine's own."""
         sources = [HOST] * len(match.host_keys) + [medium for _, medium in match.lower]
         split: dict[str, int] = {}
+        left = num_external
         for j, medium in enumerate(sources):
             tokens = self.offload_tokens
             if j == 0:
                 tokens -= match.num_local - match.start * self.offload_tokens
+            tokens = min(tokens, left)
             split[medium] = split.get(medium, 0) + tokens
+            left -= tokens
         return split
 
     def take_hit_split(self, req_id: str) -> dict[str, int]:
