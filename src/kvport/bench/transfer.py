@@ -92,7 +92,7 @@ class TransferBenchConfig:
         if self.redis_url is not None:
             if not self.redis_url.startswith(("redis://", "rediss://")):
                 raise ValueError(f"redis_url must be a redis:// or rediss:// URL, got "
-                                 f"{_redacted_url(self.redis_url)!r}")
+                                 f"{redacted_url(self.redis_url)!r}")
             if importlib.util.find_spec("redis") is None:
                 raise ValueError(f"the Redis tier's rows need redis-py: {REDIS_INSTALL}")
 
@@ -283,7 +283,7 @@ REDIS_IO_TIMEOUT_S = 30.0
 REDIS_NAMESPACE = b"kvport-bench-transfer"  # + the side and the size: no real KV namespace
 
 
-def _redacted_url(url: str) -> str:
+def redacted_url(url: str) -> str:
     """The URL without its password (for messages and the JSON)."""
     from urllib.parse import urlsplit, urlunsplit
 
@@ -302,14 +302,14 @@ def check_redis(url: str) -> None:
         raise ValueError(f"the Redis tier needs redis-py: {REDIS_INSTALL}")
     if not url.startswith(("redis://", "rediss://")):
         raise ValueError(f"--redis-url must be a redis:// or rediss:// URL, got "
-                         f"{_redacted_url(url)!r}")
+                         f"{redacted_url(url)!r}")
     import redis
 
     client = _redis_client(url, timeout_s=5.0)
     try:
         client.ping()
     except redis.RedisError as exc:
-        raise ValueError(f"cannot reach Redis at {_redacted_url(url)}: {exc}") from None
+        raise ValueError(f"cannot reach Redis at {redacted_url(url)}: {exc}") from None
     finally:
         client.close()
 
@@ -331,11 +331,11 @@ def _redis_server_facts(client: Any, url: str) -> dict[str, Any]:
     try:
         info = client.info("server")
     except redis.RedisError as exc:
-        raise RuntimeError(f"cannot reach Redis at {_redacted_url(url)}: {exc}") from None
+        raise RuntimeError(f"cannot reach Redis at {redacted_url(url)}: {exc}") from None
     if info.get("redis_mode") == "cluster":
         raise RuntimeError("kvport bench transfer measures one Redis server; "
-                           f"{_redacted_url(url)} is a cluster node")
-    facts: dict[str, Any] = {"url": _redacted_url(url), "redis_version": info.get("redis_version"),
+                           f"{redacted_url(url)} is a cluster node")
+    facts: dict[str, Any] = {"url": redacted_url(url), "redis_version": info.get("redis_version"),
                              "maxmemory": None, "maxmemory_policy": None}
     try:  # an ACL user may not run CONFIG
         config = client.config_get("maxmemory*")

