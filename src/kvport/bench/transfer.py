@@ -335,8 +335,13 @@ def _redis_server_facts(client: Any, url: str) -> dict[str, Any]:
     if info.get("redis_mode") == "cluster":
         raise RuntimeError("kvport bench transfer measures one Redis server; "
                            f"{redacted_url(url)} is a cluster node")
+    from redis.utils import HIREDIS_AVAILABLE
+
     facts: dict[str, Any] = {"url": redacted_url(url), "redis_version": info.get("redis_version"),
-                             "maxmemory": None, "maxmemory_policy": None}
+                             "maxmemory": None, "maxmemory_policy": None,
+                             # both sides parse replies with it: hiredis (C) or redis-py's own
+                             "redis_py_version": redis.__version__,
+                             "hiredis": bool(HIREDIS_AVAILABLE)}
     try:  # an ACL user may not run CONFIG
         config = client.config_get("maxmemory*")
         facts["maxmemory"] = int(config.get("maxmemory", 0))
@@ -533,8 +538,9 @@ def format_transfer(result: dict[str, Any]) -> str:
         srv = result["redis"]["server"]
         lines.append(f"redis tier, GiB/s, tier vs redis-py's own pipelined SET/GET of the same "
                      f"payloads (ratio tier/redis-py); Redis {srv['redis_version']} at "
-                     f"{srv['url']}, jobs of {cfg['job_blocks']} values, median of "
-                     f"{cfg['repeats']}")
+                     f"{srv['url']}, redis-py {srv.get('redis_py_version')} "
+                     f"({'hiredis' if srv.get('hiredis') else 'no hiredis'}), jobs of "
+                     f"{cfg['job_blocks']} values, median of {cfg['repeats']}")
         for r in result["redis"]["rows"]:
             cells = [f"{d} tier {r[d]['tier_gib_s']:.2f} vs redis-py {r[d]['redis_py_gib_s']:.2f} "
                      f"({r[d]['ratio']:.2f})" for d in ("store", "load")]
