@@ -64,10 +64,11 @@ def stored_ok(tier: RedisTier, host: HostTier, ids: list[int]) -> bool:
 
 
 def test_round_trip_in_one_round_trip_per_job(redis_server: RedisServer) -> None:
+    """A load is one round trip; a store two (which keys Redis holds, then the SETs)."""
     cfg = RedisTierConfig(redis_server.url)
     tier, host = RedisTier(cfg, NS), filled_host()
     assert store(tier, host, [0, 1, 2, 3]) == TransferOutcome(4 * PAYLOAD, [])
-    assert tier.stats.snapshot()["round_trips"] == 1
+    assert tier.stats.snapshot()["round_trips"] == 2
     lookup = RedisLookup(cfg, NS)
     assert lookup.exists([key(0), key(9), key(3)]) == [True, False, True]
     assert lookup.stats() == {"lookups": 1, "keys_queried": 3, "keys_found": 2, "round_trips": 1,
@@ -77,13 +78,29 @@ def test_round_trip_in_one_round_trip_per_job(redis_server: RedisServer) -> None
     for i, slot in ((3, 8), (2, 9), (1, 11), (0, 12)):
         assert torch.equal(host.slot(slot), payload(i))
     s = tier.stats.snapshot()
-    assert (s["round_trips"], s["blocks_stored"], s["bytes_stored"]) == (2, 4, 4 * PAYLOAD)
+    assert (s["round_trips"], s["blocks_stored"], s["bytes_stored"]) == (3, 4, 4 * PAYLOAD)
     assert (s["blocks_loaded"], s["bytes_loaded"], s["failures"], s["vanished"]) == \
         (4, 4 * PAYLOAD, 1, 1)
     assert tier.load_to_host(host, RedisBlocks([]), HostBlocks([])) == TransferOutcome(0, [])
-    assert tier.stats.snapshot()["round_trips"] == 2  # nothing to do: no network
+    assert tier.stats.snapshot()["round_trips"] == 3  # nothing to do: no network
     tier.close()
     lookup.close()
+
+
+def test_a_value_redis_holds_is_not_sent_again(redis_server: RedisServer) -> None:
+    """Instances sharing a Redis compute the same prefixes: a store of values Redis holds
+    sends none of them (counted), and stores only the others."""
+    tier, host = RedisTier(RedisTierConfig(redis_server.url), NS), filled_host()
+    assert store(tier, host, [0, 1]).failed_indices == []
+    with redis_server.client() as admin:
+        admin.set(tier.key(key(0)), b"a value this store must leave alone")
+    assert store(tier, host, [0, 1, 2]) == TransferOutcome(3 * PAYLOAD, [])
+    s = tier.stats.snapshot()
+    assert (s["blocks_stored"], s["already_present"]) == (3, 2), s
+    with redis_server.client() as admin:
+        assert admin.get(tier.key(key(0))) == b"a value this store must leave alone"
+        assert admin.dbsize() == 3
+    tier.close()
 
 
 def test_value_is_header_then_payload_under_a_namespaced_key(redis_server: RedisServer) -> None:
@@ -114,14 +131,14 @@ def test_cluster_spreads_keys_one_round_trip_per_node(redis_cluster: RedisCluste
     sizes = [n.client().dbsize() for n in redis_cluster.nodes]
     used = sum(1 for size in sizes if size)
     assert sum(sizes) == 12 and used >= 2, sizes  # no hash tags: the keys spread
-    assert tier.stats.snapshot()["round_trips"] == used
+    assert tier.stats.snapshot()["round_trips"] == 2 * used  # EXISTS, then SET
     lookup = RedisLookup(cfg, NS)
     assert lookup.exists([key(i) for i in range(12)]) == [True] * 12
     assert lookup.stats()["round_trips"] == used
     assert load(tier, host, list(range(12)), list(range(4, 16))).failed_indices == []
     for i in range(12):
         assert torch.equal(host.slot(4 + i), payload(i))
-    assert tier.stats.snapshot()["round_trips"] == 2 * used
+    assert tier.stats.snapshot()["round_trips"] == 3 * used
     tier.close()
 
 

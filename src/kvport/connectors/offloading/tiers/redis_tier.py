@@ -7,14 +7,20 @@ namespace, digest of the key, payload length, xxh3 of the payload) with header s
 tier holds them. Never pickle: a value is read from a server other processes write to. The key
 is `redis_client.value_key` (namespace digest prefix, key hex).
 
-A job is one batch: a pipeline of SETs (store) or GETs (load), one round trip per server (per
-node holding a key on a cluster). Redis owns eviction (`maxmemory` with an LRU policy): this tier
-tracks no occupancy, and a value may vanish between the scheduler's lookup and the load.
+A load is one batch: a pipeline of GETs, one round trip per server (per node holding a key on a
+cluster). A store asks first which of its keys Redis holds (a pipeline of EXISTS: instances
+sharing a Redis compute the same prefixes, and a value it holds is not sent again), then sends
+the others' SETs, in pipelines of at most STORE_BATCH_BYTES. Values are built in a buffer each
+worker thread reuses: a fresh buffer per job cost more than sending it (the kernel zeroes every
+new page; measured 40 ms of 60 for 64 values of 1 MiB). Redis owns eviction (`maxmemory` with an
+LRU policy): this tier tracks no occupancy, and a value may vanish between the scheduler's
+lookup and the load.
 
 Nothing here raises for a Redis problem; positions fail and are counted instead:
     down (no attempt while backing off)    skipped_down (per call); every position fails
     timeout / connection error             timeouts / errors (per round trip)
     a SET refused (OOM, READONLY, ...)     refused_stores (per block)
+    a store of a value Redis holds         already_present (per block; not sent, not failed)
     another error reply (WRONGTYPE, MOVED) errors (per block)
     a GET that finds nothing               vanished (per block)
     a bad header, checksum or length       corrupt (per block); the value is deleted
@@ -24,6 +30,7 @@ Nothing here raises for a Redis problem; positions fail and are counted instead:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +55,9 @@ from kvport.connectors.offloading.tiers.redis_client import (
 logger = logging.getLogger(__name__)
 
 VALUE_HEADER_SIZE = HEADER.size  # 80
+# A store's SETs go out in pipelines of at most this many value bytes: the bound of the value
+# buffer each worker thread keeps (larger jobs take more round trips, not more memory).
+STORE_BATCH_BYTES = 64 << 20
 
 
 @dataclass
@@ -62,6 +72,7 @@ class RedisTierStats(TierStats):
     corrupt: int = 0  # bad header, checksum or length; deleted
     refused_stores: int = 0  # Redis answered a SET with an error (OOM under noeviction, READONLY)
     skipped_down: int = 0  # calls not attempted: the connection is down
+    already_present: int = 0  # stores of values Redis held already: not sent again
 
 
 class RedisTier:
@@ -74,6 +85,7 @@ class RedisTier:
         self.stats = RedisTierStats()
         self._conn = RedisConnection(config, timeout_s=config.io_timeout_s, stats=self.stats)
         self._refusing = False  # warn once per run of refused stores, not once per job
+        self._buffers = threading.local()  # per worker thread: the values being sent
 
     def key(self, key: bytes) -> bytes:
         """The Redis key of an offload block's key."""
@@ -84,14 +96,22 @@ class RedisTier:
 
     # --- values ---------------------------------------------------------------------------------
 
-    def _value(self, key: bytes, payload: torch.Tensor) -> bytearray:
-        """Header and payload in one buffer: SET takes one value (one copy of the slot)."""
-        data = payload.numpy().data
-        value = bytearray(VALUE_HEADER_SIZE + data.nbytes)
-        value[:VALUE_HEADER_SIZE] = pack_header(self.namespace_digest, key, data,
-                                                VALUE_HEADER_SIZE)
-        value[VALUE_HEADER_SIZE:] = data
-        return value
+    def _values(self, host: HostTier, slots: list[int], keys: list[bytes]) -> list[memoryview]:
+        """Each slot as a value (header, then payload: SET takes one contiguous value, so one
+        copy of the slot), in this thread's reused buffer: valid until its next call."""
+        size = VALUE_HEADER_SIZE + host.slot_bytes
+        buf: np.ndarray | None = getattr(self._buffers, "buf", None)
+        if buf is None or buf.size < size * len(slots):
+            buf = self._buffers.buf = np.empty(size * len(slots), dtype=np.uint8)
+        values = []
+        for i, (slot, key) in enumerate(zip(slots, keys)):
+            value = buf[i * size:(i + 1) * size]
+            data = host.slot(slot).numpy()
+            value[:VALUE_HEADER_SIZE] = np.frombuffer(
+                pack_header(self.namespace_digest, key, data.data, VALUE_HEADER_SIZE), np.uint8)
+            value[VALUE_HEADER_SIZE:] = data
+            values.append(memoryview(value))
+        return values
 
     def _fill(self, key: bytes, value: bytes, out: torch.Tensor) -> bool:
         """Check value against key and out's size, then copy its payload into out (the one copy:
@@ -111,21 +131,38 @@ class RedisTier:
 
     def store_from_host(self, host: HostTier, src: HostBlocks, dst: RedisBlocks,
                         ) -> TransferOutcome:
-        """HOST -> REDIS (write-through): slot src.slot_ids[i] is stored as dst.keys[i]."""
+        """HOST -> REDIS (write-through): slot src.slot_ids[i] is stored as dst.keys[i], unless
+        Redis holds that key already."""
         _check_pairs(src.slot_ids, dst.keys)
+        if not dst.keys:
+            return TransferOutcome(0, [])
         start = time.perf_counter()
-        replies = self._conn.execute([("SET", self.key(k), self._value(k, host.slot(s)))
-                                      for s, k in zip(src.slot_ids, dst.keys)])
-        failed = [i for i, r in enumerate(replies) if not _stored(r)]
+        held = self._conn.execute([("EXISTS", self.key(k)) for k in dst.keys])
+        unavailable = [i for i, r in enumerate(held) if isinstance(r, RedisUnavailable)]
+        present = sum(1 for r in held if isinstance(r, int) and r == 1)
+        # Not held, or an error reply (a SET may still work: it is tried and counted).
+        todo = [i for i, r in enumerate(held) if not isinstance(r, (int, RedisUnavailable))
+                or r == 0]
+        per_batch = max(1, STORE_BATCH_BYTES // (VALUE_HEADER_SIZE + host.slot_bytes))
+        replies: list[Any] = []
+        for b in range(0, len(todo), per_batch):
+            batch = todo[b:b + per_batch]
+            values = self._values(host, [src.slot_ids[i] for i in batch],
+                                  [dst.keys[i] for i in batch])
+            replies += self._conn.execute([("SET", self.key(dst.keys[i]), v)
+                                           for i, v in zip(batch, values)])
+        not_set = [i for i, r in zip(todo, replies) if not _stored(r)]
+        failed = sorted(unavailable + not_set)
         refused = [r for r in replies
                    if isinstance(r, ResponseError) and not isinstance(r, TOPOLOGY_ERRORS)]
         errors = sum(isinstance(r, TOPOLOGY_ERRORS) for r in replies)
         self._note_refusals(refused)
-        done = len(replies) - len(failed)
+        done = len(todo) - len(not_set)
         self.stats.add(skipped_stores=len(failed), refused_stores=len(refused), errors=errors,
-                       blocks_stored=done, bytes_stored=done * host.slot_bytes,
+                       already_present=present, blocks_stored=done,
+                       bytes_stored=done * host.slot_bytes,
                        store_seconds=time.perf_counter() - start)
-        return TransferOutcome(done * host.slot_bytes, failed)
+        return TransferOutcome((done + present) * host.slot_bytes, failed)
 
     def load_to_host(self, host: HostTier, src: RedisBlocks, dst: HostBlocks) -> TransferOutcome:
         """REDIS -> HOST (promotion): value src.keys[i] fills slot dst.slot_ids[i]."""
