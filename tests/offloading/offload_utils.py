@@ -82,6 +82,25 @@ def run(llm: LLM, ps: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     return [o.outputs[0].token_ids for o in outs], [o.num_cached_tokens for o in outs]
 
 
+def run_one_by_one(llm: LLM, ps: list[list[int]] | None = None,
+                   ) -> tuple[list[list[int]], list[int]]:
+    """Each prompt (default prompts()) in a generate() of its own. In a batch, a request whose
+    prefix another request is promoting computes it instead of waiting (no convoy); one at a
+    time, every hit the tiers hold is taken."""
+    tokens, cached = [], []
+    for p in ps if ps is not None else prompts():
+        t, c = run(llm, [p])
+        tokens += t
+        cached += c
+    return tokens, cached
+
+
+def all_blocks_hit(cached: list[int]) -> bool:
+    """Every full offload block of every prompt was a hit (a hit leaves one token to compute)."""
+    return all(c >= min(len(p) // OFFLOAD_BLOCK * OFFLOAD_BLOCK, len(p) - 1)
+               for c, p in zip(cached, prompts(), strict=True))
+
+
 def offloading_half(llm: LLM) -> OffloadingScheduler:
     connector = llm.engine.scheduler.connector
     connector = getattr(connector, "inner", connector)  # unwrap a trace recorder

@@ -16,8 +16,9 @@ from kvport.connectors.offloading.geometry import offload_keys
 from kvport.connectors.offloading.metadata import OffloadingConnectorMetadata
 from kvport.engine.outputs import SchedulerOutput
 from offload_utils import (
-    MODES, OFFLOAD_BLOCK, assert_nothing_leaked, host_metrics, make_llm, offload_block_bytes,
-    offload_config, offloading_half, prompts, run, run_bounded,
+    MODES, OFFLOAD_BLOCK, all_blocks_hit, assert_nothing_leaked, host_metrics, make_llm,
+    offload_block_bytes, offload_config, offloading_half, prompts, run, run_bounded,
+    run_one_by_one,
 )
 
 
@@ -197,23 +198,6 @@ def test_preempted_request_flushes_its_stores_and_loads_them_back() -> None:
     assert sum(o.metrics.num_preemptions for o in outs) > 0 and checked > 0
     assert half.stats.num_host_hit_tokens > 0  # a preempted request loaded its blocks back
     assert_nothing_leaked(llm)
-
-
-def run_one_by_one(llm: object) -> tuple[list[list[int]], list[int]]:
-    """In a batch, a request whose prefix another request is promoting from disk computes it
-    instead of waiting (no convoy); one at a time, every disk hit is taken."""
-    tokens, cached = [], []
-    for p in prompts():
-        t, c = run(llm, [p])  # type: ignore[arg-type]
-        tokens += t
-        cached += c
-    return tokens, cached
-
-
-def all_blocks_hit(cached: list[int]) -> bool:
-    """Every full offload block of every prompt was a hit (a hit leaves one token to compute)."""
-    return all(c >= min(len(p) // OFFLOAD_BLOCK * OFFLOAD_BLOCK, len(p) - 1)
-               for c, p in zip(cached, prompts(), strict=True))
 
 
 def _hashes(llm: object, prompt: list[int]) -> list[bytes]:

@@ -19,8 +19,8 @@ import pytest
 from kvport import LLM
 from kvport.trace.checker import check_file
 from offload_utils import (
-    GREEDY, MODES, OFFLOAD_BLOCK, assert_nothing_leaked, make_llm, offload_config,
-    offloading_half, prompts, run, step_until,
+    GREEDY, MODES, OFFLOAD_BLOCK, all_blocks_hit, assert_nothing_leaked, make_llm,
+    offload_config, offloading_half, prompts, run, run_one_by_one, step_until,
 )
 from redis_fixtures import RedisServer, wait_for
 
@@ -49,23 +49,6 @@ def redis_metrics(llm: LLM) -> dict[str, Any]:
 
 def requests_metrics(llm: LLM) -> dict[str, Any]:
     return dict(llm.get_metrics()["connector"]["requests"])
-
-
-def run_one_by_one(llm: LLM, ps: list[list[int]] | None = None) -> tuple[list[list[int]],
-                                                                           list[int]]:
-    """One request at a time: each finds every block the store holds (none is in flight for
-    another request of the same batch)."""
-    tokens, cached = [], []
-    for p in ps or prompts():
-        t, c = run(llm, [p])
-        tokens += t
-        cached += c
-    return tokens, cached
-
-
-def all_blocks_hit(cached: list[int]) -> bool:
-    return all(c >= min(len(p) // OFFLOAD_BLOCK * OFFLOAD_BLOCK, len(p) - 1)
-               for c, p in zip(cached, prompts(), strict=True))
 
 
 def in_new_process(redis: dict[str, Any], kv_role: str = "kv_both", max_tokens: int = 6,
