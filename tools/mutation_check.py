@@ -13,6 +13,7 @@ could not be applied, or its test run errored (a collection error is not a kill)
     python tools/mutation_check.py --list          # names and why
     python tools/mutation_check.py --only NAME...  # some of them
     python tools/mutation_check.py --why           # also how each killed mutant failed
+    python tools/mutation_check.py --jobs 1        # one mutant at a time (default: 2 at once)
 
 Adding a guard: append a Mutant to MUTANTS with the smallest tests that kill it. Standard
 library only.
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -522,7 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
     parser.add_argument("--why", action="store_true", help="print how each killed mutant failed")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="mutants tested at once, each in a copy of src/ of its own")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     mutants = MUTANTS
     if args.only:
         unknown = sorted(set(args.only) - {m.name for m in MUTANTS})
@@ -542,16 +549,33 @@ def main(argv: list[str] | None = None) -> int:
     results: list[tuple[Mutant, str, float]] = []
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kvport-mutants-") as tmp:
-        src = Path(tmp) / "src"
-        shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
-        env = {**os.environ, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
-        check_imports(src, env)
-        for m in mutants:
-            outcome, seconds, details = run_mutant(m, src, env)
-            results.append((m, outcome, seconds))
-            print(f"{outcome:<9} {seconds:6.1f}s  {m.name}", flush=True)
-            if details and (args.why or outcome != "killed"):
-                print(details, flush=True)
+        # One copy of src/ per job: a copy holds one mutant at a time.
+        copies: queue.SimpleQueue[tuple[Path, dict[str, str]]] = queue.SimpleQueue()
+        for j in range(args.jobs):
+            src = Path(tmp) / f"job{j}" / "src"
+            shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+            env = {**os.environ, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
+            if args.jobs > 1:  # jobs side by side: one thread each, or the cores thrash
+                env["OMP_NUM_THREADS"] = "1"
+            check_imports(src, env)
+            copies.put((src, env))
+
+        def run_in_a_copy(m: Mutant) -> tuple[str, float, str]:
+            src, env = copies.get()
+            try:
+                return run_mutant(m, src, env)
+            finally:
+                copies.put((src, env))
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = {pool.submit(run_in_a_copy, m): m for m in mutants}
+            for future in as_completed(futures):
+                m = futures[future]
+                outcome, seconds, details = future.result()
+                results.append((m, outcome, seconds))
+                print(f"{outcome:<9} {seconds:6.1f}s  {m.name}", flush=True)
+                if details and (args.why or outcome != "killed"):
+                    print(details, flush=True)
     bad = [m.name for m, outcome, _ in results if outcome != "killed"]
     print(f"{len(results) - len(bad)}/{len(results)} mutants killed in "
           f"{time.monotonic() - start:.0f}s" + (f"; not killed: {', '.join(bad)}" if bad else ""))

@@ -26,7 +26,8 @@ QUESTIONS = [" What is 7 squared?", " What is 17 squared?", " What is 12 squared
              " What is 31 squared?"]
 
 
-def offloading_config(disk_dir: str | None, redis_url: str | None = None) -> dict[str, Any]:
+def offloading_config(disk_dir: str | None, redis_url: str | None = None,
+                      kv_role: str = "kv_both") -> dict[str, Any]:
     extra: dict[str, Any] = {"cpu_bytes_to_use": 256 << 20}
     tiers: list[dict[str, Any]] = []
     if disk_dir:
@@ -36,7 +37,7 @@ def offloading_config(disk_dir: str | None, redis_url: str | None = None) -> dic
     if tiers:
         extra["secondary_tiers"] = tiers
     return {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
-            "kv_role": "kv_both", "kv_connector_extra_config": extra,
+            "kv_role": kv_role, "kv_connector_extra_config": extra,
             "kv_load_failure_policy": "recompute"}
 
 
@@ -52,8 +53,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
 
     kwargs: dict[str, Any] = {}
     if cfg.get("connector"):
-        kwargs["kv_transfer_config"] = offloading_config(cfg.get("disk_dir"),
-                                                         cfg.get("redis_url"))
+        kwargs["kv_transfer_config"] = offloading_config(
+            cfg.get("disk_dir"), cfg.get("redis_url"), cfg.get("kv_role", "kv_both"))
     if cfg.get("num_gpu_blocks_override"):
         kwargs["num_gpu_blocks_override"] = cfg["num_gpu_blocks_override"]
     llm = LLM(model=str(builtin_model_dir("smollm2-135m")), dtype="float32", enforce_eager=True,

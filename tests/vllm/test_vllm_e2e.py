@@ -50,7 +50,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         {"host": {"connector": True, "disk_dir": disk, "rounds": 3, "num_prompts": 4},
          "second_process": {"connector": True, "disk_dir": disk, "num_prompts": 4}},
         {"redis_first": {"connector": True, "redis_url": redis.url, "num_prompts": 4},
-         "redis_second": {"connector": True, "redis_url": redis.url, "num_prompts": 4}},
+         "redis_second": {"connector": True, "redis_url": redis.url, "num_prompts": 4},
+         # prefill/decode split through Redis: a consumer only loads what others computed
+         "redis_consumer": {"connector": True, "redis_url": redis.url, "num_prompts": 4,
+                            "kv_role": "kv_consumer"}},
     ]
     try:
         with ThreadPoolExecutor(len(chains)) as pool:
@@ -104,6 +107,14 @@ def test_a_second_process_on_the_same_redis_gets_redis_hits(
     assert second["metrics"]["redis"]["lookup_round_trips"] >= 1
     for run in (first, second):
         assert_same(run["rounds"][0], runs["plain"]["rounds"][0])
+
+
+def test_a_kv_consumer_on_redis_loads_and_never_stores(runs: dict[str, dict[str, Any]]) -> None:
+    consumer = runs["redis_consumer"]
+    assert consumer["stats"]["num_redis_hit_tokens"] >= PREFIX_TOKENS
+    assert consumer["metrics"]["redis"]["blocks_stored"] == 0
+    assert consumer["stats"]["num_store_jobs"] == 0
+    assert_same(consumer["rounds"][0], runs["plain"]["rounds"][0])
 
 
 def test_a_kv_space_that_forces_preemption_gives_equal_output(
