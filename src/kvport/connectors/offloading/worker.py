@@ -75,7 +75,7 @@ class _WriteThrough:
     """A store's writes to the lower tiers, reported as one WRITE stage when all ended."""
 
     left: int
-    failed: set[int] = field(default_factory=set)  # positions (the job's slots) not written
+    failed: set[int] = field(default_factory=set)  # not written: positions among the sent slots
 
 
 def make_lower_tiers(config: OffloadingConfig, geometry: OffloadGeometry) -> dict[str, LowerTier]:
