@@ -45,6 +45,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kvport.connectors.offloading.config import redacted_url
+
 REDIS_INSTALL = "pip install 'kvport[redis]'"
 
 GIB = float(1 << 30)
@@ -281,19 +283,6 @@ def _timed_reads(fn: Callable[[], None], files: list[Path], repeats: int,
 # Both sides' socket timeout: generous, so a slow moment of a shared machine fails no job.
 REDIS_IO_TIMEOUT_S = 30.0
 REDIS_NAMESPACE = b"kvport-bench-transfer"  # + the side and the size: no real KV namespace
-
-
-def redacted_url(url: str) -> str:
-    """The URL without its password (for messages and the JSON)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    creds, _, hostport = parts.netloc.rpartition("@")
-    user = creds.partition(":")[0]
-    return urlunsplit((parts.scheme, f"{user}:***@{hostport}", parts.path, parts.query,
-                       parts.fragment))
 
 
 def check_redis(url: str) -> None:

@@ -37,8 +37,8 @@ from typing import Any
 
 from kvport.bench.json_process import EngineProcessFailed
 from kvport.bench.serving import ConfigRunner, PhaseRunner, RequestRecord
-from kvport.bench.transfer import redacted_url
 from kvport.bench.workloads import LongDocSpec, MultiTurnSpec, Workload
+from kvport.connectors.offloading.config import redacted_url
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ class RedisTierConfig:
     io_timeout_s: float = 2.0  # a worker's reads and writes; later: failed (counted)
 
     def __repr__(self) -> str:  # the URL's password never reaches a log or an error message
-        return (f"RedisTierConfig(url={_redacted(self.url)!r}, cluster={self.cluster}, "
+        return (f"RedisTierConfig(url={redacted_url(self.url)!r}, cluster={self.cluster}, "
                 f"tenant_salt={'***' if self.tenant_salt else ''!r})")
 
 
@@ -75,7 +75,8 @@ def _parse_disk(entry: Mapping[str, Any]) -> DiskTierConfig:
 def _parse_redis(entry: Mapping[str, Any]) -> RedisTierConfig:
     url = entry["url"]
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://")):
-        raise ValueError(f"url must be a redis:// or rediss:// URL, got {_redacted(url)!r}")
+        shown = redacted_url(url) if isinstance(url, str) else url
+        raise ValueError(f"url must be a redis:// or rediss:// URL, got {shown!r}")
     kw: dict[str, Any] = {}
     if "cluster" in entry:
         if not isinstance(entry["cluster"], bool):
@@ -98,9 +99,9 @@ def _parse_redis(entry: Mapping[str, Any]) -> RedisTierConfig:
     return RedisTierConfig(url, **kw)
 
 
-def _redacted(url: object) -> object:
-    """A URL without its password, for messages (never log a secret)."""
-    if not isinstance(url, str) or "@" not in url or "://" not in url:
+def redacted_url(url: str) -> str:
+    """The URL without its password, for messages, logs and reports (never a secret)."""
+    if "@" not in url or "://" not in url:
         return url
     scheme, rest = url.split("://", 1)
     creds, host = rest.rsplit("@", 1)

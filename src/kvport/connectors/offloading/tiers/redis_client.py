@@ -43,7 +43,7 @@ try:
 except ImportError as exc:  # the tier is configured (only then is this module imported)
     raise ImportError("the Redis tier needs redis-py: pip install 'kvport[redis]'") from exc
 
-from kvport.connectors.offloading.config import RedisTierConfig, _redacted
+from kvport.connectors.offloading.config import RedisTierConfig, redacted_url
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class RedisConnection:
     def __init__(self, config: RedisTierConfig, *, timeout_s: float | None = None,
                  stats: _Adds | None = None) -> None:
         self.config = config
-        self.url = _redacted(config.url)  # for messages
+        self.url = redacted_url(config.url)  # for messages
         self.timeout_s = config.io_timeout_s if timeout_s is None else timeout_s
         self.stats: _Adds = stats if stats is not None else Counters(
             "round_trips", "timeouts", "errors", "skipped_down")
@@ -308,7 +308,7 @@ def _env(config: RedisTierConfig, field: str, what: str) -> str | None:
         return None
     value = os.environ.get(name)
     if not value:
-        raise ValueError(f"Redis tier {_redacted(config.url)}: {field} names the environment "
+        raise ValueError(f"Redis tier {redacted_url(config.url)}: {field} names the environment "
                          f"variable {name}, which is not set; set {name} to {what} (or remove "
                          f"{field} from the tier's config)")
     return value
