@@ -124,12 +124,6 @@ class OffloadingConnectorWorker:
         self.lower = make_lower_tiers(self.config, geometry)
         self.transfers = self._make_transfers(self.host, self.lower)
 
-    @property
-    def disk(self) -> DiskTier | None:
-        disk = self.lower.get(DISK)
-        assert disk is None or isinstance(disk, DiskTier)
-        return disk
-
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
         if meta.jobs_to_flush:
             # NOTE: no timeout: the stores copy memory into host slots, which cannot hang, and
