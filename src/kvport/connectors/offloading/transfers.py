@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TransferFn = Callable[[LoadStoreSpec, LoadStoreSpec], TransferOutcome]
+THREAD_EXIT_S = 1.0  # how long shutdown waits for an idle transfer thread to end
 JobId = Hashable  # chosen by the submitter, unique among its jobs in flight
 
 
@@ -149,6 +150,12 @@ class ThreadPoolHandler(TransferHandler):
         if wait_futures(running, timeout=timeout).not_done:
             logger.warning("transfer handler shut down with jobs still running after %.1fs; "
                            "their (daemon) threads are abandoned", timeout)
+            return
+        # Nothing runs: the threads take their sentinel and end. Joined, so none is still
+        # alive when the interpreter exits (a daemon thread torn down there while inside torch
+        # aborted the process: "terminate called without an active exception").
+        for thread in self._threads:
+            thread.join(timeout=THREAD_EXIT_S)
 
 
 @dataclass
