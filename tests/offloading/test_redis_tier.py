@@ -371,3 +371,19 @@ def test_close_returns_at_once_even_while_redis_hangs(redis_server: RedisServer)
     assert time.monotonic() - start < 0.8
     assert tier.stats.snapshot()["timeouts"] == 1
     assert namespace_digest(NS, "") == tier.namespace_digest
+
+
+def test_a_store_larger_than_a_batch_goes_out_in_several_pipelines(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The value buffer a worker thread keeps is bounded: a store of more values than fit in
+    STORE_BATCH_BYTES is sent in several pipelines, every value whole."""
+    import kvport.connectors.offloading.tiers.redis_tier as redis_tier
+
+    monkeypatch.setattr(redis_tier, "STORE_BATCH_BYTES", 2 * (HEADER.size + PAYLOAD))
+    tier, host = RedisTier(RedisTierConfig(redis_server.url), NS), filled_host()
+    assert store(tier, host, [0, 1, 2, 3, 4]) == TransferOutcome(5 * PAYLOAD, [])
+    assert tier.stats.snapshot()["round_trips"] == 1 + 3  # EXISTS, then SETs of 2, 2 and 1
+    assert load(tier, host, [0, 1, 2, 3, 4], [8, 9, 10, 11, 12]).failed_indices == []
+    for i in range(5):
+        assert torch.equal(host.slot(8 + i), payload(i))
+    tier.close()
