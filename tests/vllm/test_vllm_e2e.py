@@ -2,45 +2,37 @@
 greedy tokens and logprobs equal with and without the connector; after reset_prefix_cache() the
 prompts come back from the host tier; a second process on the same disk root gets disk hits, and
 one on the same Redis gets Redis hits; a KV space small enough to force preemption still gives
-equal output. Each engine runs in its own process (run_vllm.py), three chains of them side by
-side."""
+equal output. The engines run in the session's engine pool (conftest.py), a fresh engine per
+configuration; a "second process" is one that has not run the first."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_pool import EnginePool
 from redis_fixtures import RedisServer
 
-RUN = Path(__file__).with_name("run_vllm.py")
 PREFIX_TOKENS = 640  # the shared prefix: 5 of vLLM's 128-token CPU blocks
 
 
-def run_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
-    # Engines run side by side (chains below): one thread each, or the cores are oversubscribed.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(RUN), json.dumps(cfg)], capture_output=True,
-                          text=True, timeout=900, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
-
-
-def run_chain(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Engines one after another (a later one reads what an earlier one stored)."""
-    return {name: run_vllm(cfg) for name, cfg in configs.items()}
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def runs(tmp_path_factory: pytest.TempPathFactory,
+         engine_pool: EnginePool) -> dict[str, dict[str, Any]]:
     disk = str(tmp_path_factory.mktemp("kv-disk"))
     redis = RedisServer(tmp_path_factory.mktemp("redis")).start()
+
+    def run_chain(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Engines one after another (a later one reads what the first stored), each later
+        one in another process than the first: "a second process" is one."""
+        done: dict[str, dict[str, Any]] = {}
+        first: set[int] = set()
+        for name, cfg in configs.items():
+            done[name], pid = engine_pool.run("e2e", cfg, not_in=first)
+            first = first or {pid}
+        return done
+
     chains = [
         {"plain": {"num_prompts": 4},
          # 4 requests share 5 prefix blocks and grow past their own block while decoding:

@@ -8,30 +8,27 @@ the connector), and a KV pool of 9 blocks (8 and vLLM's null block), too small f
 that each grow into a fourth block: vLLM preempts. Every recorded run must give the output of
 vLLM without a connector.
 
-The engines start together in the module fixture (each is a process), so the file costs about
-the slowest of them.
+The engines run in the session's engine pool (conftest.py): processes that import vLLM once and
+build a fresh engine per configuration, side by side.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import os
-import subprocess
-import sys
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_pool import EnginePool
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvport.trace.checker import check_trace
 from kvport.trace.events import HEADER, STEP_MARKER, TraceEvent, TraceHeader, read_events
 from kvport.vllm.recording import RecordingConnector, RecordingStats
 
-RUN = Path(__file__).with_name("run_trace.py")
 PREFIX_TOKENS = 256
 PREFIX = [(i * 37) % 30000 + 100 for i in range(PREFIX_TOKENS)]
 PROMPTS = [PREFIX + [(1000 + q * 101 + j * 13) % 30000 + 50 for j in range(120)] for q in range(4)]
@@ -73,16 +70,6 @@ def trace_connector(kind: str, store: Path, **extra: Any) -> dict[str, Any]:
             "kv_connector_extra_config": {"shared_storage_path": str(store), **extra}}
 
 
-def run_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
-    # The engines run side by side: one thread each, or the machine's cores are oversubscribed.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(RUN), json.dumps(cfg)], capture_output=True,
-                          text=True, timeout=1800, check=False, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
-
-
 def run_kvport(trace: Path) -> list[list[int]]:
     """kvport's own engine, its own recorder, the same connector and prompts as "compare"."""
     from kvport import LLM, SamplingParams
@@ -102,7 +89,7 @@ def run_kvport(trace: Path) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(tmp_path_factory: pytest.TempPathFactory, engine_pool: EnginePool) -> dict[str, Any]:
     d = tmp_path_factory.mktemp("vllm-trace")
     multi_children = [
         recording(d / "multi-children.jsonl", example(d / "store-a", kv_role="kv_both"),
@@ -145,9 +132,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                                                 offloading())},
     }
     with ThreadPoolExecutor(len(configs)) as pool:
-        futures = {name: pool.submit(run_vllm, cfg) for name, cfg in configs.items()}
+        futures = {name: pool.submit(engine_pool.run, "trace", cfg)
+                   for name, cfg in configs.items()}
         kvport_tokens = run_kvport(d / "kvport.jsonl")
-        results = {name: f.result() for name, f in futures.items()}
+        results = {name: f.result()[0] for name, f in futures.items()}
     results["kvport_tokens"] = kvport_tokens
     results["dir"] = d
     return results
@@ -289,8 +277,8 @@ def test_preemptions_handed_over_after_the_bind_are_reported_at_the_preempting_s
     violations = check_trace(events(runs, "late-children"))
     for child in ("child-a", "child-b"):
         found = [(v.rule, v.step) for v in violations if child in v.message]
-        assert found == [(rule, step) for step in run["preempted_steps"] for rule in ("W1", "W2")], \
-            [str(v) for v in violations]
+        want = [(rule, step) for step in run["preempted_steps"] for rule in ("W1", "W2")]
+        assert found == want, [str(v) for v in violations]
 
 
 # ---- the same connector in kvport's engine and in vLLM ------------------------------------------
