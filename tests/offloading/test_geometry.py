@@ -18,10 +18,10 @@ SPEC = KVCacheSpec(num_blocks=64, block_size=16, num_layers=2, num_kv_heads=2, h
 def test_build_derives_every_number_once() -> None:
     assert SPEC.block_bytes == 32 << 10
     g = OffloadGeometry.build(OffloadingConfig(cpu_bytes_to_use=10 << 20), SPEC)
-    # The default offload block: the fewest engine blocks holding 1 MiB.
-    assert (g.block_size, g.block_factor, g.offload_tokens) == (16, 32, 512)
-    assert (g.slot_bytes, g.num_slots) == (1 << 20, 10)
-    assert g.disk_namespace == disk_namespace(b"r", SPEC, 512)
+    # The default offload block: the engine's own block.
+    assert (g.block_size, g.block_factor, g.offload_tokens) == (16, 1, 16)
+    assert (g.slot_bytes, g.num_slots) == (32 << 10, 320)
+    assert g.disk_namespace == disk_namespace(b"r", SPEC, 16)
     g = OffloadGeometry.build(OffloadingConfig(cpu_bytes_to_use=200 << 10, block_size=32), SPEC)
     assert (g.block_factor, g.offload_tokens, g.slot_bytes, g.num_slots) == (2, 32, 64 << 10, 3)
     assert g.keys([b"a", b"b", b"c", b"d", b"e"]) == [b"b", b"d"]

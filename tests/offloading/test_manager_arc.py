@@ -168,7 +168,7 @@ def test_pinned_and_being_written_blocks_are_kept() -> None:
     manager.prepare_load([1])  # pinned
     # prepare store [5, 6] -> only 2 and 4 can go
     verify_store_output(manager.prepare_store([5, 6]),
-                        ExpectedPrepareStoreOutput([5, 6], [3, 1], [2, 4]))
+                        ExpectedPrepareStoreOutput([5, 6], [1, 3], [2, 4]))
     # nothing evictable: prepare store [7] -> None
     assert manager.prepare_store([7]) is None
     manager.complete_load([1])

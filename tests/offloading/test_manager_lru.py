@@ -46,9 +46,10 @@ def test_lru_scenario() -> None:
     assert manager.lookup([1, 2, 3]) == 2
     verify_events(manager, [ExpectedEvent((1, 2), removed=False)])
 
-    # prepare store [2, 3, 4, 5] -> 2 is present; stores [3, 4, 5] at [2, 3, 0], evicts [1]
+    # prepare store [2, 3, 4, 5] -> 2 is present; stores [3, 4, 5] at [0, 2, 3] (1's freed slot
+    # and two fresh ones, ascending), evicts [1]
     verify_store_output(manager.prepare_store([2, 3, 4, 5]),
-                        ExpectedPrepareStoreOutput([3, 4, 5], [2, 3, 0], [1]))
+                        ExpectedPrepareStoreOutput([3, 4, 5], [0, 2, 3], [1]))
     verify_events(manager, [ExpectedEvent((1,), removed=True)])
     # lookup stops at 3, which is being written
     assert manager.lookup([2, 3, 4]) == 1
@@ -64,16 +65,16 @@ def test_lru_scenario() -> None:
     verify_events(manager, [ExpectedEvent((3, 4, 5), removed=False)])
     assert manager.keys_by_age == [2, 3, 4, 5]
 
-    # prepare load [2, 3] -> slots [1, 2], pinned: prepare store [6, 7, 8] -> None
-    assert manager.prepare_load([2, 3]) == [1, 2]
+    # prepare load [2, 3] -> slots [1, 0], pinned: prepare store [6, 7, 8] -> None
+    assert manager.prepare_load([2, 3]) == [1, 0]
     assert manager.num_pinned == 2
     assert manager.prepare_store([6, 7, 8]) is None
 
     # complete load [2, 3]; prepare store [6, 7, 8] -> evicts [2, 3, 4], the oldest;
-    # their slots 1, 2, 3 come back last-freed-first: [3, 2, 1]
+    # their slots 1, 0, 2 are reused in ascending order
     manager.complete_load([2, 3])
     verify_store_output(manager.prepare_store([6, 7, 8]),
-                        ExpectedPrepareStoreOutput([6, 7, 8], [3, 2, 1], [2, 3, 4]))
+                        ExpectedPrepareStoreOutput([6, 7, 8], [0, 1, 2], [2, 3, 4]))
     manager.complete_store([6, 7, 8])
     verify_events(manager, [ExpectedEvent((2, 3, 4), removed=True),
                             ExpectedEvent((6, 7, 8), removed=False)])
@@ -82,8 +83,8 @@ def test_lru_scenario() -> None:
     manager.touch([5, 6, 7])
     assert manager.keys_by_age == [8, 7, 6, 5]
 
-    # prepare store [9] -> evicts [8], reuses its slot 1
-    verify_store_output(manager.prepare_store([9]), ExpectedPrepareStoreOutput([9], [1], [8]))
+    # prepare store [9] -> evicts [8], reuses its slot 2
+    verify_store_output(manager.prepare_store([9]), ExpectedPrepareStoreOutput([9], [2], [8]))
 
     # complete store [7, 9] failed -> 9 (being written) is dropped, 7 (ready) survives
     manager.complete_store([7, 9], success=False)
@@ -92,8 +93,8 @@ def test_lru_scenario() -> None:
     assert manager.num_free_slots == 1
     verify_events(manager, [ExpectedEvent((8,), removed=True)])
 
-    # the freed slot 1 is the next one handed out
-    verify_store_output(manager.prepare_store([10]), ExpectedPrepareStoreOutput([10], [1], []))
+    # the freed slot 2 is the next one handed out
+    verify_store_output(manager.prepare_store([10]), ExpectedPrepareStoreOutput([10], [2], []))
     manager.complete_store([10])
     verify_events(manager, [ExpectedEvent((10,), removed=False)])
     verify_nothing_leaked(manager)
@@ -120,7 +121,7 @@ def test_blocks_being_written_are_kept() -> None:
     # prepare store [3, 4] -> fills the tier; [5, 6] -> evicts the ready [1, 2] only
     manager.prepare_store([3, 4])
     verify_store_output(manager.prepare_store([5, 6]),
-                        ExpectedPrepareStoreOutput([5, 6], [1, 0], [1, 2]))
+                        ExpectedPrepareStoreOutput([5, 6], [0, 1], [1, 2]))
     # everything is being written: prepare store [7] -> None
     assert manager.prepare_store([7]) is None
     assert manager.num_being_written == 4
@@ -160,7 +161,7 @@ def test_pin_counts_stack() -> None:
     manager.prepare_load([1, 2])
     manager.complete_load([1])
     verify_store_output(manager.prepare_store([5, 6]),
-                        ExpectedPrepareStoreOutput([5, 6], [3, 2], [3, 4]))
+                        ExpectedPrepareStoreOutput([5, 6], [2, 3], [3, 4]))
     manager.complete_load([1, 2])
     manager.complete_store([5, 6])
     # 1 is the oldest evictable again
@@ -195,7 +196,7 @@ def test_touch_order_and_unknown_keys() -> None:
     assert manager.keys_by_age == [2, 4, 1, 3]
     # prepare store [5, 6] -> evicts [2, 4]
     verify_store_output(manager.prepare_store([5, 6]),
-                        ExpectedPrepareStoreOutput([5, 6], [3, 1], [2, 4]))
+                        ExpectedPrepareStoreOutput([5, 6], [1, 3], [2, 4]))
 
 
 def test_reset() -> None:

@@ -94,13 +94,10 @@ def test_tiers_are_parsed_once_into_frozen_records() -> None:
 
 def test_block_factor() -> None:
     cfg = OffloadingConfig(cpu_bytes_to_use=1)
-    assert block_factor(cfg, 16, 32 * 1024) == 32  # tiny-llama: 32 KiB engine blocks -> 1 MiB
-    assert block_factor(cfg, 16, 720 * 1024) == 2  # SmolLM2 float32: 1.44 MiB, not 720 KiB
-    assert block_factor(cfg, 16, 360 * 1024) == 3  # SmolLM2 bfloat16: 1.08 MiB
-    assert block_factor(cfg, 16, 4 << 20) == 1  # never less than one engine block
-    assert block_factor(OffloadingConfig(cpu_bytes_to_use=1, block_size=64), 16, 1) == 4
+    assert block_factor(cfg, 16) == 1  # the default: the engine's own block
+    assert block_factor(OffloadingConfig(cpu_bytes_to_use=1, block_size=64), 16) == 4
     with pytest.raises(ValueError, match="block_size=40 is not a multiple of the engine's block_size=16"):
-        block_factor(OffloadingConfig(cpu_bytes_to_use=1, block_size=40), 16, 1)
+        block_factor(OffloadingConfig(cpu_bytes_to_use=1, block_size=40), 16)
 
 
 def test_offload_keys_are_the_hash_of_each_last_engine_block() -> None:

@@ -16,12 +16,6 @@ from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.tiers.disk_format import disk_namespace
 
-# Default offload block: the fewest whole engine blocks holding at least this many bytes.
-# `kvport bench transfer` measured host copies at 0.8-0.9x of a plain torch copy from 1 MiB up
-# (less below), and cold disk loads at 0.48-0.57x of one sequential file for 720 KiB entries
-# but 0.6-0.8x from 1 MiB up (BENCHMARKS.md).
-TARGET_OFFLOAD_BLOCK_BYTES = 1 << 20
-
 
 @dataclass(frozen=True)
 class OffloadGeometry:
@@ -33,7 +27,7 @@ class OffloadGeometry:
 
     @classmethod
     def build(cls, config: OffloadingConfig, spec: KVCacheSpec) -> OffloadGeometry:
-        f = block_factor(config, spec.block_size, spec.block_bytes)
+        f = block_factor(config, spec.block_size)
         slot_bytes = f * spec.block_bytes
         num_slots = config.cpu_bytes_to_use // slot_bytes
         if num_slots < 1:
@@ -51,11 +45,14 @@ class OffloadGeometry:
         return offload_keys(block_hashes, self.block_factor)
 
 
-def block_factor(config: OffloadingConfig, engine_block_size: int, engine_block_bytes: int) -> int:
-    """Engine blocks per offload block (f). The configured block_size must be a whole number of
-    engine blocks; the default is the smallest f whose offload block holds at least 1 MiB."""
+def block_factor(config: OffloadingConfig, engine_block_size: int) -> int:
+    """Engine blocks per offload block (f). The default is 1: keys, hits and stores at the
+    engine's own granularity, so no token the engine's block could supply is recomputed (a
+    request's last full engine block is stored and hit too). Bandwidth does not need bigger
+    blocks: a job's blocks move together (consecutive host slots: one gather or scatter). A
+    configured block_size must be a whole number of engine blocks."""
     if config.block_size is None:
-        return max(1, -(-TARGET_OFFLOAD_BLOCK_BYTES // engine_block_bytes))
+        return 1
     if config.block_size % engine_block_size:
         raise ValueError(f"OffloadingConnector: block_size={config.block_size} is not a multiple "
                          f"of the engine's block_size={engine_block_size}")

@@ -25,7 +25,13 @@ class BlockStatus:
 
 
 class SlotAllocator:
-    """Slot ids 0..num_slots-1: fresh ids in order first, then freed ids last-freed-first."""
+    """Slot ids 0..num_slots-1: fresh ids in order first, then freed ids last-freed-first.
+
+    A store's slots are taken together (`allocate_many`) and handed out in ascending order: the
+    fresh ones are consecutive, and freed ones mostly come back in runs (eviction frees the
+    oldest store's slots together). A job whose slots are consecutive is one gather (store) or
+    one scatter (load) in the host tier, however small its engine blocks are.
+    """
 
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
@@ -36,12 +42,17 @@ class SlotAllocator:
     def num_free(self) -> int:
         return self.num_slots - self._num_fresh_used + len(self._free_ids)
 
-    def allocate(self) -> int:
-        if self._num_fresh_used < self.num_slots:
-            self._num_fresh_used += 1
-            return self._num_fresh_used - 1
-        assert self._free_ids, f"all {self.num_slots} slots are in use"
-        return self._free_ids.pop()
+    def allocate_many(self, n: int) -> list[int]:
+        """`n` slot ids, ascending (see the class note)."""
+        assert n <= self.num_free, f"{n} slots asked, {self.num_free} free"
+        num_fresh = min(n, self.num_slots - self._num_fresh_used)
+        ids = list(range(self._num_fresh_used, self._num_fresh_used + num_fresh))
+        self._num_fresh_used += num_fresh
+        if n > num_fresh:
+            taken = n - num_fresh
+            ids += self._free_ids[-taken:]
+            del self._free_ids[-taken:]
+        return sorted(ids)
 
     def free(self, slot_id: int) -> None:
         assert 0 <= slot_id < self._num_fresh_used, f"slot {slot_id} was never handed out"
@@ -175,11 +186,9 @@ class PolicyManager(OffloadingManager):
         if evicted:
             self._events.append(OffloadingEvent(tuple(evicted), self._medium, removed=True))
             self._stats.num_evicted_blocks += len(evicted)
-        slot_ids = []
-        for key in new_keys:
-            block = BlockStatus(self._slots.allocate())
-            self._insert(key, block)
-            slot_ids.append(block.slot_id)
+        slot_ids = self._slots.allocate_many(len(new_keys))
+        for key, slot_id in zip(new_keys, slot_ids, strict=True):
+            self._insert(key, BlockStatus(slot_id))
         self._num_being_written += len(new_keys)
         self._stats.num_deferred_blocks += len(deferred)
         return PrepareStoreOutput(new_keys, slot_ids, evicted, deferred)
