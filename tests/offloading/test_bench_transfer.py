@@ -9,35 +9,71 @@ import pytest
 
 from kvport.bench.cli import main
 from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
+from kvport.bench.transfer_common import paired_rounds
 
 
 def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
-    cfg = TransferBenchConfig(block_sizes=(32768, 65536), total_mib=1, repeats=1, disk_mib=1,
-                              disk_dir=str(tmp_path), job_blocks=4)
+    cfg = TransferBenchConfig(geometry="tiny-llama", layout="kvport", total_mib=1, repeats=2,
+                              disk_mib=1, disk_dir=str(tmp_path), small_job_blocks=4,
+                              strategies=("numpy", "runs"))
     result = run_transfer(cfg)
-    assert [r["offload_block_bytes"] for r in result["host"]] == [32768, 65536]
+    # one engine block (32 KiB) per offload block; a job of 1 MiB and jobs of 4 blocks, each
+    # into consecutive and into scattered slots
+    assert [(r["job_blocks"], r["num_jobs"], r["slots"]) for r in result["host"]] == [
+        (32, 1, "consecutive"), (32, 1, "scattered"), (4, 8, "consecutive"),
+        (4, 8, "scattered")]
     for row in result["host"]:
+        assert row["offload_block_bytes"] == row["engine_block_bytes"] == 32768
+        assert row["torch_copy_gib_s"] > 0
         for strategy in cfg.strategies:
-            assert row[strategy]["store_gib_s"] > 0 and row[strategy]["load_ratio"] > 0
-    assert result["chosen_offload_block_bytes"] in (32768, 65536)
+            r = row[strategy]
+            assert r["store_gib_s"] > 0 and r["load_ratio_min"] <= r["load_ratio"] \
+                <= r["load_ratio_max"]
+    assert [(r["offload_block_bytes"], r["job_blocks"]) for r in result["disk"]] == [
+        (32768, 32), (32768, 4)]
     for row in result["disk"]:
         assert row["tier_stats"]["failures"] == 0
         assert row["warm"]["tier_gib_s"] > 0 and row["cold"]["one_file_gib_s"] > 0
-    assert "disk    65536 B" in format_transfer(result)
+    assert result["disk"][0]["store"]["tier_gib_s"] > 0
+    text = format_transfer(result)
+    assert "disk    32768 B x 32, jobs of 4" in text and "tiny-llama/kvport" in text
     assert list(tmp_path.iterdir()) == []  # the bench cleans up its files
 
 
-def test_default_sizes_double_up_to_2_mib() -> None:
-    assert TransferBenchConfig().sizes() == [32768 << k for k in range(7)]
-    assert TransferBenchConfig(geometry="smollm2-135m").sizes() == [737280, 1474560]
+def test_every_pool_case_by_default_one_engine_block_each() -> None:
+    cfg = TransferBenchConfig()
+    assert [(c.name, c.engine_block_bytes) for c in cfg.cases()] == [
+        ("tiny-llama/kvport", 32768), ("smollm2-135m/kvport", 737280),
+        ("tiny-llama/vllm-cpu", 262144), ("smollm2-135m/vllm-cpu", 5898240)]
+    assert cfg.sizes() == [32768, 262144, 737280, 5898240]
+    assert [cfg.offload_sizes(c) for c in cfg.cases()] == [[32768], [737280], [262144],
+                                                          [5898240]]
+    only = TransferBenchConfig(geometry="smollm2-135m", block_sizes=(737280, 1474560))
+    assert [only.offload_sizes(c) for c in only.cases()] == [[737280, 1474560], []]
     with pytest.raises(ValueError, match=r"block sizes \[1000\]"):
         TransferBenchConfig(block_sizes=(1000,))
+    with pytest.raises(ValueError, match="strategies"):
+        TransferBenchConfig(strategies=("memcpy",))
+
+
+def test_paired_rounds_rotate_the_order() -> None:
+    order: list[str] = []
+    times = paired_rounds({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                          repeats=3, before=lambda name: order.append(f"before {name}"),
+                          warm_up=False)
+    assert [len(t) for t in times.values()] == [3, 3]
+    assert [o for o in order if not o.startswith("before")] == ["a", "b", "b", "a", "a", "b"]
+    assert order[:2] == ["before a", "a"]
 
 
 def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "t.json"
     assert main(["bench", "transfer", "--block-sizes", "32768", "--total-mib", "1",
-                 "--repeats", "1", "--no-disk", "--json", str(out)]) == 0
+                 "--repeats", "1", "--no-disk", "--small-job-blocks", "16", "--json",
+                 str(out)]) == 0
     assert "host tier" in capsys.readouterr().out
-    assert json.loads(out.read_text())["host"][0]["offload_block_bytes"] == 32768
+    rows = json.loads(out.read_text())["host"]
+    assert {(r["case"], r["offload_block_bytes"], r["job_blocks"]) for r in rows} == {
+        ("tiny-llama/kvport", 32768, 32), ("tiny-llama/kvport", 32768, 16)}
     assert main(["bench", "transfer", "--block-sizes", "1000", "--no-disk"]) == 2
+    assert main(["bench", "transfer", "--strategies", "bogus", "--no-disk"]) == 2

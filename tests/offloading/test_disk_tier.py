@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -274,3 +275,76 @@ def test_concurrent_writers_keep_the_limit(tmp_path: Path) -> None:
     assert s["occupancy_blocks"] <= 5 and s["occupancy_bytes"] <= 5 * ENTRY
     assert s["blocks_stored"] + s["skipped_stores"] == 80
     assert len(list(tier.dir.rglob("*.kvb"))) == s["occupancy_blocks"]
+
+
+# ---- jobs of entries, as promotions read them: cold (page cache dropped) and warm ---------------
+
+def drop_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("nowait", [True, False])
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_job_of_cold_and_warm_entries_loads_exactly(tmp_path: Path, nowait: bool,
+                                                       cold: bool) -> None:
+    """Pass 1 (no waiting) finishes the cached entries and leaves the others' reads in flight;
+    pass 2 waits for them. Bad entries of either kind fail at their position and are removed."""
+    disk = FaultyDisk(tmp_path, 1 << 20, NS)
+    disk._nowait_ok = nowait
+    n = 12
+    for i in range(n):
+        assert disk.write(key(i), payload(i))
+    disk.corrupt_payload(key(3), offset=100)
+    disk.corrupt_header(key(5))
+    with open(disk.path(key(7)), "r+b") as f:  # torn: shorter than header + payload
+        f.truncate(ENTRY - 1)
+    os.unlink(disk.path(key(9)))  # gone (another process evicted it)
+    for i in range(n):
+        if cold and i != 9:
+            drop_page_cache(disk.path(key(i)))
+    host = HostTier(n + 2, PAYLOAD)
+    slots = [n + 1 - i for i in range(n)]  # consecutive, descending: any order works
+    out = disk.load_to_host(host, DiskBlocks([key(i) for i in range(n)]), HostBlocks(slots))
+    assert out.failed_indices == [3, 5, 7, 9]
+    assert out.num_bytes == (n - 4) * PAYLOAD
+    for i in range(n):
+        if i not in (3, 5, 7, 9):
+            assert torch.equal(host.slot(slots[i]), payload(i)), i
+    for i in (3, 5, 7, 9):
+        assert not disk.path(key(i)).exists() and key(i) not in disk
+    s = disk.stats.snapshot()
+    assert (s["blocks_loaded"], s["failures"]) == (n - 4, 4)
+    disk.check_integrity()
+
+
+def test_a_key_twice_in_one_job_fills_both_slots(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, 1 << 20, NS)
+    assert disk.write(key(1), payload(1))
+    drop_page_cache(disk.path(key(1)))
+    host = HostTier(2, PAYLOAD)
+    out = disk.load_to_host(host, DiskBlocks([key(1), key(1)]), HostBlocks([0, 1]))
+    assert out.failed_indices == []
+    assert torch.equal(host.slot(0), payload(1)) and torch.equal(host.slot(1), payload(1))
+
+
+def test_store_writes_header_and_payload_whole_and_leaves_no_temp(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, 16 << 20, NS)
+    big = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8)  # several MiB: one writev
+    assert disk.write(key(1), big)
+    assert disk.path(key(1)).stat().st_size == HEADER_SIZE + big.numel()
+    out = torch.zeros_like(big)
+    assert disk.read_into(key(1), out) and torch.equal(out, big)
+    # the entry directories are made when a write finds none (not by a mkdir per write)
+    assert disk.write(key(2), payload(2))
+    shutil.rmtree(disk.path(key(2)).parent)  # removed from under the tier: made again
+    disk._drop(key(2))
+    assert disk.write(key(2), payload(2))
+    got = read(disk, key(2))
+    assert got is not None and torch.equal(got, payload(2))
+    assert not list(tmp_path.rglob("*.tmp"))
+    disk.check_integrity()

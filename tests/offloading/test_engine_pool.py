@@ -92,3 +92,20 @@ def test_bad_pools_are_refused_with_what_is_wrong() -> None:
             .register_engine_pool(EnginePool.from_pages(layers))
     with pytest.raises(ValueError, match="not a multiple of the engine block"):
         HostTier(2, 1000).register_engine_pool(EnginePool.from_pages(layers))
+
+
+@pytest.mark.parametrize("slots", [[0, 1, 2, 3, 4], [4, 0, 3, 1, 2]])
+def test_jobs_of_engine_blocks_through_a_layer_major_pool(slots: list[int]) -> None:
+    """f = 1: a job of shuffled engine blocks into consecutive or scattered slots and back into
+    other blocks, every page of every layer exact."""
+    _, layers = layer_major(seed=5)
+    pool = EnginePool.from_pages(layers)
+    host = HostTier.for_pool(pool, num_slots=5, blocks_per_slot=1)
+    src_ids, dst_ids = [8, 2, 5, 0, 9], [1, 7, 3, 6, 4]
+    expected = {b: block_of(layers, b).clone() for b in src_ids}
+    host.store(EngineBlocks(src_ids), HostBlocks(slots))
+    for b, s in zip(src_ids, slots):
+        assert torch.equal(host.slot(s), expected[b])
+    host.load(HostBlocks(slots), EngineBlocks(dst_ids))
+    for b, d in zip(src_ids, dst_ids):
+        assert torch.equal(block_of(layers, d), expected[b])

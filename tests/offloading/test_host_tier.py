@@ -9,7 +9,6 @@ from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
 from kvport.connectors.offloading.tiers.host import (
     STRATEGIES,
     HostTier,
-    choose_offload_block_size,
     copy_rows,
     plan_pieces,
     row_runs,
@@ -99,14 +98,6 @@ def test_stats_count_bytes_and_blocks() -> None:
     assert (s["blocks_loaded"], s["bytes_loaded"]) == (1, host.slot_bytes // 2)
 
 
-def test_choose_offload_block_size_picks_the_knee() -> None:
-    measured = {32768: 3.0, 65536: 6.0, 262144: 9.5, 1048576: 10.0, 2097152: 9.8}
-    assert choose_offload_block_size(measured) == 262144
-    assert choose_offload_block_size(measured, fraction=1.0) == 1048576
-    with pytest.raises(ValueError, match="fraction"):
-        choose_offload_block_size(measured, fraction=0)
-
-
 @pytest.mark.parametrize("num_threads", [1, 3])
 def test_large_transfers_split_between_threads(num_threads: int) -> None:
     # 32 KiB engine blocks, 4 per slot: 48 blocks = 1.5 MiB, above the split threshold.
@@ -127,3 +118,45 @@ def test_plan_pieces_gathers_into_slots_and_scatters_out_of_them() -> None:
     assert plan_pieces([9, 2, 5, 7, 1, 4], [6, 7, 8, 0, 1, 2]) == [(0, 3, 0), (3, 6, 0)]
     # The matching load: one scatter out of each slot; a lone pair is a single copy.
     assert plan_pieces([6, 7, 8, 0], [9, 2, 5, 7]) == [(0, 3, 1), (3, 4, 2)]
+
+
+# ---- jobs of engine blocks (f = 1), as the connector moves them ---------------------------------
+
+def job_pool(num_blocks: int, seed: int) -> torch.Tensor:
+    # 32 KiB engine blocks (tiny-llama's): a job of 48 is 1.5 MiB, above the split threshold
+    return torch.randn((num_blocks, 4, 2, 16, 2, 32), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("slots", ["consecutive", "runs", "scattered"])
+@pytest.mark.parametrize("job", [1, 8, 48])
+def test_jobs_of_engine_blocks_are_byte_identities(num_threads: int, slots: str,
+                                                    job: int) -> None:
+    pool = job_pool(64, seed=job)
+    host = HostTier.for_pool(pool, num_slots=64, blocks_per_slot=1, num_threads=num_threads)
+    gen = torch.Generator().manual_seed(7)
+    src_ids = torch.randperm(64, generator=gen)[:job].tolist()  # anywhere in the pool
+    slot_ids = {"consecutive": list(range(10, 10 + job)),
+                "runs": [s for r in range(0, 60, 6) for s in range(r, r + 5)][:job],  # gaps
+                "scattered": torch.randperm(64, generator=gen)[:job].tolist()}[slots]
+    before = pool.clone()
+    host.store(EngineBlocks(src_ids), HostBlocks(slot_ids))
+    for b, s in zip(src_ids, slot_ids):
+        assert torch.equal(host.slot(s), before[b].reshape(-1).view(torch.uint8))
+    dst_ids = torch.randperm(64, generator=gen)[:job].tolist()
+    out = host.load(HostBlocks(slot_ids), EngineBlocks(dst_ids))
+    for b, d in zip(src_ids, dst_ids):
+        assert torch.equal(pool[d], before[b])
+    untouched = [b for b in range(64) if b not in dst_ids]
+    assert torch.equal(pool[untouched], before[untouched])
+    assert out.num_bytes == job * host.slot_bytes
+
+
+def test_a_load_into_consecutive_engine_blocks_from_scattered_slots() -> None:
+    pool = job_pool(16, seed=3)
+    host = HostTier.for_pool(pool, num_slots=16, blocks_per_slot=1)
+    host.store(EngineBlocks([3, 9, 1, 12]), HostBlocks([7, 2, 11, 0]))
+    before = pool.clone()
+    host.load(HostBlocks([7, 2, 11, 0]), EngineBlocks([4, 5, 6, 7]))  # a source-side scatter
+    for b, d in zip([3, 9, 1, 12], [4, 5, 6, 7]):
+        assert torch.equal(pool[d], before[b])

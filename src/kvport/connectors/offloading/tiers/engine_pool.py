@@ -16,6 +16,7 @@ strided 2-D copy per segment (`copy_segments`), split between the calling thread
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,12 @@ _MIN_SPLIT_BYTES = 1 << 20  # below this, handing copies to a helper thread cost
 class EnginePool:
     segments: tuple[torch.Tensor, ...]  # each (num_blocks, width) of `dtype`, a view of the pool
     dtype: torch.dtype  # the widest integer type dividing every segment's bytes
+
+    @functools.cached_property
+    def segments_np(self) -> tuple[np.ndarray, ...]:
+        """numpy views of the segments, made once (a page copy is a few us at 64 KiB pages,
+        and Tensor.numpy() costs about 1 us a call)."""
+        return tuple(s.numpy() for s in self.segments)
 
     @property
     def num_blocks(self) -> int:
@@ -103,22 +110,26 @@ def row_runs(src_rows: Sequence[int], dst_rows: Sequence[int]) -> list[tuple[int
 
 def copy_segments(pool: EnginePool, rows: torch.Tensor, block_ids: Sequence[int],
                   row_ids: Sequence[int], to_host: bool, strategy: str = "numpy",
-                  helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0) -> None:
+                  helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0,
+                  rows_np: np.ndarray | None = None) -> None:
     """rows[row_ids[i]] <-> engine block block_ids[i], every segment (`to_host`: engine -> host
-    rows, else host rows -> engine). `rows` is (num_rows, pool.row_elems) of pool.dtype."""
+    rows, else host rows -> engine). `rows` is (num_rows, pool.row_elems) of pool.dtype;
+    `rows_np`, if given, its numpy view."""
     if strategy not in ("numpy", "runs"):
         raise ValueError(f"copy strategy {strategy!r} moves one-segment pools only; a pool of "
                          f"{len(pool.segments)} segments copies with 'numpy' or 'runs'")
     runs = row_runs(block_ids, row_ids)
-    ops = [(seg, col, s, d, n) for seg, col in zip(pool.segments, pool.offsets)
-           for s, d, n in runs]
     if strategy == "runs":
+        ops = [(seg, col, s, d, n) for seg, col in zip(pool.segments, pool.offsets)
+               for s, d, n in runs]
         for seg, col, s, d, n in ops:
             host = rows[d:d + n, col:col + seg.shape[1]]
             (host.copy_(seg[s:s + n]) if to_host else seg[s:s + n].copy_(host))
         return
-    rows_np = rows.numpy()
-    np_ops = [(seg.numpy(), col, s, d, n) for seg, col, s, d, n in ops]
+    if rows_np is None:
+        rows_np = rows.numpy()
+    np_ops = [(seg_np, col, s, d, n) for seg_np, col in zip(pool.segments_np, pool.offsets)
+              for s, d, n in runs]
     num_bytes = len(block_ids) * pool.block_bytes
     if helpers is None or num_helpers < 1 or num_bytes < _MIN_SPLIT_BYTES:
         _copy_ops(rows_np, np_ops, to_host)

@@ -3,11 +3,13 @@
 The engine pool is an `EnginePool` (tiers/engine_pool.py): kvport's `kv_cache (num_blocks,
 num_layers, 2, block_size, heads, head_dim)` is one segment, `(num_blocks, block_bytes)` rows (of
 the widest integer type dividing block_bytes), so one engine block is one contiguous row; vLLM's
-layer-major pool is one segment per layer, and a block's row is its pages side by side. The host buffer is `(num_slots, slot_bytes)` uint8 with `slot_bytes =
-f * block_bytes`, viewed as `(num_slots * f, block_bytes)` rows, so slot s holds engine-block rows
-`s*f .. s*f + f-1` back to back. A transfer is then a list of (source row, destination row) pairs,
-split into pieces where one side is consecutive (`plan_pieces`): a store of one offload block is
-one gather into its slot, a load one scatter out of it, wherever the engine blocks sit.
+layer-major pool is one segment per layer, and a block's row is its pages side by side. The
+host buffer is `(num_slots, slot_bytes)` uint8 with `slot_bytes = f * block_bytes`, viewed as
+`(num_slots * f, block_bytes)` rows, so slot s holds engine-block rows `s*f .. s*f + f-1` back
+to back. A transfer is a list of (source row, destination row) pairs, split into pieces where
+one side is consecutive (`plan_pieces`). With f = 1 a job's slots are consecutive wherever free
+slots allow (the allocator hands them out in ascending order), so a store of a whole job is one
+gather into its run of slots and a load one scatter out of it, wherever the engine blocks sit.
 
 Copy strategies (measured by `kvport bench transfer`, see kvport.bench.transfer and
 BENCHMARKS.md):
@@ -37,8 +39,10 @@ from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segm
 
 STRATEGIES = ("numpy", "runs", "gather", "index", "cat")
 DEFAULT_STRATEGY = "numpy"
-_MIN_SPLIT_BYTES = 1 << 20  # below this, handing rows to a helper thread costs more than it saves
-__all__ = ["HostTier", "copy_rows", "plan_pieces", "row_runs", "STRATEGIES"]
+# Below this a job is copied by the calling thread alone: handing half of a 256 KiB job to a
+# helper (ThreadPoolExecutor) doubled its time on a 2-vCPU VM (56 -> 125 us; the handoff ~60 us).
+_MIN_SPLIT_BYTES = 1 << 20
+__all__ = ["STRATEGIES", "HostTier", "copy_rows", "copy_rows_numpy", "plan_pieces", "row_runs"]
 
 
 def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: Sequence[int],
@@ -51,20 +55,8 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: Sequence[int],
         for s, d, n in row_runs(src_rows, dst_rows):
             dst[d:d + n].copy_(src[s:s + n])
     elif strategy == "numpy":
-        src_l, dst_l = list(src_rows), list(dst_rows)
-        num_bytes = len(src_l) * src[0].numel() * src.element_size() if src_l else 0
-        if helpers is None or num_helpers < 1 or num_bytes < _MIN_SPLIT_BYTES:
-            _gather_scatter_numpy(src, dst, src_l, dst_l)
-            return
-        # NOTE: numpy releases the GIL while it copies, so k threads copy in parallel. Unlike
-        # torch's OpenMP team, a thread that is descheduled does not stall the others' pieces.
-        k = num_helpers + 1
-        bounds = [len(src_l) * g // k for g in range(k + 1)]
-        futures = [helpers.submit(_gather_scatter_numpy, src, dst, src_l[lo:hi], dst_l[lo:hi])
-                   for lo, hi in pairwise(bounds[1:])]
-        _gather_scatter_numpy(src, dst, src_l[:bounds[1]], dst_l[:bounds[1]])
-        for f in futures:
-            f.result()
+        copy_rows_numpy(src.numpy(), dst.numpy(), list(src_rows), list(dst_rows), helpers,
+                        num_helpers)
     elif strategy == "gather":
         _gather_scatter(src, dst, list(src_rows), list(dst_rows))
     elif strategy == "index":
@@ -116,13 +108,45 @@ def _gather_scatter(src: torch.Tensor, dst: torch.Tensor, src_rows: list[int],
             dst[d].copy_(src[s])
 
 
-def _gather_scatter_numpy(src: torch.Tensor, dst: torch.Tensor, src_rows: list[int],
+def copy_rows_numpy(src: np.ndarray, dst: np.ndarray, src_rows: list[int], dst_rows: list[int],
+                    helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0) -> None:
+    """copy_rows' numpy strategy on numpy views (the host tier keeps them, see HostTier)."""
+    num_bytes = len(src_rows) * dst.strides[0]
+    if helpers is None or num_helpers < 1 or num_bytes < _MIN_SPLIT_BYTES:
+        _gather_scatter_numpy(src, dst, src_rows, dst_rows)
+        return
+    # NOTE: numpy releases the GIL while it copies, so k threads copy in parallel. Unlike
+    # torch's OpenMP team, a thread that is descheduled does not stall the others' pieces.
+    k = num_helpers + 1
+    bounds = [len(src_rows) * g // k for g in range(k + 1)]
+    futures = [helpers.submit(_gather_scatter_numpy, src, dst, src_rows[lo:hi], dst_rows[lo:hi])
+               for lo, hi in pairwise(bounds[1:])]
+    _gather_scatter_numpy(src, dst, src_rows[:bounds[1]], dst_rows[:bounds[1]])
+    for f in futures:
+        f.result()
+
+
+def _consecutive(rows: list[int]) -> bool:
+    return not rows or rows == list(range(rows[0], rows[0] + len(rows)))
+
+
+def _gather_scatter_numpy(src_np: np.ndarray, dst_np: np.ndarray, src_rows: list[int],
                           dst_rows: list[int]) -> None:
     # NOTE: numpy copies on the calling thread only. Torch would start an OpenMP parallel
     # region per piece, and with the cores busy (the engine's forward) each region waits for a
     # descheduled team thread: measured 100x slower per piece on a loaded 2-core VM.
-    src_np, dst_np = src.numpy(), dst.numpy()
-    for i, j, kind in plan_pieces(src_rows, dst_rows):
+    # A job's slots are consecutive (the allocator hands them out in order), so a store is one
+    # gather into them and a load one scatter out of them: checked first in C (a list
+    # comparison, 1 us for 64 rows) rather than planned row by row in Python (plan_pieces,
+    # 30 us for 64 rows: a third of a 64-row job of 32 KiB blocks at 5 GiB/s).
+    n = len(src_rows)
+    if _consecutive(dst_rows):
+        pieces = [(0, n, 0)]
+    elif _consecutive(src_rows):
+        pieces = [(0, n, 1)]
+    else:
+        pieces = plan_pieces(src_rows, dst_rows)
+    for i, j, kind in pieces:
         d, s = dst_rows[i], src_rows[i]
         if kind == 0:
             # mode="clip": with the default "raise" numpy buffers `out` (an extra copy).
@@ -189,6 +213,9 @@ class HostTier:
         self.blocks_per_slot = self.slot_bytes // pool.block_bytes
         self._rows = self.buffer.view(pool.dtype).view(self.num_slots * self.blocks_per_slot,
                                                        pool.row_elems)
+        # numpy views made once: Tensor.numpy() costs about 1 us a call, per piece and job
+        self._pool_np = pool.segments[0].numpy() if len(pool.segments) == 1 else None
+        self._rows_np = self._rows.numpy()
 
     def slot(self, slot_id: int) -> torch.Tensor:
         """One slot's bytes, (slot_bytes,) uint8: a view the disk tier reads and writes."""
@@ -207,8 +234,7 @@ class HostTier:
                              f"{len(src.block_ids)}")
         self._check_slots(dst.slot_ids)
         start = time.perf_counter()
-        dst_rows = [s * f + k for s in dst.slot_ids for k in range(f)]
-        self._copy(pool, rows, src.block_ids, dst_rows, to_host=True)
+        self._copy(pool, rows, src.block_ids, _slot_rows(dst.slot_ids, f), to_host=True)
         num_bytes = len(dst.slot_ids) * self.slot_bytes
         self.stats.add(bytes_stored=num_bytes, blocks_stored=len(dst.slot_ids),
                        store_seconds=time.perf_counter() - start)
@@ -225,7 +251,7 @@ class HostTier:
                              f"0 <= skip < {f}")
         self._check_slots(src.slot_ids)
         start = time.perf_counter()
-        src_rows = [s * f + k for s in src.slot_ids for k in range(f)][dst.skip:]
+        src_rows = _slot_rows(src.slot_ids, f)[dst.skip:]
         self._copy(pool, rows, dst.block_ids, src_rows, to_host=False)
         num_bytes = len(dst.block_ids) * (self.slot_bytes // f)
         self.stats.add(bytes_loaded=num_bytes, blocks_loaded=len(src.slot_ids),
@@ -234,15 +260,22 @@ class HostTier:
 
     def _copy(self, pool: EnginePool, rows: torch.Tensor, block_ids: list[int],
               row_ids: list[int], to_host: bool) -> None:
+        k = self.num_threads - 1
         if len(pool.segments) > 1:
             copy_segments(pool, rows, block_ids, row_ids, to_host, self.strategy, self._helpers,
-                          self.num_threads - 1)
+                          k, self._rows_np)
+        elif self.strategy == "numpy":
+            assert self._pool_np is not None
+            if to_host:
+                copy_rows_numpy(self._pool_np, self._rows_np, block_ids, row_ids,
+                                self._helpers, k)
+            else:
+                copy_rows_numpy(self._rows_np, self._pool_np, row_ids, block_ids,
+                                self._helpers, k)
         elif to_host:
-            copy_rows(pool.segments[0], rows, block_ids, row_ids, self.strategy, self._helpers,
-                      self.num_threads - 1)
+            copy_rows(pool.segments[0], rows, block_ids, row_ids, self.strategy, self._helpers, k)
         else:
-            copy_rows(rows, pool.segments[0], row_ids, block_ids, self.strategy, self._helpers,
-                      self.num_threads - 1)
+            copy_rows(rows, pool.segments[0], row_ids, block_ids, self.strategy, self._helpers, k)
 
     def _registered(self) -> tuple[EnginePool, torch.Tensor, int]:
         if self._pool is None or self._rows is None:
@@ -255,14 +288,6 @@ class HostTier:
             raise IndexError(f"slots {bad} out of range [0, {self.num_slots})")
 
 
-def choose_offload_block_size(bandwidth: dict[int, float], fraction: float = 0.9) -> int:
-    """The smallest offload block size (bytes) whose bandwidth reaches `fraction` of the best one
-    measured. Smaller blocks give finer-grained hits and less waste per partial prefix; past the
-    knee of the bandwidth curve a larger block buys nothing. `bandwidth`: size -> GiB/s (for
-    example the minimum of store and load bandwidth at that size)."""
-    if not bandwidth:
-        raise ValueError("choose_offload_block_size: no measurements")
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    best = max(bandwidth.values())
-    return min(size for size, gib_s in bandwidth.items() if gib_s >= fraction * best)
+def _slot_rows(slot_ids: list[int], f: int) -> list[int]:
+    """The host rows of these slots, f per slot (f = 1: the slot ids themselves)."""
+    return slot_ids if f == 1 else [s * f + k for s in slot_ids for k in range(f)]
