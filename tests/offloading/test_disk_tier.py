@@ -15,6 +15,7 @@ from fault_tiers import DEADLINE_S, FaultyDisk, wait_until
 
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.mediums import DiskBlocks, EngineBlocks, HostBlocks
+from kvport.connectors.offloading.tiers import disk as disk_module
 from kvport.connectors.offloading.tiers.disk import HEADER_SIZE, DiskTier, disk_namespace
 from kvport.connectors.offloading.tiers.host import HostTier
 
@@ -288,12 +289,17 @@ def drop_page_cache(path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.parametrize("window", [2, None])  # cold entries in flight: 2, or the whole job
 @pytest.mark.parametrize("nowait", [True, False])
 @pytest.mark.parametrize("cold", [True, False])
-def test_a_job_of_cold_and_warm_entries_loads_exactly(tmp_path: Path, nowait: bool,
-                                                       cold: bool) -> None:
-    """Pass 1 (no waiting) finishes the cached entries and leaves the others' reads in flight;
-    pass 2 waits for them. Bad entries of either kind fail at their position and are removed."""
+def test_a_job_of_cold_and_warm_entries_loads_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nowait: bool, cold: bool,
+        window: int | None) -> None:
+    """Cached entries are read without waiting, the others' reads are put in flight and waited
+    for in order, a window of them at a time. Bad entries of either kind fail at their position
+    and are removed."""
+    if window is not None:
+        monkeypatch.setattr(disk_module, "READ_AHEAD_BYTES", window * PAYLOAD)
     disk = FaultyDisk(tmp_path, 1 << 20, NS)
     disk._nowait_ok = nowait
     n = 12

@@ -123,13 +123,20 @@ def gib_s(num_bytes: int, seconds: float) -> float:
     return num_bytes / seconds / GIB if seconds > 0 else float("inf")
 
 
+# Pause before each timed side. A torch copy's OpenMP threads keep spinning for a few ms after it
+# and take the cores from whatever runs next: the host tier's store measured 5.4 GiB/s right
+# after the baseline copy, 9.5 GiB/s 10 ms later (2-vCPU VM), which made it look 0.65x.
+SETTLE_S = 0.02
+
+
 def paired_rounds(sides: Mapping[str, Callable[[], object]], repeats: int,
                   before: Callable[[str], object] | None = None,
-                  warm_up: bool = True) -> dict[str, list[float]]:
+                  warm_up: bool = True, settle_s: float = SETTLE_S) -> dict[str, list[float]]:
     """Seconds of each side in each of `repeats` rounds. A round runs every side once, back to
     back, in an order that rotates between rounds, so drift on a shared machine (another
     process taking a core for a while) hits every side alike; ratios are then taken per round.
-    `before(side)` runs before each side (not timed), e.g. to drop its files' page cache."""
+    `before(side)` runs before each side (not timed), e.g. to drop its files' page cache; then
+    `settle_s` passes, so that no side pays for the threads the previous one left spinning."""
     names = list(sides)
     if warm_up:  # page faults of fresh buffers, lazy allocations, the page cache
         for name in names:
@@ -142,6 +149,7 @@ def paired_rounds(sides: Mapping[str, Callable[[], object]], repeats: int,
         for name in names[k:] + names[:k]:
             if before is not None:
                 before(name)
+            time.sleep(settle_s)
             start = time.perf_counter()
             sides[name]()
             times[name].append(time.perf_counter() - start)
