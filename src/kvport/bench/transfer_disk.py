@@ -16,6 +16,7 @@ slots must equal the stored ones, else the row fails.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import statistics
@@ -48,7 +49,9 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path) -> list[dict[str
     gen = torch.Generator().manual_seed(cfg.seed + size)
     host.buffer.copy_(torch.randint(0, 256, host.buffer.shape, dtype=torch.uint8, generator=gen))
     expected = host.buffer.clone()
-    keys = [i.to_bytes(8, "little") * 4 for i in range(n)]
+    # keys like the connector's (chained block hashes): uniform bytes, so the entries of a job
+    # spread over the <key hex[:2]> directories as real ones do
+    keys = [hashlib.sha256(b"%d/%d" % (size, i)).digest() for i in range(n)]
     big = max(1, min(n, cfg.total_mib * MIB // size))
     job_sizes = list(dict.fromkeys((big, min(n, cfg.small_job_blocks))))
 
