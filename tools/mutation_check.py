@@ -42,6 +42,7 @@ FAULTS = f"{TESTS}/test_connector_faults.py"
 ADMISSION = f"{TESTS}/test_connector_admission.py"
 FENCE = f"{TESTS}/test_scheduler_fence.py"
 STAGES = f"{TESTS}/test_store_stages.py"
+SYNC = f"{TESTS}/test_sync_loads.py"
 ENGINE_DIR = "src/kvport/engine"
 SCHED = "tests/engine/test_scheduler_connector.py"
 DRIVER = "src/kvport/connectors/driver.py"
@@ -63,7 +64,8 @@ MUTANTS: list[Mutant] = [
     # ---- OffloadingConnector: the block-reuse fence ------------------------------------------
     Mutant(
         "fence-wait", f"{OFFLOADING}/worker.py",
-        "            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])\n",
+        "            self._transfers().wait([k for k in self._in_flight if k.stage is Stage.COPY\n"
+        "                                    and k.job_id in meta.jobs_to_flush])\n",
         "            pass\n",
         (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "handle_preemptions waits for jobs_to_flush before the forward overwrites their blocks"),
@@ -439,6 +441,26 @@ MUTANTS: list[Mutant] = [
         "",
         (f"{RACES}::test_a_hit_from_disk_and_redis_fails_only_the_redis_blocks",),
         "blocks whose promotion from a lower tier failed are load errors, recomputed"),
+    # ---- synchronous host loads --------------------------------------------------------------
+    Mutant(
+        "sync-loads-copied-before-the-forward", f"{OFFLOADING}/worker.py",
+        "        if sync:\n            self._run_sync_loads(sync)\n",
+        "",
+        (f"{SYNC}::test_a_host_hit_prefills_in_the_step_that_admits_it",),
+        "a synchronous load is copied in start_load_kv, before the forward reads its blocks"),
+    Mutant(
+        "late-sync-parts-fail-their-blocks", f"{OFFLOADING}/worker.py",
+        "                load.engine_failed += [b for blocks in load.parts.values()"
+        " for b in blocks]\n",
+        "",
+        (f"{SYNC}::test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy",),
+        "parts of a synchronous load still running at its deadline fail their blocks"),
+    Mutant(
+        "late-sync-parts-write-nothing", f"{OFFLOADING}/transfers.py",
+        "    if dst.deadline is not None and time.monotonic() > dst.deadline:\n",
+        "    if False:\n",
+        (f"{SYNC}::test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy",),
+        "a part of a synchronous load that starts after its deadline writes nothing"),
     # ---- disk tier ---------------------------------------------------------------------------
     Mutant(
         "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk.py",

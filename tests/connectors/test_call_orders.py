@@ -36,9 +36,10 @@ def example(root: Path) -> dict[str, Any]:
             "kv_connector_extra_config": {"shared_storage_path": str(root)}}
 
 
-def offloading() -> dict[str, Any]:
+def offloading(sync_host_loads: bool = True) -> dict[str, Any]:
     return {"kv_connector": "OffloadingConnector",
-            "kv_connector_extra_config": {"cpu_bytes_to_use": 16 << 20, "block_size": 8}}
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 16 << 20, "block_size": 8,
+                                          "sync_host_loads": sync_host_loads}}
 
 
 def connector_config(kind: str, tmp_path: Path) -> dict[str, Any]:
@@ -46,9 +47,9 @@ def connector_config(kind: str, tmp_path: Path) -> dict[str, Any]:
         return example(tmp_path / "example")
     if kind == "noop":
         return {"kv_connector": "NoOpConnector"}
-    if kind == "offloading":
-        return offloading()
-    children = [example(tmp_path / "example"), offloading()]
+    if kind.startswith("offloading"):
+        return offloading(sync_host_loads=kind == "offloading")
+    children = [example(tmp_path / "example"), offloading(sync_host_loads=False)]
     if kind == "multi-offloading-first":
         children.reverse()
     return {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": children}}
@@ -56,8 +57,8 @@ def connector_config(kind: str, tmp_path: Path) -> dict[str, Any]:
 
 # kind -> whether its loads are synchronous (None: it never loads)
 KINDS: dict[str, bool | None] = {
-    "example": True, "noop": None, "offloading": False,
-    "multi-example-first": True, "multi-offloading-first": False,
+    "example": True, "noop": None, "offloading": True, "offloading-async": False,
+    "multi-example-first": True, "multi-offloading-first": False,  # (async offloading child)
 }
 MODES: dict[str, dict[str, Any]] = {"sync": {}, "async": {"async_scheduling": True},
                                     "process": {"worker": "process"}}

@@ -96,8 +96,10 @@ def run_one_by_one(llm: LLM, ps: list[list[int]] | None = None,
 
 
 def all_blocks_hit(cached: list[int]) -> bool:
-    """Every full offload block of every prompt was a hit (a hit leaves one token to compute)."""
-    return all(c >= min(len(p) // OFFLOAD_BLOCK * OFFLOAD_BLOCK, len(p) - 1)
+    """Every full offload block of every prompt was a hit, but for the one holding the prompt's
+    last token when it is full: a hit leaves that token to compute (a synchronous one leaves
+    its whole block, as the engine's own prefix cache does)."""
+    return all(c >= (len(p) - 1) // OFFLOAD_BLOCK * OFFLOAD_BLOCK
                for c, p in zip(cached, prompts(), strict=True))
 
 

@@ -34,11 +34,13 @@ def no_faults() -> Iterator[None]:
 
 
 def faulty_llm(tmp_path: Path, faults: dict[tuple[str, str], dict[str, Any]],
-               disk: bool = True, disk_bytes: int = 64 << 20, **kwargs: Any) -> LLM:
+               disk: bool = True, disk_bytes: int = 64 << 20, sync_host_loads: bool = True,
+               **kwargs: Any) -> LLM:
     faulty_connector.FAULTS.clear()
     faulty_connector.FAULTS.update(faults)
     ktc = offload_config(disk_dir=tmp_path if disk else None, disk_bytes=disk_bytes,
-                         record_trace=str(tmp_path / "trace.jsonl"))
+                         record_trace=str(tmp_path / "trace.jsonl"),
+                         sync_host_loads=sync_host_loads)
     ktc["kv_connector_module_path"] = "faulty_connector"
     ktc["kv_connector"] = "FaultyOffloadingConnector"
     return make_llm(ktc, **kwargs)
@@ -115,7 +117,9 @@ def test_disk_write_errors_and_a_full_disk_skip_stores(
 def test_a_load_that_never_completes_holds_only_its_request(
     tmp_path: Path, reference: list[list[int]],
 ) -> None:
-    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"hold_on": {1}}}, disk=False)
+    """An asynchronous load (host hits are synchronous by default: see the next test)."""
+    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"hold_on": {1}}}, disk=False,
+                     sync_host_loads=False)
     assert run(llm, prompts())[0] == reference
     llm.reset_prefix_cache()
     engine = llm.engine
@@ -145,7 +149,8 @@ def test_a_load_that_never_completes_holds_only_its_request(
 
 
 def test_shutdown_with_a_hung_transfer_returns(tmp_path: Path) -> None:
-    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"hold_on": {1}}}, disk=False)
+    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"hold_on": {1}}}, disk=False,
+                     sync_host_loads=False)
     run(llm, prompts()[:1])
     llm.reset_prefix_cache()
     llm.engine.add_request("held", prompts()[0], GREEDY)

@@ -133,7 +133,7 @@ def test_a_load_is_done_when_every_worker_reported_it() -> None:
     report(half, JobResult(store.job_id, True), JobResult(store.job_id, True))
     half.request_finished(req)
     again = ViewRequest("B", list(range(9)), 4)
-    assert half.get_num_new_matched_tokens(again, 0) == (8, True)
+    assert half.get_num_new_matched_tokens(again, 0) == (8, False)  # host hits: a synchronous load
     half.update_state_after_alloc(again, [6, 7, 8], 8)
     (load,) = half.build_connector_meta(ViewSchedulerOutput([], {})).loads
     report(half, JobResult(load.job_id, True))

@@ -122,12 +122,16 @@ TIER_TYPES: dict[str, TierType] = {
 @dataclass(frozen=True)
 class OffloadingConfig:
     cpu_bytes_to_use: int = 0  # host tier size in bytes (required, > 0)
-    block_size: int | None = None  # offload block in tokens; None: about 1 MiB of KV
+    block_size: int | None = None  # offload block in tokens; None: the engine's block
     eviction_policy: str = "lru"
     store_threshold: int = 0  # store a block only after this many admitted requests asked for it
     # Given as a list of dicts ({"type": "disk", ...}); __post_init__ replaces it with a tuple
     # of TierConfig records, the only form the halves read.
     secondary_tiers: Sequence[Mapping[str, Any] | TierConfig] = ()
+    # A hit held wholly in host memory is a synchronous load: copied before the step's forward,
+    # so the request prefills in the step that admits it, batched with the others. False: every
+    # load is asynchronous (the request waits a step for it).
+    sync_host_loads: bool = True
 
     def __post_init__(self) -> None:
         if (isinstance(self.cpu_bytes_to_use, bool) or not isinstance(self.cpu_bytes_to_use, int)
@@ -139,6 +143,9 @@ class OffloadingConfig:
         if self.eviction_policy not in EVICTION_POLICIES:
             raise ValueError(f"OffloadingConnector: eviction_policy must be one of "
                              f"{EVICTION_POLICIES}, got {self.eviction_policy!r}")
+        if not isinstance(self.sync_host_loads, bool):
+            raise ValueError(f"OffloadingConnector: sync_host_loads must be true or false, "
+                             f"got {self.sync_host_loads!r}")
         if self.store_threshold < 0:
             raise ValueError(f"OffloadingConnector: store_threshold must be >= 0, "
                              f"got {self.store_threshold}")

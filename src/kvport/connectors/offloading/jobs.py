@@ -7,7 +7,8 @@ reported it; the results are merged (a block failed if it failed on any worker).
 
     store   COPY (ENGINE -> HOST), then, with a disk tier, WRITE (HOST -> DISK, started by the
             worker itself as soon as its copy finished)
-    load    COPY (HOST -> ENGINE; the worker runs a DISK -> HOST promotion before it)
+    load    COPY (HOST -> ENGINE; the worker runs a DISK -> HOST promotion before it); a
+            synchronous load (host hits only) is copied in start_load_kv, before the forward
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ class Job:
     kind: str  # STORE or LOAD
     req_id: str
     keys: list[bytes]  # STORE: the slots' keys; LOAD: the host hits
-    src_blocks: list[int] = field(default_factory=list)  # STORE: engine blocks read (fence)
+    # The fence: engine blocks a STORE reads, or a synchronous LOAD writes. None of them is
+    # written (handed out again, or computed by its request) before the job ended.
+    engine_blocks: list[int] = field(default_factory=list)
     promoted: list[bytes] = field(default_factory=list)  # LOAD: keys promoted from disk
     # Host keys this job pinned (prepare_load), unpinned when it ends: a LOAD's host hits, a
     # STORE's stored keys while its write-through reads their slots.
@@ -41,16 +44,22 @@ class JobTable:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers
         self._jobs: dict[int, Job] = {}
-        self._readers: dict[int, set[int]] = {}  # engine block -> store jobs reading it
+        self._readers: dict[int, set[int]] = {}  # engine block -> jobs touching it (fence)
         self._partial: dict[tuple[int, Stage], tuple[int, JobResult]] = {}  # seen, merged
         self._next_id = 0
 
     def add(self, job: Job) -> int:
         self._next_id += 1
         self._jobs[self._next_id] = job
-        for b in job.src_blocks:
-            self._readers.setdefault(b, set()).add(self._next_id)
+        self.fence(self._next_id, job.engine_blocks)
         return self._next_id
+
+    def fence(self, job_id: int, blocks: list[int]) -> None:
+        """Put the job's engine blocks under the fence (until `release_reads`)."""
+        job = self._jobs[job_id]
+        job.engine_blocks = list(blocks)
+        for b in blocks:
+            self._readers.setdefault(b, set()).add(job_id)
 
     def get(self, job_id: int) -> Job | None:
         return self._jobs.get(job_id)
@@ -59,15 +68,15 @@ class JobTable:
         return self._jobs.pop(job_id)
 
     def readers_of(self, blocks: set[int]) -> set[int]:
-        """Store jobs in flight that read any of these engine blocks."""
+        """Jobs in flight under the fence for any of these engine blocks."""
         out: set[int] = set()
         for b in blocks:
             out |= self._readers.get(b, set())
         return out
 
     def release_reads(self, job_id: int, job: Job) -> None:
-        """The job's copy has read its engine blocks: the fence no longer waits for it."""
-        for b in job.src_blocks:
+        """The job's copy is done with its engine blocks: the fence no longer waits for it."""
+        for b in job.engine_blocks:
             readers = self._readers.get(b)
             if readers is not None:
                 readers.discard(job_id)

@@ -51,10 +51,15 @@ class EngineBlocks(LoadStoreSpec):
         block_ids:                     [b0,    b1, b2, b3, b4]
 
     A failed load reports positions in `block_ids` (see `TransferResult.failed_indices`).
+
+    `deadline` (a load destination, worker side only): the `time.monotonic()` after which the
+    copy must not start. A synchronous load's parts carry it: a part its step gave up on (its
+    blocks recomputed) never writes them later.
     """
 
     block_ids: list[int]
     skip: int = 0
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         self.block_ids = [int(b) for b in self.block_ids]

@@ -57,6 +57,9 @@ class LoadJob:
     # Engine blocks that cannot be loaded at all (no host slot for their promotion): reported
     # as load errors when the job finishes, so the engine recomputes them.
     unloadable: list[int] = field(default_factory=list)
+    # A synchronous load (host hits only, answered is_async=False): the worker copies it in
+    # start_load_kv, before the step's forward reads it, and reports no finished_recving.
+    sync: bool = False
 
     @property
     def num_promoted(self) -> int:

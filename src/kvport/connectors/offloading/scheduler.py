@@ -91,6 +91,7 @@ class _Match:
     # The run's keys outside host memory, in token order, each with the lower tier (DISK, REDIS)
     # it is promoted from.
     lower: list[tuple[bytes, str]] = field(default_factory=list)
+    sync: bool = False  # host hits only: a synchronous load
 
 
 @dataclass
@@ -100,6 +101,7 @@ class HitStats:
     num_disk_hit_tokens: int = 0
     num_redis_hit_tokens: int = 0
     num_load_jobs: int = 0
+    num_sync_loads: int = 0  # of num_load_jobs: host hits copied before the step's forward
     num_failed_loads: int = 0
     num_store_jobs: int = 0
     num_failed_stores: int = 0
@@ -117,6 +119,7 @@ class OffloadingScheduler:
     def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool = True,
                  store: bool = True, num_workers: int = 1) -> None:
         self.load_enabled, self.store_enabled = load, store  # kv_role consumer / producer
+        self.sync_host_loads = config.sync_host_loads
         self.geometry = geometry
         self.block_size = geometry.block_size
         self.factor = geometry.block_factor  # f
@@ -130,6 +133,8 @@ class OffloadingScheduler:
         self._fresh_blocks: set[int] = set()  # handed out in this step (after_alloc)
         self._finished: set[str] = set()  # finished requests kept until their jobs report
         self._loads: list[LoadJob] = []  # for the next metadata
+        # Synchronous loads in flight: job id -> engine blocks it writes (fenced once planned).
+        self._sync_loads: dict[int, list[int]] = {}
         self._hit_split: dict[str, dict[str, int]] = {}  # req_id -> tier -> hit tokens
         self.stats = HitStats()
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
@@ -161,11 +166,18 @@ class OffloadingScheduler:
             candidates = keys[start + num_host:start + num_host + room]
             lower = self.lower.find_run(candidates, stop=self.manager.contains)
         end = start + num_host + len(lower)
+        sync = self.sync_host_loads and not lower
+        if sync:
+            # The forward must compute at least the prompt's last token (its logits give the
+            # first output token): a synchronous hit ends at the last whole offload block
+            # before it, as the engine's own prefix cache does.
+            end = min(end, (request.num_tokens - 1) // self.offload_tokens)
+            host_keys = keys[start:end]
         num_external = end * self.offload_tokens - num_local
         if num_external <= 0:
             return 0, False
-        self._matches[rid] = _Match(num_local, start, keys[start:], host_keys, lower)
-        return num_external, True
+        self._matches[rid] = _Match(num_local, start, keys[start:], host_keys, lower, sync)
+        return num_external, not sync
 
     def update_state_after_alloc(self, request: RequestView, block_ids: list[int],
                                  num_external: int) -> None:
@@ -239,10 +251,14 @@ class OffloadingScheduler:
         load = LoadJob(self._jobs.add(job), rid, HostBlocks(slots),
                        EngineBlocks(dst, first_block - match.start * f if dst else 0),
                        promotions,
-                       unloadable=st.block_ids[max(first_block, loadable_end):hit_end])
+                       unloadable=st.block_ids[max(first_block, loadable_end):hit_end],
+                       sync=match.sync)
         st.load_job = load.job_id
         self._loads.append(load)
         self.stats.num_load_jobs += 1
+        if match.sync:
+            self._sync_loads[load.job_id] = dst
+            self.stats.num_sync_loads += 1
 
     # ---- per step ------------------------------------------------------------------------------
 
@@ -272,6 +288,13 @@ class OffloadingScheduler:
             fresh.update(cached.new_block_ids)
             computed[cached.req_id] = cached.num_computed_tokens
         flush |= self._jobs.readers_of(fresh)
+        # This step's synchronous loads write blocks handed out now: fenced from here on. A part
+        # that outlived its step (its blocks recomputed by their request) does not start after
+        # its deadline (EngineBlocks.deadline), and one already copying ends within ms; the
+        # fence makes sure even that one ends before another request gets the blocks.
+        planned = {load.job_id for load in meta.loads}
+        for job_id in planned & self._sync_loads.keys():
+            self._jobs.fence(job_id, self._sync_loads[job_id])
         meta.jobs_to_flush = flush
         self.stats.num_flushed_jobs += len(flush)
         for rid, num_computed in computed.items():
@@ -331,6 +354,8 @@ class OffloadingScheduler:
                 self._finish_write(result, job)
             else:
                 self._jobs.pop(result.job_id)
+                self._jobs.release_reads(result.job_id, job)
+                self._sync_loads.pop(result.job_id, None)
                 self._finish_load(result, job)
                 self.manager.complete_load(job.pinned)
 

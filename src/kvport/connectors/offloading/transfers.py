@@ -9,6 +9,7 @@ completions once per step:
     worker.get_finished()              completions since the last call; per direction in
                                        submission order, each job exactly once
     worker.wait(job_ids, timeout)      block until those jobs are done (unknown ids ignored)
+    worker.cancel(job_ids)             cancel those that have not started (reported failed)
     worker.shutdown(timeout)           cancel queued jobs, wait for running ones at most timeout
 
 A failed job names what was not done in `failed_indices`: positions in the destination spec. For
@@ -36,7 +37,7 @@ from kvport.connectors.offloading.mediums import ENGINE, HOST, LoadStoreSpec
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 
 if TYPE_CHECKING:
-    from kvport.connectors.offloading.mediums import HostBlocks
+    from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
     from kvport.connectors.offloading.tiers.host import HostTier
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class TransferHandler(ABC):
     @abstractmethod
     def shutdown(self, timeout: float = 5.0) -> None:
         """Cancel queued jobs (reported failed), wait at most `timeout` for running ones."""
+
+    def cancel(self, job_ids: Iterable[JobId]) -> None:
+        """Cancel the named jobs that have not started (they report failed, their destination
+        untouched); running ones go on. This default cancels nothing."""
 
 
 class ThreadPoolHandler(TransferHandler):
@@ -137,6 +142,12 @@ class ThreadPoolHandler(TransferHandler):
     def wait(self, job_ids: Iterable[JobId], timeout: float | None = None) -> bool:
         futures = [self._by_id[j].future for j in job_ids if j in self._by_id]
         return not wait_futures(futures, timeout=timeout).not_done
+
+    def cancel(self, job_ids: Iterable[JobId]) -> None:
+        for j in job_ids:
+            task = self._by_id.get(j)
+            if task is not None:
+                task.future.cancel()  # False (nothing happens) once the job runs
 
     def shutdown(self, timeout: float = 5.0) -> None:
         if self._closed:
@@ -239,6 +250,15 @@ class OffloadingWorker:
                 return False
         return True
 
+    def cancel(self, job_ids: Iterable[JobId]) -> None:
+        """Cancel the named jobs that have not started yet (see TransferHandler.cancel)."""
+        by_handler: dict[tuple[str, str], list[JobId]] = {}
+        for j in job_ids:
+            if j in self._job_kind:
+                by_handler.setdefault(self._job_kind[j], []).append(j)
+        for kind, ids in by_handler.items():
+            self._handlers[kind].cancel(ids)
+
     def shutdown(self, timeout: float = 5.0) -> None:
         """Shut every handler down (each waits at most `timeout`), even if one raises."""
         errors: list[BaseException] = []
@@ -267,12 +287,21 @@ class LowerTier(Protocol):
         """Release connections (after the transfers stopped); must not block for long."""
 
 
+def load_unless_late(host: HostTier, src: HostBlocks, dst: EngineBlocks) -> TransferOutcome:
+    """HOST -> ENGINE, unless the destination's deadline has passed: then nothing is written
+    and every block fails (the step that wanted it has recomputed it)."""
+    if dst.deadline is not None and time.monotonic() > dst.deadline:
+        return TransferOutcome(0, list(range(len(dst))))
+    return host.load(src, dst)
+
+
 def tier_routes(host: HostTier,
                 lower: Mapping[str, LowerTier]) -> dict[tuple[str, str], TransferFn]:
     """The transfer functions of the standard wiring: ENGINE<->HOST copies, and HOST<->medium
     for each lower tier (medium name -> tier)."""
     routes: dict[tuple[str, str], TransferFn] = {
-        (ENGINE, HOST): host.store, (HOST, ENGINE): host.load}  # type: ignore[dict-item]
+        (ENGINE, HOST): host.store,  # type: ignore[dict-item]
+        (HOST, ENGINE): functools.partial(load_unless_late, host)}
     for medium, tier in lower.items():
         routes[(HOST, medium)] = functools.partial(tier.store_from_host, host)
         routes[(medium, HOST)] = functools.partial(tier.load_to_host, host)

@@ -24,6 +24,7 @@ per lower tier (HOST->DISK, HOST->REDIS), reported together once every one of th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -47,7 +48,19 @@ from kvport.connectors.offloading.transfers import (
 logger = logging.getLogger(__name__)
 
 TransfersFactory = Callable[[HostTier, Mapping[str, LowerTier]], OffloadingWorker]
-IDLE_WAIT_S = 0.002  # a step with no forward waits this long for a transfer, instead of spinning
+IDLE_WAIT_S = 0.002  # a step with no forward and no load in flight waits this long, not spinning
+# A step with no forward and loads in flight waits for all of them, at most this long: requests
+# whose loads end together are then scheduled together, and prefill in one batched step.
+LOAD_WAIT_S = 0.05
+# Synchronous loads: copied in parts of about this many bytes, so that a copy that is late is
+# stopped between parts, and exactly the blocks not copied are recomputed.
+SYNC_PART_BYTES = 16 << 20
+# A synchronous load may take SYNC_SLACK_S plus its bytes at SYNC_MIN_GIB_S (a fifth of the
+# slowest host copy measured here); then the parts not started are cancelled, and the one
+# running gets SYNC_GRACE_S to end (a part copies in a few ms).
+SYNC_MIN_GIB_S = 1.0
+SYNC_SLACK_S = 0.05
+SYNC_GRACE_S = 0.05
 __all__ = ["OffloadingConnectorWorker", "Stage", "TransferKey"]
 
 
@@ -59,6 +72,7 @@ class TransferKey:
     job_id: int
     stage: Stage = Stage.COPY
     medium: str = ""
+    part: int = 0  # a synchronous load's copy, in parts
 
 
 @dataclass
@@ -68,6 +82,11 @@ class _Load:
     promotions_left: int = 0  # promotions still running
     promote_failed: list[int] = field(default_factory=list)  # positions among promoted slots
     copy_dst: list[int] = field(default_factory=list)  # engine blocks of the HOST->ENGINE copy
+    # A synchronous load: its parts in flight (key -> their engine blocks). Parts still running
+    # when its step's forward had to start failed their blocks then (`reported`); the job's
+    # result waits until they ended, so its host slots stay pinned while they read them.
+    parts: dict[TransferKey, list[int]] = field(default_factory=dict)
+    reported: bool = False
 
 
 @dataclass
@@ -126,20 +145,82 @@ class OffloadingConnectorWorker:
 
     def handle_preemptions(self, meta: OffloadingConnectorMetadata) -> None:
         if meta.jobs_to_flush:
-            # NOTE: no timeout: the stores copy memory into host slots, which cannot hang, and
-            # returning early would let this step's forward overwrite what they still read.
-            self._transfers().wait([TransferKey(j) for j in meta.jobs_to_flush])
+            # NOTE: no timeout: these copy memory (stores into host slots, late parts of a
+            # synchronous load into engine blocks), which cannot hang, and returning early
+            # would let this step's forward write blocks they still read or write.
+            self._transfers().wait([k for k in self._in_flight if k.stage is Stage.COPY
+                                    and k.job_id in meta.jobs_to_flush])
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
+        sync: list[_Load] = []
         for job in meta.loads:
             load = _Load(job, engine_failed=list(job.unloadable),
                          promotions_left=len(job.promotions))
             self._loads[job.job_id] = load
+            if job.sync:
+                sync.append(load)
+                continue
             for promotion in job.promotions:
                 self._submit(TransferKey(job.job_id, Stage.PROMOTION, promotion.src.medium()),
                              promotion.src, promotion.dst)
             if not job.promotions:
                 self._start_copy(load, job.src, job.dst)
+        if sync:
+            self._run_sync_loads(sync)
+
+    def _run_sync_loads(self, loads: list[_Load]) -> None:
+        """Copy the step's synchronous loads now, before its forward reads them, all submitted
+        at once (the copy threads take them back to back). Bounded: parts not done in time fail
+        their blocks, which the engine recomputes."""
+        transfers = self._transfers()
+        parts = [(load, part) for load in loads for part in self._parts(load.job)]
+        num_bytes = sum(len(src.slot_ids) for _, (src, _) in parts) * self._slot_bytes()
+        timeout = SYNC_SLACK_S + num_bytes / (SYNC_MIN_GIB_S * 2**30)
+        deadline = time.monotonic() + timeout
+        for i, (load, (src, dst)) in enumerate(parts):
+            key = TransferKey(load.job.job_id, part=i)
+            load.parts[key] = dst.block_ids
+            self._submit(key, src, EngineBlocks(dst.block_ids, dst.skip, deadline))
+        keys = [key for load in loads for key in load.parts]
+        if not transfers.wait(keys, timeout):
+            logger.warning("OffloadingConnector: synchronous loads of %d bytes are late; the "
+                           "blocks not copied yet are recomputed", num_bytes)
+            transfers.cancel(keys)
+            transfers.wait(keys, SYNC_GRACE_S)
+        self._on_finished(transfers.get_finished())
+        for load in loads:
+            if load.parts:  # still running: this step's forward cannot wait for it
+                load.engine_failed += [b for blocks in load.parts.values() for b in blocks]
+                load.reported = True
+                self._load_errors.update(load.engine_failed)
+            else:
+                self._finish_sync_load(load)
+
+    def _parts(self, job: LoadJob) -> list[tuple[HostBlocks, EngineBlocks]]:
+        """A load's copy in parts of about SYNC_PART_BYTES, in token order."""
+        f, skip, slots = self._factor(), job.dst.skip, job.src.slot_ids
+        step = max(1, SYNC_PART_BYTES // self._slot_bytes())
+        return [(HostBlocks(slots[a:a + step]),
+                 EngineBlocks(job.dst.block_ids[max(0, a * f - skip):(a + step) * f - skip],
+                              skip if a == 0 else 0))
+                for a in range(0, len(slots), step)]
+
+    def _on_sync_part(self, load: _Load, key: TransferKey, result: TransferResult) -> None:
+        blocks = load.parts.pop(key)
+        if not load.reported:
+            load.engine_failed += [blocks[i] for i in result.failed_indices]
+        elif not load.parts:  # the last late part ended: the job's slots may be reused
+            del self._loads[load.job.job_id]
+            self._results.append(JobResult(load.job.job_id, False, sorted(load.engine_failed)))
+
+    def _finish_sync_load(self, load: _Load) -> None:
+        """Every part ended in time: the failed blocks are this step's load errors (the engine
+        recomputes them); a synchronous load reports no finished_recving."""
+        job = load.job
+        del self._loads[job.job_id]
+        self._load_errors.update(load.engine_failed)
+        self._results.append(JobResult(job.job_id, not load.engine_failed,
+                                       sorted(load.engine_failed)))
 
     def get_finished(self, meta: OffloadingConnectorMetadata | None,
                      did_forward: bool) -> set[str]:
@@ -152,16 +233,41 @@ class OffloadingConnectorWorker:
             if self.sync_stores and meta.stores:
                 # NOTE: no timeout, as for the fence: these copy memory into host slots.
                 transfers.wait([TransferKey(job.job_id) for job in meta.stores])
-        done = transfers.get_finished()
-        if not done and not did_forward and self._in_flight:
-            transfers.wait(self._in_flight, timeout=IDLE_WAIT_S)
-            done = transfers.get_finished()
+        self._on_finished(transfers.get_finished())
+        if not did_forward:
+            self._wait_without_forward()
+        ready, self._ready = self._ready, []
+        return {self._finish_load(load) for load in ready}
+
+    def _wait_without_forward(self) -> None:
+        """A step with nothing to compute: wait for every asynchronous load in flight (a
+        promotion starts its copy on the way), at most LOAD_WAIT_S, so that loads ending close
+        together report in one step; with none, wait IDLE_WAIT_S for anything."""
+        transfers = self._transfers()
+        deadline = time.monotonic() + LOAD_WAIT_S
+        while True:
+            loads = [k for k in self._in_flight
+                     if (load := self._loads.get(k.job_id)) is not None and not load.parts]
+            if not loads:
+                if self._in_flight and not self._ready:
+                    transfers.wait(self._in_flight, timeout=IDLE_WAIT_S)
+                    self._on_finished(transfers.get_finished())
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            transfers.wait(loads, timeout=left)
+            self._on_finished(transfers.get_finished())
+
+    def _on_finished(self, done: list[TransferResult]) -> None:
         for result in done:
             key = result.job_id
             assert isinstance(key, TransferKey), f"not a transfer of this worker: {key!r}"
             self._in_flight.discard(key)
             load = self._loads.get(key.job_id)
-            if load is not None and key.stage is Stage.PROMOTION:
+            if load is not None and key in load.parts:
+                self._on_sync_part(load, key, result)
+            elif load is not None and key.stage is Stage.PROMOTION:
                 self._on_promoted(load, key.medium, result)
             elif load is not None:
                 load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]
@@ -170,8 +276,6 @@ class OffloadingConnectorWorker:
                 self._on_stored(self._stores.pop(key.job_id), result)
             else:
                 self._on_written(key.job_id, result)
-        ready, self._ready = self._ready, []
-        return {self._finish_load(load) for load in ready}
 
     def _on_stored(self, job: StoreJob, result: TransferResult) -> None:
         """The store's copy finished: report it, and write the slots it filled through to each
@@ -285,4 +389,8 @@ class OffloadingConnectorWorker:
     def _factor(self) -> int:
         assert self.geometry is not None, "OffloadingConnector: register_kv_caches was not called"
         return self.geometry.block_factor
+
+    def _slot_bytes(self) -> int:
+        assert self.geometry is not None, "OffloadingConnector: register_kv_caches was not called"
+        return self.geometry.slot_bytes
 
