@@ -36,8 +36,8 @@ class EnginePool:
 
     @functools.cached_property
     def segments_np(self) -> tuple[np.ndarray, ...]:
-        """numpy views of the segments, made once (a page copy is a few us at 64 KiB pages,
-        and Tensor.numpy() costs about 1 us a call)."""
+        """numpy views of the segments, made once: Tensor.numpy() costs 1.8 us a call, and a
+        64 KiB page (tiny-llama in vLLM's pool) copies in about 8 us."""
         return tuple(s.numpy() for s in self.segments)
 
     @property
