@@ -85,17 +85,20 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path) -> list[dict[str
         with open(files[-1], "wb") as fh:
             fh.write(host.buffer.numpy().data)
 
+    def keep_last() -> None:  # untimed: only the last round's entries and file stay
+        while len(tiers) > 1:
+            old_disk, old_worker = tiers.pop(0)
+            old_worker.shutdown()
+            shutil.rmtree(old_disk.dir, ignore_errors=True)
+        while len(files) > 1:
+            files.pop(0).unlink()
+        os.sync()
+
     times = paired_rounds({"tier": store_tier, "one_file": store_file}, cfg.repeats,
-                          before=lambda _: os.sync(), warm_up=False)
+                          before=lambda _: keep_last(), warm_up=False)
     store = _side_stats(num_bytes, times)
-    os.sync()
-    disk, worker = tiers.pop()
-    one = files.pop()
-    for old_disk, old_worker in tiers:  # only the last round's entries are loaded
-        old_worker.shutdown()
-        shutil.rmtree(old_disk.dir, ignore_errors=True)
-    for f in files:
-        f.unlink()
+    keep_last()
+    (disk, worker), one = tiers[0], files[0]
     drops = {"tier": [disk.path(k) for k in keys], "one_file": [one]}
     device = _block_device_stat(root)
     rows = []
