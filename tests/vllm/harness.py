@@ -3,12 +3,15 @@
 The scheduler, its KV cache manager, requests and block hashes are vLLM's own. The worker side
 is kvport's connector (role WORKER) over a small layer-major pool laid out as vLLM's CPU backend
 lays it out ([num_blocks, heads, block, 2*head] per layer, one storage), driven in vLLM 0.32's
-worker order: handle_preemptions, bind, the forward (start_load_kv after it: no sync loads),
-wait_for_save, get_finished, load errors, worker metadata, clear.
+worker order: handle_preemptions, bind, start_load_kv (before the forward when the step has
+synchronous loads, else after it), the forward, wait_for_save, get_finished, load errors, worker
+metadata, clear.
 
 The fake forward writes, into every slot a step computes, values derived from the token and its
 position (and the layer): a block's bytes then depend only on the prefix it holds, so a block a
-load filled must equal what computing it would have written (`expected_page`).
+load filled must equal what computing it would have written (`expected_page`). It also reads,
+as a real forward does, every full block of the prefix before the tokens it computes: each must
+hold its KV by then, loaded or computed (`check_reads`; off where a load is meant to fail).
 """
 
 from __future__ import annotations
@@ -70,10 +73,11 @@ def kv_cache_config(num_blocks: int) -> KVCacheConfig:
                          kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
 
 
-def offload_extra(host_blocks: int = 64, disk_dir: Path | None = None) -> dict[str, Any]:
+def offload_extra(host_blocks: int = 64, disk_dir: Path | None = None,
+                  sync_host_loads: bool = True) -> dict[str, Any]:
     page = HEADS * BLOCK_SIZE * 2 * HEAD * 4
     extra: dict[str, Any] = {"cpu_bytes_to_use": host_blocks * NUM_LAYERS * page,
-                             "block_size": BLOCK_SIZE}
+                             "block_size": BLOCK_SIZE, "sync_host_loads": sync_host_loads}
     if disk_dir is not None:
         extra["secondary_tiers"] = [{"type": "disk", "root_dir": str(disk_dir),
                                      "max_bytes": 1 << 30}]
@@ -94,6 +98,7 @@ class Harness:
     storage: torch.Tensor  # (layers, blocks, heads, block, 2*head): vLLM CPU's layout
     finished: list[Request] = field(default_factory=list)
     steps: int = 0
+    check_reads: bool = True
 
     @classmethod
     def build(cls, extra: dict[str, Any], num_blocks: int = 64, **kw: Any) -> Harness:
@@ -144,8 +149,11 @@ class Harness:
         meta = out.kv_connector_metadata
         w.handle_preemptions(meta)
         w.bind_connector_metadata(meta)
+        if out.has_sync_kv_loads:  # the forward reads what they load
+            w.start_load_kv(None)  # type: ignore[arg-type]
         sampled = {rid: self._forward(rid, n) for rid, n in out.num_scheduled_tokens.items()}
-        w.start_load_kv(None)  # type: ignore[arg-type]  # after the forward: no sync loads
+        if not out.has_sync_kv_loads:  # vLLM 0.32 starts async loads after the forward
+            w.start_load_kv(None)  # type: ignore[arg-type]
         w.wait_for_save()
         results = w.get_transfer_results(out.finished_req_ids)
         kv_out = KVConnectorOutput(
@@ -167,6 +175,9 @@ class Harness:
         blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
         tokens = req.all_token_ids
         start = req.num_computed_tokens - num_new  # vLLM advanced it at schedule time
+        if self.check_reads:
+            for index in range(start // BLOCK_SIZE):
+                self.check_block(req, index)
         for pos in range(start, start + num_new):
             block, offset = blocks[pos // BLOCK_SIZE], pos % BLOCK_SIZE
             for layer in range(NUM_LAYERS):

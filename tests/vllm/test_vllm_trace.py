@@ -178,9 +178,9 @@ def test_recorded_connectors_give_plain_output_and_pass_the_checker(
 
 def test_round_two_hits_the_connector(runs: dict[str, Any]) -> None:
     """After vLLM's prefix cache is dropped the prompts come from the connector: synchronously
-    for ExampleConnector (start_load_kv before the forward, ints [1]), asynchronously for the
-    others (a no-forward step whose start_load_kv says [0])."""
-    for name, is_async in (("example", False), ("multi", False), ("offloading", True),
+    for ExampleConnector and kvport's host tier (start_load_kv before the forward, ints [1]),
+    asynchronously for the async example (a no-forward step whose start_load_kv says [0])."""
+    for name, is_async in (("example", False), ("multi", False), ("offloading", False),
                            ("async", True)):
         trace = events(runs, name)
         answers = [e.result for e in trace if e.method == "get_num_new_matched_tokens"
@@ -196,17 +196,20 @@ def test_round_two_hits_the_connector(runs: dict[str, Any]) -> None:
 
 def test_worker_follows_vllm_0_32_order(runs: dict[str, Any]) -> None:
     """What the vllm-0.32 profile encodes, seen in a raw trace: layer hooks come before
-    start_load_kv on steps without sync loads, and wait_for_save runs on every step."""
+    start_load_kv on steps without sync loads and after it on steps with them (kvport's host
+    hits), and wait_for_save runs on every step."""
     trace = [e for e in events(runs, "offloading") if e.role == "worker"]
     steps: dict[int, list[str]] = defaultdict(list)
+    sync_steps = {e.step for e in trace if e.method == "start_load_kv" and e.ints == [1]}
     for e in trace:
         if e.step is not None and e.method not in (STEP_MARKER, "has_connector_metadata"):
             steps[e.step].append(e.method)
     assert all(names.count("wait_for_save") == 1 for names in steps.values())
-    forward = [names for names in steps.values() if "save_kv_layer" in names]
-    no_forward = [names for names in steps.values() if "save_kv_layer" not in names]
-    assert forward and no_forward
-    assert all(names.index("start_load_kv") > names.index("save_kv_layer") for names in forward)
+    forward = {step: names for step, names in steps.items() if "save_kv_layer" in names}
+    assert sync_steps and set(forward) - sync_steps
+    for step, names in forward.items():
+        load_first = names.index("start_load_kv") < names.index("save_kv_layer")
+        assert load_first == (step in sync_steps), (step, names)
     assert steps[0][:2] == ["handle_preemptions", "bind_connector_metadata"]
 
 
@@ -309,7 +312,8 @@ def test_same_connector_same_scheduler_calls_in_kvport_and_vllm(runs: dict[str, 
     """kvport's OffloadingConnector recorded by kvport's own recorder in kvport's engine, and
     by RecordingConnector inside vLLM: per request, the same scheduler calls with the same
     arguments and answers (round 1 stores; round 2 loads the prefix asynchronously, then the
-    next request finds it in the engine's own cache). Engine-specific calls are left out:
+    next request finds it in the engine's own cache; the load is synchronous in both, a host
+    hit, and its request prefills in the step that admits it). Engine-specific calls are left out:
     build_connector_meta (how often a request is scheduled), take_events, stats, vLLM-only
     hooks. num_blocks differs with the engines' block sizes and is not compared."""
     n = COMPARE["max_tokens"]
@@ -318,7 +322,9 @@ def test_same_connector_same_scheduler_calls_in_kvport_and_vllm(runs: dict[str, 
     kvport = per_request(read_events(str(runs["dir"] / "kvport.jsonl")))
     vllm = per_request(events(runs, "compare"))
     assert kvport == vllm
-    assert ("finished_recving",) in vllm[3]  # round 2's first request loaded asynchronously
+    # round 2's first request loaded the prefix synchronously: no finished_recving
+    assert vllm[3][1] == ("get_num_new_matched_tokens", (0,), [PREFIX_TOKENS, False])
+    assert ("finished_recving",) not in vllm[3]
     # then the next request finds the loaded prefix in the engine's own cache
     assert vllm[4][1] == ("get_num_new_matched_tokens", (PREFIX_TOKENS,), [0, False])
     assert check_trace(events(runs, "compare")) == []
@@ -472,7 +478,7 @@ def test_recording_on_real_scheduler_wraps_metadata_and_checks_clean(tmp_path: P
     methods = Counter(e.method for e in trace)
     assert methods["build_connector_meta"] == methods["handle_preemptions"] == len(outs)
     loads = [e for e in trace if e.method == "start_load_kv"]
-    assert all(e.ints == [0] for e in loads)  # kvport's loads are asynchronous
+    assert {tuple(e.ints) for e in loads} == {(0,), (1,)}  # host hits load synchronously
 
 
 def test_recording_off_only_forwards(tmp_path: Path) -> None:

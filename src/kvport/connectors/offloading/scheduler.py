@@ -7,7 +7,9 @@ offload blocks are stored or loaded.
 Hits (`get_num_new_matched_tokens`): after the engine's own prefix hit, the leading run of keys
 ready in the host tier, extended by keys a lower tier holds: each from the highest that has it
 (a disk entry exists; else Redis, asked once per request for all the keys left, in one batched
-round trip with a short timeout, which is a miss). Every load is async (the request waits in
+round trip with a short timeout, which is a miss). A run held wholly in host memory is a
+synchronous load (answered is_async=False, copied before the step's forward: the request prefills
+in the step that admits it); any other run is async (the request waits in
 WAITING_FOR_REMOTE_KVS). Keys outside host memory are promoted through host slots reserved with
 prepare_store (bypassing admission control: they are hits), in the same job as the host-to-engine
 copy. Lookups are counted (manager stats, admission control) once per

@@ -2,13 +2,16 @@
 
 Every step, in the driver's order:
     handle_preemptions  wait for `jobs_to_flush` (stores reading blocks handed out again now)
-    start_load_kv       submit this step's loads (a promotion DISK->HOST first when needed)
+    start_load_kv       copy this step's synchronous loads (host hits) now, before the forward,
+                        bounded (late parts fail their blocks); submit its async loads (a
+                        promotion DISK->HOST first when needed)
     get_finished        submit this step's stores (the forward has written their blocks); with
                         `sync_stores`, wait for them, so they report in this very step; poll
                         completions: a store whose copy finished starts its write-through to
                         each lower tier (disk, Redis); a load whose promotions all finished
                         starts its HOST->ENGINE copy; a finished load reports its request in
-                        finished_recving and its failed engine blocks as load errors
+                        finished_recving and its failed engine blocks as load errors; a
+                        step without a forward waits (bounded) for every async load in flight
 Nothing is left to wait_for_save, which no-forward steps skip under the legacy call order.
 
 `sync_stores` is for engines that may stop stepping as soon as no request is left (vLLM's
