@@ -22,12 +22,6 @@ from offload_utils import (
 )
 
 
-@pytest.fixture(scope="module")
-def reference() -> list[list[int]]:
-    llm = make_llm(enable_prefix_caching=False)
-    return run(llm, prompts())[0]
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_host_tier_serves_prefixes_the_pool_evicted(reference: list[list[int]], mode: str) -> None:
     # 48 blocks of 4 tokens hold three 61-token requests: later prompts evict earlier ones.

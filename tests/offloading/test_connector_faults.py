@@ -5,7 +5,6 @@ connector, nothing leaks, and the recorded trace passes the checker."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +20,7 @@ from offload_utils import (
 from fault_tiers import wait_until
 
 
-@pytest.fixture(scope="module")
-def reference() -> list[list[int]]:
-    return run(make_llm(enable_prefix_caching=False), prompts())[0]
-
-
-@pytest.fixture(autouse=True)
-def no_faults() -> Iterator[None]:
-    faulty_connector.FAULTS.clear()
-    yield
-    faulty_connector.FAULTS.clear()
+pytestmark = pytest.mark.usefixtures("no_faults")
 
 
 def faulty_llm(tmp_path: Path, faults: dict[tuple[str, str], dict[str, Any]],

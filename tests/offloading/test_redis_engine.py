@@ -31,12 +31,6 @@ NUM_PROMPT_BLOCKS = len({tuple(p[:(j + 1) * OFFLOAD_BLOCK]) for p in prompts()
                          for j in range(len(p) // OFFLOAD_BLOCK)})
 
 
-@pytest.fixture(scope="module")
-def reference() -> list[list[int]]:
-    llm = make_llm(enable_prefix_caching=False)
-    return run(llm, prompts())[0]
-
-
 def redis_llm(redis: dict[str, Any], trace: Path | None = None, kv_role: str = "kv_both",
               **kwargs: Any) -> LLM:
     extra = {"record_trace": str(trace)} if trace is not None else {}

@@ -6,7 +6,6 @@ prefix cache would have kept."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,7 @@ from offload_utils import (
 STEPS_TO_FIRST_TOKEN_WITHOUT_SYNC = 2  # the admitting step loads, a later one prefills
 
 
-@pytest.fixture(scope="module")
-def reference() -> list[list[int]]:
-    return run(make_llm(enable_prefix_caching=False), prompts())[0]
-
-
-@pytest.fixture(autouse=True)
-def no_faults() -> Iterator[None]:
-    faulty_connector.FAULTS.clear()
-    yield
-    faulty_connector.FAULTS.clear()
+pytestmark = pytest.mark.usefixtures("no_faults")
 
 
 def warmed(sync: bool = True, **kw: Any) -> LLM:

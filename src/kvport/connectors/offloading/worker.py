@@ -261,7 +261,10 @@ class OffloadingConnectorWorker:
             if left <= 0:
                 return
             transfers.wait(loads, timeout=left)
-            self._on_finished(transfers.get_finished())
+            done = transfers.get_finished()
+            if not done:  # done, but behind a job that is not (reported in order): no spinning
+                return
+            self._on_finished(done)
 
     def _on_finished(self, done: list[TransferResult]) -> None:
         for result in done:
