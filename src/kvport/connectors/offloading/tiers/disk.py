@@ -4,17 +4,16 @@ Layout: `<root>/<namespace digest hex[:16]>/<key hex[:2]>/<key hex>.kvb`; each f
 and the payload (the offload block's bytes, as the host tier holds them); see disk_format.
 
 Writes go to a temp file in the entry's directory (`.<key hex>.<pid>.<thread>.tmp`, one writev),
-then `os.replace`d onto the final name: readers (of any process) see no entry or a whole one.
-No fsync: entries must survive the process, not a power cut; a torn file left by a crash fails
-its checksum. A header or checksum mismatch is a miss and removes the file.
+then `os.replace`d: readers (of any process) see no entry or a whole one. No fsync (entries must
+survive the process, not a power cut); a torn or corrupt file is a miss and removed.
 
 Loads read a job's entries in one pass with a window. Each entry is first read with RWF_NOWAIT:
 a cached one is done then (open, preadv, close, xxh3); any other fails at once but has started
-the kernel's readahead of the whole entry, and its fd is kept. Once READ_AHEAD_BYTES of cold
-entries are in flight, the oldest is read, waiting. So the device always has the next entries
-queued (reads of neighbouring entries merge) with no extra open + POSIX_FADV_WILLNEED per entry
-(the old prefetch pass). With pathlib and per-entry locking gone too: cold 720 KiB entries
-0.69 -> 0.81x of one sequential file (0.94-0.98x with the window), warm 0.91 -> 1.15x.
+the kernel's readahead of the whole entry, and its fd is kept. Once READ_AHEAD_* cold entries
+are in flight, the oldest is read, waiting: the device always has the next entries queued
+(reads of neighbouring entries merge), with no extra open + POSIX_FADV_WILLNEED per entry (the
+old prefetch pass). That, and no pathlib or per-entry locking: cold 720 KiB entries 0.69 ->
+0.81x of one sequential file, warm 0.91 -> 1.15x (jobs of 88, 2 at a time, paired rounds).
 
 Index: at start the tier lists its directory and orders entries by mtime (write time), oldest
 first. No file is read: headers are checked lazily, on load, so a start costs one stat per entry.
@@ -50,10 +49,10 @@ logger = logging.getLogger(__name__)
 
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 _STALE_TEMP_SECONDS = 3600.0  # a temp file this old has no live writer: remove it at start
-# Cold bytes a job keeps in flight ahead of the read it waits for. Bounded, not the whole job:
-# cold 720 KiB entries in jobs of 91, two jobs at once, read at 0.94-0.98x of one sequential
-# file with 8-16 entries ahead, 0.81x with all 91 queued (5.6 MiB entries: 0.76x vs 0.69x).
-READ_AHEAD_BYTES = 12 << 20
+# Cold entries a job keeps in flight ahead of the read it waits for, not all: cold 720 KiB
+# entries (jobs of 91, 2 at once) 0.80x of one file with 12 MiB ahead, 0.68x with all queued.
+# At most 64 (an open fd each; soft limits are often 1024): 32 KiB ones read as fast (0.53x).
+READ_AHEAD_BYTES, READ_AHEAD_ENTRIES = 12 << 20, 64
 
 
 class DiskTier:
@@ -207,7 +206,8 @@ class DiskTier:
         (failed: counted, removed if bad), None (cached_only: not wholly in the page cache)."""
         done: list[bool | None] = [None] * len(keys)
         waiting: deque[tuple[int, int, bytearray]] = deque()  # (position, open fd, header)
-        window = max(1, READ_AHEAD_BYTES // max(1, outs[0].nbytes)) if outs else 1
+        window = min(READ_AHEAD_ENTRIES, max(1, READ_AHEAD_BYTES // max(1, outs[0].nbytes))
+                     if outs else 1)
         try:
             for i, (key, out) in enumerate(zip(keys, outs)):
                 raw = bytearray(HEADER_SIZE)
