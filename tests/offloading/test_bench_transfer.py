@@ -13,7 +13,7 @@ from kvport.bench.transfer_common import paired_rounds
 
 
 def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
-    cfg = TransferBenchConfig(geometry="tiny-llama", layout="kvport", total_mib=1, repeats=2,
+    cfg = TransferBenchConfig(geometry="tiny-llama", layout="kvport", total_mib=1, repeats=3,
                               disk_mib=1, disk_dir=str(tmp_path), small_job_blocks=4,
                               strategies=("numpy", "runs"))
     result = run_transfer(cfg)

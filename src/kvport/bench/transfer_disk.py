@@ -17,6 +17,7 @@ slots must equal the stored ones, else the row fails.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import statistics
@@ -73,15 +74,16 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path) -> list[dict[str
     # --- stores: a fresh tier directory per round, next to writing one file -------------------
     tiers: list[tuple[Any, Any]] = []
     files: list[Path] = []
+    rounds = itertools.count()  # a fresh directory and file name every round
 
     def store_tier() -> None:
-        disk = DiskTier(root, 2 * num_bytes + n * 4096, b"bench-%d-%d" % (size, len(tiers)))
+        disk = DiskTier(root, 2 * num_bytes + n * 4096, b"bench-%d-%d" % (size, next(rounds)))
         worker = build_tier_worker(host, {DISK: disk}, lower_threads=cfg.disk_threads)
         tiers.append((disk, worker))
         run(worker, jobs(big, "store"))
 
     def store_file() -> None:
-        files.append(root / f"one-file-{len(files)}.bin")
+        files.append(root / f"one-file-{next(rounds)}.bin")
         with open(files[-1], "wb") as fh:
             fh.write(host.buffer.numpy().data)
 
