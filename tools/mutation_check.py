@@ -137,7 +137,7 @@ MUTANTS: list[Mutant] = [
         "failed-load-not-offered-again", f"{OFFLOADING}/scheduler.py",
         "        if not self.load_enabled or (st is not None and st.load_failed):\n",
         "        if not self.load_enabled:\n",
-        ("tests/vllm/test_vllm_scheduler.py::test_a_failed_load_is_recomputed",),
+        ("tests/vllm/test_vllm_scheduler.py::test_a_failed_load_is_recomputed[False]",),
         "a request whose load failed is not offered it again (vLLM would retry it forever)"),
     Mutant(
         "write-through-pins", f"{OFFLOADING}/scheduler.py",
@@ -177,8 +177,14 @@ MUTANTS: list[Mutant] = [
         "failed-copy-reported", f"{OFFLOADING}/worker.py",
         "                load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
         "                pass\n",
-        (f"{FAULTS}::test_failed_loads_are_recomputed",),
+        (f"{FAULTS}::test_failed_loads_are_recomputed[False]",),
         "engine blocks a HOST->ENGINE copy failed to fill are reported as load errors"),
+    Mutant(
+        "failed-sync-part-reported", f"{OFFLOADING}/worker.py",
+        "            load.engine_failed += [blocks[i] for i in result.failed_indices]\n",
+        "            pass\n",
+        (f"{FAULTS}::test_failed_loads_are_recomputed[True]",),
+        "engine blocks a synchronous load's part failed to fill are this step's load errors"),
     Mutant(
         "failed-promotion-reported", f"{OFFLOADING}/worker.py",
         "        bad = {num_host + p for p in load.promote_failed}",

@@ -42,8 +42,11 @@ def finish(llm: LLM, tmp_path: Path) -> None:
     assert check_file(str(tmp_path / "trace.jsonl")) == []
 
 
-def test_failed_loads_are_recomputed(tmp_path: Path, reference: list[list[int]]) -> None:
-    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"fail_on": {1, 3}}}, disk=False)
+@pytest.mark.parametrize("sync", [True, False])
+def test_failed_loads_are_recomputed(tmp_path: Path, reference: list[list[int]],
+                                     sync: bool) -> None:
+    llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"fail_on": {1, 3}}}, disk=False,
+                     sync_host_loads=sync)
     assert run(llm, prompts())[0] == reference
     llm.reset_prefix_cache()
     assert run(llm, prompts())[0] == reference

@@ -103,11 +103,13 @@ def test_prefix_shared_by_requests_computed_in_the_same_step_is_stored_once() ->
     h.assert_nothing_leaked()
 
 
-def test_a_failed_load_is_recomputed(monkeypatch: pytest.MonkeyPatch) -> None:
-    h = Harness.build(offload_extra())
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_failed_load_is_recomputed(monkeypatch: pytest.MonkeyPatch, sync: bool) -> None:
+    h = Harness.build(offload_extra(sync_host_loads=sync))
     # A failed synchronous load: vLLM runs the step's forward over the blocks it failed to fill,
-    # then throws its output away and recomputes them.
-    h.check_reads = False
+    # then throws its output away and recomputes them. A failed async load: vLLM puts the
+    # request back to waiting, and must not be offered the same load again (kvport answers 0).
+    h.check_reads = not sync
     a = h.add("a", PROMPT, max_tokens=2)
     h.run()
     h.scheduler.reset_prefix_cache()
