@@ -18,13 +18,13 @@ import atexit
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import poll_until
 
 try:
     import redis
@@ -82,12 +82,8 @@ def _kill_leftovers() -> None:
 
 
 def wait_for(cond: Callable[[], bool], what: str, deadline_s: float = START_DEADLINE_S) -> None:
-    """Poll cond until true (a short pause between tries) or fail after the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {deadline_s} s")
-        time.sleep(0.005)
+    """Poll cond (5 ms apart: a redis-server process gets ready) until true, or fail."""
+    poll_until(cond, what, deadline_s, interval_s=0.005)
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from polling import poll_until
 from kvport.connectors.offloading.mediums import LoadStoreSpec
 from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.disk import HEADER_SIZE, DiskTier
@@ -23,11 +23,8 @@ DEADLINE_S = 10.0
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0)  # yield the GIL to the worker threads; the deadline bounds the wait
+    """Poll cond (yielding the GIL to the transfer threads) until true, or fail."""
+    poll_until(cond, "condition", timeout)
 
 
 class FaultyTransfer:

@@ -12,13 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from openai import OpenAI
+from polling import poll_until
 from redis_fixtures import RedisServer
 
 from kvport.model.builtin import builtin_model_dir
@@ -63,22 +63,22 @@ def server(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iter
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"vllm serve exited ({proc.returncode}):\n"
+                                 f"{Path(log).read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"vllm serve exited ({proc.returncode}):\n"
-                                     f"{Path(log).read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"vllm serve not ready after {START_DEADLINE_S:.0f} s:\n"
-                                     f"{Path(log).read_text()[-4000:]}")
-            time.sleep(0.5)  # polling a server's readiness, not waiting for a thread
+        try:  # a server process starting: 0.5 s between tries
+            poll_until(ready, "vllm serve ready", START_DEADLINE_S, interval_s=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{Path(log).read_text()[-4000:]}") from None
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGINT)
@@ -90,14 +90,14 @@ def server(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iter
 
 
 def reset_engine_cache(url: str) -> None:
-    """Drop vLLM's own prefix cache (not kvport's host tier); retried while blocks are held."""
-    for _ in range(50):
+    """Drop vLLM's own prefix cache (not kvport's host tier); retried while in-flight requests
+    still hold blocks."""
+    def reset() -> bool:
         req = urllib.request.Request(url + "/reset_prefix_cache", method="POST")
         with urllib.request.urlopen(req, timeout=30) as r:
-            if json.load(r).get("success"):
-                return
-        time.sleep(0.2)  # in-flight requests still hold blocks: poll until they are done
-    raise AssertionError("vLLM did not reset its prefix cache")
+            return bool(json.load(r).get("success"))
+
+    poll_until(reset, "vLLM resets its prefix cache", 10.0, interval_s=0.2)
 
 
 def kvport_metric(url: str, name: str, **labels: str) -> float:
