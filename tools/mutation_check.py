@@ -462,6 +462,12 @@ MUTANTS: list[Mutant] = [
         (f"{SYNC}::test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy",),
         "parts of a synchronous load still running at its deadline fail their blocks"),
     Mutant(
+        "late-sync-loads-fenced", f"{OFFLOADING}/scheduler.py",
+        "            self._jobs.fence(job_id, self._sync_loads[job_id])\n",
+        "            pass\n",
+        (f"{RACES}::test_a_late_sync_loads_blocks_wait_for_it_before_another_request_gets_them",),
+        "blocks a synchronous load writes are fenced until it ends (a late part may copy)"),
+    Mutant(
         "late-sync-parts-write-nothing", f"{OFFLOADING}/transfers.py",
         "    if dst.deadline is not None and time.monotonic() > dst.deadline:\n",
         "    if False:\n",

@@ -84,6 +84,30 @@ def test_a_finished_requests_blocks_wait_for_its_stores_in_flight() -> None:
     assert fenced == stores  # the race did happen: Q's first forward waited for R's stores
 
 
+def test_a_late_sync_loads_blocks_wait_for_it_before_another_request_gets_them() -> None:
+    """R's synchronous load is still in flight when its step gives up on it: R recomputes its
+    blocks and finishes. Q is then given some of those blocks: Q's first forward waits for the
+    late copy (the fence), so nothing can write Q's blocks after Q computed them."""
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    ps = two_prompts(seed=5)
+    want = reference(ps, params, max_model_len=64, num_kv_blocks=16)
+    llm, transfers = controlled_llm({"block_size": 4}, num_kv_blocks=16, max_model_len=64)
+    assert run_bounded(llm, ps[:1], params) == want[:1]  # R's prompt into the host tier
+    llm.reset_prefix_cache()
+    transfers.hold((HOST, ENGINE))
+    r = llm.engine.add_request("R", ps[0], params)
+    step_until(llm, lambda: r.is_finished)  # the load is late: R recomputed its blocks
+    late = transfers.in_flight((HOST, ENGINE))
+    assert late, "R's synchronous load should still be in flight"
+    q = llm.engine.add_request("Q", ps[1], params)
+    llm.engine.step()  # Q is admitted on R's blocks
+    fenced = list(transfers.fenced)
+    release_and_finish(llm, transfers)
+    assert [r.output_token_ids, q.output_token_ids] == want
+    assert offloading_half(llm).stats.num_sync_loads == 1
+    assert fenced == late  # the race did happen: Q's first forward waited for R's late load
+
+
 @dataclass
 class Preempted:
     llm: LLM

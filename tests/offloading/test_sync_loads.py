@@ -127,6 +127,7 @@ def test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy(
     assert req.output_token_ids == reference[0]
     gate.release_all()  # part 2 starts after its deadline: it must not write its blocks
     step_until(llm, lambda: not llm.engine.has_pending_work())
+    assert gate.num_calls == 2  # parts 3.. were cancelled before they started
     # The engine's own cache kept the recomputed blocks: they are intact.
     assert run(llm, prompts()[:1]) == (reference[:1], [60])
     assert_nothing_leaked(llm)
