@@ -96,7 +96,7 @@ def offloading_config(host_bytes: int, disk_dir: str | None = None, disk_bytes: 
                       redis: dict[str, Any] | None = None) -> dict[str, Any]:
     """The OffloadingConnector's config (vLLM's key names): host tier, optionally a disk tier
     and a Redis tier (`redis`: the tier's keys after "type", e.g. url and tenant_salt);
-    `block_tokens` overrides the connector's offload block size (default: about 1 MiB of KV).
+    `block_tokens` overrides the connector's offload block size (default: the engine's block).
     For vLLM: kvport's connector by module path, and failed loads recomputed (docs/vllm.md)."""
     extra: dict[str, Any] = {"cpu_bytes_to_use": int(host_bytes)}
     if block_tokens is not None:
