@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from kvport.bench import prompt_sampler, resolve_model_dir, special_token_ids, time_tasks
 from kvport.bench.cli import format_throughput, main
@@ -159,9 +160,34 @@ def test_end_to_end_tiny_run_writes_the_documented_schema(tmp_path: Path,
         assert load is None or load >= 0.0
     assert systems["kvport"]["settings"]["enable_prefix_caching"] is False
     assert 0.0 <= systems["kvport"]["greedy_agreement"] <= 1.0
+    ceil = model["ceilings"]
+    assert ceil["read_gb_s"] > 0 and ceil["mm_gflop_s"]["float32"] > 0
+    assert set(ceil["metrics"]) == {"decode_b1", "decode_b2", "prefill"}
+    # a batch-2 step reads the same weights as a batch-1 step: twice the tokens per second
+    assert ceil["metrics"]["decode_b2"] == pytest.approx(2 * ceil["metrics"]["decode_b1"])
     table = capsys.readouterr().out
     assert "kvport" in table and "(1.00x)" in table and "vllm: skipped" in table
+    assert "(ceiling)" in table
     assert format_throughput(result).splitlines()[0] == table.splitlines()[0]
+
+
+def test_ceilings_count_every_weight_once_and_the_prefills_flops() -> None:
+    from kvport.bench.floors import MachineLimits, model_cost
+    from kvport.model.config import ModelConfig
+
+    mc = ModelConfig.from_hf({"model_type": "llama", "vocab_size": 100, "hidden_size": 8,
+                              "intermediate_size": 12, "num_hidden_layers": 2,
+                              "num_attention_heads": 2, "num_key_value_heads": 1,
+                              "head_dim": 4, "tie_word_embeddings": True})
+    cost = model_cost(mc, torch.bfloat16, prefill_len=10)
+    per_layer = 8 * (8 + 2 * 4) + 8 * 8 + 3 * 8 * 12  # qkv, o, gate/up and down
+    assert cost.weight_bytes_per_step == (2 * per_layer + 100 * 8) * 2  # + the head, 2 bytes
+    attention = 4 * 10 * 10 / 2 * 2 * 2 * 4
+    assert cost.prefill_flops == 2 * 10 * per_layer * 2 + 2 * 100 * 8 + attention
+    limits = MachineLimits(threads=2, read_gb_s=10.0, mm_gflop_s={"float32": 100.0})
+    assert cost.decode_ceiling(4, limits) == pytest.approx(4 * 10e9 / cost.weight_bytes_per_step)
+    assert cost.prefill_ceiling(limits, "float32") == pytest.approx(
+        10 * 100e9 / cost.prefill_flops)
 
 
 def test_connector_overhead_tiny_run(tmp_path: Path) -> None:

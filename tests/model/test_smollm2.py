@@ -72,7 +72,11 @@ def test_logits_match_transformers(smol: LoadedModel) -> None:
     prompts.append(smol.tokenizer.encode(chat, add_special_tokens=False))
     ours, theirs = kvport_logits(smol.model, prompts), hf_logits(smol.model_dir, prompts)
     for a, b in zip(ours, theirs, strict=True):
-        assert (a - b).abs().max().item() <= 1e-4
+        # float32 rounding only: kvport's projections run oneDNN's kernels on prepacked weights,
+        # transformers' MKL's, which sum in another order (measured: at most 1.1e-4 on logits
+        # of magnitude 30-41 through the 30 layers; bit for bit with the same kernels).
+        assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item()
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
 def test_greedy_continuation_is_english(smol: LoadedModel) -> None:

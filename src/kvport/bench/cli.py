@@ -226,6 +226,19 @@ def format_throughput(result: dict[str, Any]) -> str:
             loads = [x for x in s["other_load"] if x is not None]
             other = f"{max(loads):.2f}" if loads else "?"
             rows.append([model["model"], s["system"], str(s["threads"]), *cells, other])
+            if s["system"] != "vllm" and s.get("ratio_to_vllm"):
+                notes.append(f"{model['model']} {s['system']} / vllm: " + ", ".join(
+                    f"{h} {s['ratio_to_vllm'][n]:.2f}x" for n, h in zip(names, heads)
+                    if s["ratio_to_vllm"].get(n) is not None))
+        ceil = model.get("ceilings")
+        if ceil:
+            rows.append([model["model"], "(ceiling)", str(ceil["threads"]),
+                         *[_cell(ceil["metrics"].get(n), None) for n in names], ""])
+            rates = ", ".join(f"{d} {g:.0f}" for d, g in ceil["mm_gflop_s"].items())
+            notes.append(f"{model['model']} (ceiling): decode = batch x {ceil['read_gb_s']:.1f} "
+                         f"GB/s read / {ceil['weight_bytes_per_step'] / 1e6:.0f} MB of weights "
+                         f"per step; prefill = its {ceil['prefill_flops'] / 1e9:.0f} GFLOP at "
+                         f"torch.mm's float32 rate (GFLOP/s: {rates})")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)

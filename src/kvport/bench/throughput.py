@@ -21,6 +21,9 @@ Methodology, chosen so that the comparison is fair:
 - Each system is warmed up once (every task, with few tokens), then systems are interleaved
   across repeats (A B C A B C ...) so slow drifts of a noisy machine hit all of them alike, and
   each time is the median over repeats.
+- Next to the systems, per model, the ceilings this machine sets (kvport.bench.floors): decode
+  tokens/s if a step cost only its weight reads at the measured read bandwidth, prefill tokens/s
+  if it cost only its flops at the rate torch.mm reaches.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from kvport.bench import (
     prompt_sampler,
     resolve_model_dir,
 )
+from kvport.bench.floors import ceilings
 from kvport.bench.vllm_baseline import DEFAULT_VLLM_PYTHON, default_vllm_python
 
 BASELINES = ("transformers", "vllm")
@@ -114,6 +118,7 @@ class SystemResult:
     decode: list[DecodeResult] = field(default_factory=list)
     prefill: PrefillResult | None = None
     ratio_to_transformers: dict[str, float | None] = field(default_factory=dict)
+    ratio_to_vllm: dict[str, float | None] = field(default_factory=dict)
     greedy_agreement: float | None = None  # mean share of tokens before divergence from HF
     other_load: list[float | None] = field(default_factory=list)  # per round, see OtherLoadMeter
 
@@ -229,7 +234,8 @@ def run_model(cfg: ThroughputConfig, spec: str, say: Callable[[str], None]) -> d
         if result.status == "ok":
             summarize(cfg, result, rounds[name])
     _compare(cfg, list(results.values()), rounds)
-    return {"model": spec, "model_dir": str(model_dir),
+    return {"model": spec, "model_dir": str(model_dir), "ceilings": ceilings(
+                model_dir, cfg.dtype, cfg.batch_sizes, cfg.prefill_len),
             "systems": [asdict(r) for r in results.values()]}
 
 
@@ -257,8 +263,15 @@ def summarize(cfg: ThroughputConfig, result: SystemResult, rounds: list[dict[str
 
 def _compare(cfg: ThroughputConfig, results: list[SystemResult],
              rounds: dict[str, list[dict[str, Any]]]) -> None:
-    """Ratio of each metric to transformers', and greedy agreement with its outputs: a check that
-    every system really ran the same model (fp32 greedy should agree almost everywhere)."""
+    """Ratio of each metric to transformers' and to vLLM's, and greedy agreement with
+    transformers' outputs: a check that every system really ran the same model (fp32 greedy
+    should agree almost everywhere)."""
+    vllm = next((r for r in results if r.system == "vllm" and r.status == "ok"), None)
+    if vllm is not None:
+        for r in results:
+            if r.status == "ok":
+                r.ratio_to_vllm = {m: _ratio(v, vllm.metrics().get(m))
+                                   for m, v in r.metrics().items()}
     base = next((r for r in results if r.system == "transformers" and r.status == "ok"), None)
     if base is None:
         return

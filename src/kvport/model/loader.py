@@ -49,6 +49,7 @@ def load_model(model: str, dtype: torch.dtype | str, load_weights: bool = True) 
     if load_weights:
         net = LlamaForCausalLM(config, dtype)
         net.load_weights(iter_weights(files))
+        net.pack_weights()
     return LoadedModel(config, net, tokenizer, model_dir, model_identity(model_dir, files))
 
 

@@ -145,10 +145,23 @@ class RotaryEmbedding:
         return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
 
 
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, head_dim / 2) cos, sin -> (T, 1, head_dim) cos and sign-folded sin: built once per
+    step, they make each layer's rotation four ops (`rotate`) instead of eight."""
+    return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (T, num_heads, head_dim) rotated with `rope_tables`' output; same shape and dtype.
+
+    transformers' `x * cos + rotate_half(x) * sin` with the sign of rotate_half folded into sin:
+    bit for bit the same (negating is exact). A strided x (a view into the fused qkv output) is
+    read as it is: the one cat makes the result contiguous (20 us per layer at 8 rows, against
+    30 us for the half-width form that copied x first)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * sin
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (T, num_heads, head_dim); cos, sin (T, head_dim / 2) -> rotated x, same shape and dtype."""
-    # A strided x (a view into the fused qkv output) makes the broadcasts below several times
-    # slower than one copy to contiguous memory first.
-    x1, x2 = x.contiguous().chunk(2, dim=-1)  # (T, H, D/2) each
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, D/2)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotate(x, *rope_tables(cos, sin))

@@ -1,0 +1,106 @@
+"""What this machine allows a decode step and a prefill, to set engine speeds next to.
+
+- Decode: a step at batch B reads every weight of the model once (the projections of every
+  layer and the logits head; the embedding lookup reads only B rows), so B tokens per
+  (weight bytes / memory read bandwidth) is its ceiling. The KV cache it also reads is small
+  next to the weights for short contexts, and left out.
+- Prefill: an L-token prompt costs 2 * L * (projection parameters) multiply-adds in the
+  projections plus the causal attention, 4 * L^2 / 2 * layers * heads * head_dim; at the rate
+  `torch.mm` reaches on a prefill-sized matrix product, L tokens per (flops / rate) is its
+  ceiling (the logits head runs for the last token only).
+
+Both limits are measured in the same run as the engines, on as many threads as they use:
+bandwidth as `torch.sum` over a buffer larger than any cache, matmul throughput as torch's
+linear (the product `torch.mm` runs, with the weight as checkpoints store it) of (L, hidden)
+activations by the (intermediate, hidden) gate projection, in float32 and in the model's dtype.
+torch's half-precision matmul is a slow fallback on CPUs without native support (AVX2): there
+the engine multiplies in float32 (kvport.model.linear), whose rate sets its prefill ceiling.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvport.model.config import ModelConfig
+
+_READ_BYTES = 1 << 30  # well beyond any L3
+_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    threads: int
+    read_gb_s: float  # memory read bandwidth, best of _ROUNDS
+    mm_gflop_s: dict[str, float]  # dtype -> torch.mm rate on a prefill-sized product
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    weight_bytes_per_step: int  # bytes a decode step reads in weights, in the model's dtype
+    prefill_flops: float  # of one prefill of `prefill_len` tokens
+    prefill_len: int
+
+    def decode_ceiling(self, batch: int, limits: MachineLimits) -> float:
+        """tokens/s if a step cost only its weight reads."""
+        return batch * limits.read_gb_s * 1e9 / self.weight_bytes_per_step
+
+    def prefill_ceiling(self, limits: MachineLimits, dtype: str) -> float:
+        """tokens/s if the prefill cost only its flops at torch.mm's rate in `dtype`."""
+        return self.prefill_len * limits.mm_gflop_s[dtype] * 1e9 / self.prefill_flops
+
+
+def model_cost(config: ModelConfig, dtype: torch.dtype, prefill_len: int) -> ModelCost:
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    per_layer = h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * i
+    head = config.vocab_size * h
+    element = torch.tensor([], dtype=dtype).element_size()
+    attention = 4 * prefill_len * prefill_len / 2 * layers * config.num_attention_heads \
+        * config.head_dim
+    flops = 2 * prefill_len * per_layer * layers + 2 * head + attention
+    return ModelCost((per_layer * layers + head) * element, flops, prefill_len)
+
+
+def measure_limits(hidden: int, intermediate: int, rows: int, dtypes: tuple[str, ...]
+                   ) -> MachineLimits:
+    """Read bandwidth and torch.mm throughput with torch's current thread count."""
+    buf = torch.ones(_READ_BYTES // 4, dtype=torch.float32)
+    read = min(_timed(lambda: buf.sum()) for _ in range(_ROUNDS))
+    del buf
+    rates: dict[str, float] = {}
+    for name in dict.fromkeys(("float32", *dtypes)):
+        dt = getattr(torch, name)
+        x = torch.randn(rows, hidden).to(dt)
+        w = torch.randn(intermediate, hidden).to(dt)
+        best = min(_timed(lambda: torch.nn.functional.linear(x, w)) for _ in range(_ROUNDS))
+        rates[name] = 2 * rows * hidden * intermediate / best / 1e9
+    return MachineLimits(torch.get_num_threads(), _READ_BYTES / read / 1e9, rates)
+
+
+def ceilings(model_dir: Path, dtype: str, batch_sizes: tuple[int, ...], prefill_len: int
+             ) -> dict[str, Any]:
+    """The JSON of `kvport bench throughput` per model: this machine's limits for it, measured
+    now with torch's thread count (the systems'), and the tokens/s they allow: `metrics` has the
+    systems' keys (decode_bB, prefill at the float32 rate; `prefill_dtype` per dtype)."""
+    from kvport.model.loader import read_config
+
+    mc = read_config(model_dir)
+    cost = model_cost(mc, getattr(torch, dtype), prefill_len)
+    limits = measure_limits(mc.hidden_size, mc.intermediate_size, prefill_len, (dtype,))
+    metrics = {f"decode_b{b}": cost.decode_ceiling(b, limits) for b in batch_sizes}
+    metrics["prefill"] = cost.prefill_ceiling(limits, "float32")
+    return {"metrics": metrics, "read_gb_s": limits.read_gb_s, "mm_gflop_s": limits.mm_gflop_s,
+            "threads": limits.threads, "weight_bytes_per_step": cost.weight_bytes_per_step,
+            "prefill_flops": cost.prefill_flops,
+            "prefill_dtype": {d: cost.prefill_ceiling(limits, d) for d in limits.mm_gflop_s}}
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
