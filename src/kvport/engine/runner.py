@@ -23,7 +23,7 @@ from kvport.connectors.base import ForwardContext, KVCacheSpec, KVConnectorBase
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import (
-    KV_LAYOUT, AttentionMetadata, PagedAttention, PrefillSeq, kv_cache_shape,
+    KV_LAYOUT, AttentionMetadata, DecodeRows, PagedAttention, PrefillSeq, kv_cache_shape,
 )
 from kvport.model.config import ModelConfig
 from kvport.model.sampler import sample
@@ -117,15 +117,17 @@ class ModelRunner:
             if lp is not None:
                 out.logprobs[state.req_id] = [lp]
 
-    def _padded_tables(self, tables: list[list[int]], lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block tables padded with block 0, and the (n, 1, 1, max_len) mask of visible keys."""
+    def _decode_rows(self, tables: list[list[int]], lens: list[int]) -> DecodeRows:
+        """Block tables padded with block 0, lengths, and the (n, 1, 1, max_len) mask of visible
+        keys (the torch path's)."""
         max_blocks = max((len(t) for t in tables), default=0)
         out = torch.zeros((len(tables), max_blocks), dtype=torch.long)
         for i, t in enumerate(tables):
             out[i, :len(t)] = torch.tensor(t)
         width = max_blocks * self.block_size
-        mask = torch.arange(width).unsqueeze(0) < torch.tensor(lens, dtype=torch.long).unsqueeze(1)
-        return out, mask.view(len(tables), 1, 1, width)
+        lens_t = torch.tensor(lens, dtype=torch.long)
+        mask = torch.arange(width).unsqueeze(0) < lens_t.unsqueeze(1)
+        return DecodeRows(out, lens_t, mask.view(len(tables), 1, 1, width))
 
     def shutdown(self) -> None:
         self.requests.clear()
@@ -193,15 +195,13 @@ class ModelRunner:
                 logits_idx.append(len(input_ids) - 1)
             state.num_computed_tokens = end
         pos = torch.tensor(positions, dtype=torch.long)
-        tables, mask = self._padded_tables(decode_tables, decode_lens)
+        decodes = self._decode_rows(decode_tables, decode_lens)
         # The rows that sample attend like decodes in the last layer (see LlamaForCausalLM).
-        if sample_ids == decode_ids:  # a pure decode step: the same tables
-            s_tables, s_mask = tables, mask
-        else:
-            s_tables, s_mask = self._padded_tables(sample_tables, sample_lens)
+        samples = (decodes if sample_ids == decode_ids  # a pure decode step: the same tables
+                   else self._decode_rows(sample_tables, sample_lens))
         meta = AttentionMetadata(
             slot_block_ids=torch.tensor(slot_blocks, dtype=torch.long), slot_offsets=pos % bs,
-            num_decode_tokens=len(decode_tables), decode_block_tables=tables, decode_mask=mask,
-            prefills=prefills, sample_block_tables=s_tables, sample_mask=s_mask)
+            num_decode_tokens=len(decode_tables), decodes=decodes, prefills=prefills,
+            samples=samples)
         return StepBatch(torch.tensor(input_ids, dtype=torch.long), pos, meta, sample_ids,
                          torch.tensor(logits_idx, dtype=torch.long))

@@ -24,7 +24,9 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
+from kvport.model import kernels
 from kvport.model.config import ModelConfig
 
 KV_LAYOUT = "blocks-layers-kv-tokens-heads-dim"  # the name of the layout below, in hashes and specs
@@ -77,18 +79,25 @@ class PrefillSeq:
 
 
 @dataclass
+class DecodeRows:
+    """Sequences with one query row each, attended over their blocks: the step's decodes, or
+    the last token of each request that samples (attend_rows)."""
+
+    block_tables: torch.Tensor  # (n, max_blocks) int64, padded with block 0
+    lens: torch.Tensor  # (n,) int64: keys each row sees (its position + 1)
+    mask: torch.Tensor  # (n, 1, 1, max_blocks * block_size) bool: key visible (torch path)
+
+
+@dataclass
 class AttentionMetadata:
     """Everything attention needs for one step; built by the runner from the scheduler output."""
 
     slot_block_ids: torch.Tensor  # (T,) int64: pool block that receives each new token's K/V
     slot_offsets: torch.Tensor  # (T,) int64: offset inside that block
     num_decode_tokens: int  # the first num_decode_tokens tokens each belong to their own request
-    decode_block_tables: torch.Tensor  # (num_decodes, max_blocks) int64, padded with block 0
-    decode_mask: torch.Tensor  # (num_decodes, 1, 1, max_blocks * block_size) bool: key visible
+    decodes: DecodeRows
     prefills: list[PrefillSeq]
-    # The same for the last token of each request that samples (attend_rows), in row order.
-    sample_block_tables: torch.Tensor | None = None
-    sample_mask: torch.Tensor | None = None
+    samples: DecodeRows | None = None  # the last token of each request that samples, in order
 
 
 class PagedAttention:
@@ -109,7 +118,7 @@ class PagedAttention:
         out = torch.empty_like(q)
         nd = meta.num_decode_tokens
         if nd:
-            out[:nd] = self._decode(layer_cache, q[:nd], meta.decode_block_tables, meta.decode_mask)
+            out[:nd] = self._decode(layer_cache, q[:nd], meta.decodes)
         for seq in meta.prefills:
             s, e = seq.query_start, seq.query_start + seq.query_len
             if seq.context_len == 0:
@@ -124,9 +133,9 @@ class PagedAttention:
         # Each selected row is its request's last token: one query over the request's whole
         # context, which is exactly a decode over the pool.
         meta = self.meta
-        assert meta.sample_block_tables is not None and meta.sample_mask is not None
+        assert meta.samples is not None, "attend_rows needs the sampled rows' tables"
         layer_cache = self._store(layer_idx, k, v)
-        out = self._decode(layer_cache, q, meta.sample_block_tables, meta.sample_mask) if len(q) else q
+        out = self._decode(layer_cache, q, meta.samples) if len(q) else q
         self._stored(layer_idx)
         return out
 
@@ -144,12 +153,14 @@ class PagedAttention:
         if self.hooks is not None:
             self.hooks.after_attention(layer_idx, self.kv_cache)
 
-    def _decode(self, layer_cache: torch.Tensor, q: torch.Tensor, block_tables: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def _decode(self, layer_cache: torch.Tensor, q: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
         """One query per request over its blocks: q (n, heads, D) -> (n, heads, D)."""
-        n, max_blocks = block_tables.shape
+        out = kernels.decode_attention(q, layer_cache, rows.block_tables, rows.lens, self.scale)
+        if out is not None:  # read in place from the pool (kvport/model/paged_attention.c)
+            return out
+        n, max_blocks = rows.block_tables.shape
         _, _, bs, kvh, d = layer_cache.shape
-        flat = block_tables.view(-1)
+        flat = rows.block_tables.view(-1)
         # index_select on the strided K (V) view: one contiguous gather, ~5x faster than
         # advanced indexing of both at once.
         k = layer_cache[:, 0].index_select(0, flat).view(n, max_blocks * bs, kvh, d).transpose(1, 2)
@@ -159,7 +170,7 @@ class PagedAttention:
         # KV head h, as in the checkpoints.
         group = q.shape[1] // kvh
         o = F.scaled_dot_product_attention(
-            q.reshape(n, kvh, group, d), k, v, attn_mask=mask, scale=self.scale,
+            q.reshape(n, kvh, group, d), k, v, attn_mask=rows.mask, scale=self.scale,
         )  # (n, kvh, group, D)
         return o.reshape(n, kvh * group, d)
 
@@ -167,16 +178,16 @@ class PagedAttention:
         self, layer_cache: torch.Tensor, q: torch.Tensor, seq: PrefillSeq
     ) -> torch.Tensor:
         total = seq.context_len + seq.query_len
-        kv = layer_cache[seq.block_table]  # (nb, 2, bs, kv_heads, D)
-        kvh, d = kv.shape[3], kv.shape[4]
-        k = kv[:, 0].reshape(-1, kvh, d)[:total]
-        v = kv[:, 1].reshape(-1, kvh, d)[:total]
-        # Query j sits at absolute position context_len + j and sees keys 0..context_len + j.
-        q_pos = torch.arange(seq.context_len, total).unsqueeze(1)
-        mask = torch.arange(total).unsqueeze(0) <= q_pos  # (L, total)
+        _, _, _, kvh, d = layer_cache.shape
+        # K and V gathered apart from their strided views (index_select, contiguous results
+        # SDPA reads as they are), with keys visible lower-right causal: 1.69 -> 1.20 ms per
+        # layer for 16 queries over 2048 cached tokens, against advanced indexing of both and
+        # a materialized mask.
+        k = layer_cache[:, 0].index_select(0, seq.block_table).view(-1, kvh, d)[:total]
+        v = layer_cache[:, 1].index_select(0, seq.block_table).view(-1, kvh, d)[:total]
         o = F.scaled_dot_product_attention(
             _heads_first(q), _heads_first(k), _heads_first(v),
-            attn_mask=mask, scale=self.scale, enable_gqa=True,
+            attn_mask=causal_lower_right(seq.query_len, total), scale=self.scale, enable_gqa=True,
         )
         return o[0].transpose(0, 1)
 

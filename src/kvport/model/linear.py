@@ -82,22 +82,15 @@ class PackedLinear(nn.Module):
                 f"dtype={self.dtype}, compute_dtype={self.compute_dtype}")
 
 
-def packed_or_plain(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
-    """A PackedLinear of these weights, or a plain nn.Linear holding them where this torch
-    build has no oneDNN linear (the caller keeps working either way)."""
-    if onednn_available():
-        try:
-            return PackedLinear(weight, bias)
-        except RuntimeError as exc:  # e.g. a CPU or dtype this oneDNN build does not take
-            logger.warning("oneDNN cannot pack a %s weight of shape %s (%s); using torch's "
-                           "linear", weight.dtype, tuple(weight.shape), exc)
-    out, inp = weight.shape
-    plain = nn.Linear(inp, out, bias=bias is not None, dtype=weight.dtype)
-    with torch.no_grad():
-        plain.weight.copy_(weight)
-        if bias is not None:
-            plain.bias.copy_(bias)
-    return plain.requires_grad_(False)
+def try_pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear | None:
+    """A PackedLinear of these weights, or None (logged) where oneDNN refuses them: the caller
+    keeps torch's linear then."""
+    try:
+        return PackedLinear(weight, bias)
+    except RuntimeError as exc:  # e.g. a CPU or dtype this oneDNN build does not take
+        logger.warning("oneDNN cannot pack a %s weight of shape %s (%s); using torch's linear",
+                       weight.dtype, tuple(weight.shape), exc)
+        return None
 
 
 def pack_linears(module: nn.Module) -> int:
@@ -109,9 +102,7 @@ def pack_linears(module: nn.Module) -> int:
     count = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                packed = packed_or_plain(child.weight, child.bias)
+            if isinstance(child, nn.Linear) and (packed := try_pack(child.weight, child.bias)):
                 setattr(parent, name, packed)
-                count += isinstance(packed, PackedLinear)
+                count += 1
     return count
-

@@ -1,0 +1,122 @@
+"""The engine's one native kernel: decode attention over the paged pool (paged_attention.c).
+
+Built on first use with the machine's C compiler (`$CC`, else gcc or cc) into the kvport cache
+(`$KVPORT_CACHE_DIR/kernels`, default ~/.cache/kvport/kernels), under a name that hashes the
+source, the flags, the compiler and this CPU's feature flags (the build uses -march=native, so a
+cache shared by other machines never hands one a binary it cannot run). It is loaded with
+ctypes, which releases the GIL for the call, and links OpenMP: torch has loaded its libgomp
+already, so the kernel runs on torch's own thread team (`torch.set_num_threads` applies).
+
+Where it cannot be built or run (no compiler, another dtype), `decode_attention` returns None and
+the caller takes the torch path, with one warning. `KVPORT_NATIVE_KERNELS=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kvport.model.builtin import default_cache_dir
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_attention.c")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c11", "-shared", "-fPIC")
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class _Geometry(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "n", "heads", "kv_heads", "head_dim", "block_size", "table_len", "q_tok", "q_head",
+        "kv_block", "kv_kv", "kv_tok", "kv_head", "o_tok", "o_head")] + [
+        ("scale", ctypes.c_float), ("bf16", ctypes.c_int32)]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(compiler: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside its final name and renamed: processes that build at once never load half a file.
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        partial = Path(tmp) / out.name
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"], check=True,
+                       capture_output=True, text=True, timeout=120)
+        os.replace(partial, out)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("KVPORT_NATIVE_KERNELS") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        logger.warning("no C compiler (gcc or $CC): decode attention takes the slower torch path")
+        return None
+    key = hashlib.sha256("\0".join(
+        [SOURCE.read_text(), *FLAGS, compiler, platform.machine(), _cpu_flags()]).encode())
+    path = default_cache_dir() / "kernels" / f"paged_attention-{key.hexdigest()[:16]}.so"
+    try:
+        if not path.exists():
+            _build(compiler, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        logger.warning("could not build %s with %s (%s): decode attention takes the slower "
+                       "torch path", SOURCE.name, compiler, detail)
+        return None
+    fn = lib.kvport_decode_attention
+    fn.argtypes = [ctypes.POINTER(_Geometry)] + [ctypes.c_void_p] * 5
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def decode_attention(q: torch.Tensor, layer_cache: torch.Tensor, block_tables: torch.Tensor,
+                     lens: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """Attention of q (n, heads, head_dim), one query per sequence, over the first lens[i] keys
+    of sequence i's blocks in `layer_cache` (blocks, 2, block_size, kv_heads, head_dim), a
+    strided view of the pool; None where the kernel cannot run (take the torch path)."""
+    lib = _library()
+    if lib is None or q.dtype not in DTYPES or layer_cache.dtype != q.dtype:
+        return None
+    n, heads, head_dim = q.shape
+    _, two, block_size, kv_heads, d = layer_cache.shape
+    assert two == 2 and d == head_dim and heads % kv_heads == 0, \
+        f"q {tuple(q.shape)} does not fit the pool's layer view {tuple(layer_cache.shape)}"
+    assert q.stride(-1) == 1 and layer_cache.stride(-1) == 1 and layer_cache.stride(-2) == d, \
+        "the head dimension must be contiguous"
+    assert block_tables.dtype == lens.dtype == torch.int64 and block_tables.is_contiguous() \
+        and lens.is_contiguous() and block_tables.shape[0] == lens.shape[0] == n, \
+        "block tables and lengths: contiguous int64, one row per sequence"
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if n == 0:
+        return out
+    geometry = _Geometry(
+        n, heads, kv_heads, head_dim, block_size, block_tables.shape[1], q.stride(0),
+        q.stride(1), layer_cache.stride(0), layer_cache.stride(1), layer_cache.stride(2),
+        layer_cache.stride(3), out.stride(0), out.stride(1), scale, DTYPES[q.dtype])
+    rc = lib.kvport_decode_attention(ctypes.byref(geometry), q.data_ptr(),
+                                     layer_cache.data_ptr(), block_tables.data_ptr(),
+                                     lens.data_ptr(), out.data_ptr())
+    return out if rc == 0 else None

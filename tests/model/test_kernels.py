@@ -1,0 +1,123 @@
+"""The native decode attention (kvport.model.kernels, paged_attention.c) against plain attention,
+its fallbacks, and the engine's output with it and without it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvport import LLM, SamplingParams
+from kvport.model import kernels
+
+
+def reference(q: torch.Tensor, layer: torch.Tensor, tables: torch.Tensor,
+              lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Dense float64 attention of each row over its first lens[i] keys, gathered block by block."""
+    n, heads, d = q.shape
+    bs, kvh = layer.shape[2], layer.shape[3]
+    out = torch.empty(n, heads, d, dtype=torch.float64)
+    for i in range(n):
+        keys = layer[tables[i], 0].reshape(-1, kvh, d)[: lens[i]].double()  # (len, kvh, d)
+        vals = layer[tables[i], 1].reshape(-1, kvh, d)[: lens[i]].double()
+        for h in range(heads):
+            kv_head = h // (heads // kvh)
+            w = torch.softmax(keys[:, kv_head] @ q[i, h].double() * scale, dim=0)
+            out[i, h] = w @ vals[:, kv_head]
+    return out
+
+
+def make_case(n: int, heads: int, kv_heads: int, block_size: int, lens: list[int],
+              dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    d, blocks, layers = 32, 40, 3
+    pool = torch.randn(blocks, layers, 2, block_size, kv_heads, d, generator=gen).to(dtype)
+    width = max(-(-x // block_size) for x in lens) + 1  # padded like the runner's tables
+    tables = torch.stack([torch.randperm(blocks, generator=gen)[:width] for _ in range(n)])
+    # q as the model hands it over: a strided view into a wider projection output
+    wide = torch.randn(n, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+    q = wide[:, : heads * d].view(n, heads, d)
+    return q, pool[:, 1], tables, torch.tensor(lens, dtype=torch.int64)
+
+
+# Every machine kvport supports has a C compiler (README): a kernel that does not build fails
+# these tests, unless it was switched off on purpose.
+needs_kernel = pytest.mark.skipif(os.environ.get("KVPORT_NATIVE_KERNELS") == "0",
+                                  reason="KVPORT_NATIVE_KERNELS=0")
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (9, 3), (8, 2)])
+@pytest.mark.parametrize("n", [1, 5])  # one sequence: split over its KV heads; five: one each
+def test_decode_attention_equals_attention(dtype: torch.dtype, heads: int, kv_heads: int,
+                                           n: int) -> None:
+    lens = [1, 16, 17, 40, 63][:n]  # one key, whole blocks, a partial last block
+    q, layer, tables, lens_t = make_case(n, heads, kv_heads, 16, lens, dtype, seed=heads + n)
+    got = kernels.decode_attention(q, layer, tables, lens_t, 0.3)
+    assert got is not None and got.dtype == dtype and got.shape == q.shape
+    want = reference(q, layer, tables, lens_t, 0.3)
+    tol = 1e-5 if dtype == torch.float32 else 2.0 ** -7  # float32 sums; one bfloat16 rounding
+    assert ((got.double() - want).abs() <= tol * want.abs().clamp(min=1.0)).all()
+
+
+@needs_kernel
+def test_decode_attention_reads_large_blocks_and_no_rows() -> None:
+    q, layer, tables, lens = make_case(2, 6, 2, 128, [130, 255], torch.float32)
+    got = kernels.decode_attention(q, layer, tables, lens, 0.2)
+    assert got is not None
+    torch.testing.assert_close(got.double(), reference(q, layer, tables, lens, 0.2), rtol=1e-5,
+                               atol=1e-6)
+    empty = kernels.decode_attention(q[:0], layer, tables[:0], lens[:0], 0.2)
+    assert empty is not None and empty.shape == (0, 6, 32)
+
+
+def test_other_dtypes_take_the_torch_path() -> None:
+    q, layer, tables, lens = make_case(2, 4, 2, 16, [5, 9], torch.float16)
+    assert kernels.decode_attention(q, layer, tables, lens, 0.5) is None
+
+
+def test_without_a_compiler_decode_attention_falls_back_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("KVPORT_NATIVE_KERNELS", raising=False)
+    monkeypatch.setenv("KVPORT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    kernels._library.cache_clear()
+    try:
+        q, layer, tables, lens = make_case(1, 4, 2, 16, [5], torch.float32)
+        assert kernels.decode_attention(q, layer, tables, lens, 0.5) is None
+        assert "torch path" in caplog.text
+        monkeypatch.setenv("KVPORT_NATIVE_KERNELS", "0")
+        monkeypatch.delenv("CC")
+        kernels._library.cache_clear()
+        assert not kernels.available()  # switched off: not even built
+        assert not list(tmp_path.rglob("*.so"))
+    finally:
+        kernels._library.cache_clear()
+
+
+@needs_kernel
+def test_engine_output_is_the_same_with_and_without_the_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = [[5, 6, 7] * 9, [11, 12] * 20, [40] * 3]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=2)
+
+    def run() -> list[tuple[list[int], list[dict[int, float]]]]:
+        llm = LLM("builtin:tiny-llama", num_kv_blocks=64)
+        try:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            llm.engine.check_no_leaks()
+            return [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outs]
+        finally:
+            llm.shutdown()
+
+    with_kernel = run()
+    monkeypatch.setattr(kernels, "decode_attention", lambda *args: None)
+    without = run()
+    for (tokens_a, lp_a), (tokens_b, lp_b) in zip(with_kernel, without, strict=True):
+        assert tokens_a == tokens_b
+        for a, b in zip(lp_a, lp_b, strict=True):
+            assert a.keys() == b.keys()
+            assert all(abs(a[t] - b[t]) <= 1e-4 for t in a)
