@@ -74,6 +74,15 @@ def test_decode_attention_reads_large_blocks_and_no_rows() -> None:
     assert empty is not None and empty.shape == (0, 6, 32)
 
 
+@needs_kernel
+def test_loading_the_kernel_leaves_the_processs_float_arithmetic_alone() -> None:
+    # Linked with -ffast-math, a shared library switches the whole process to flush-to-zero when
+    # it loads: torch's and numpy's subnormals would silently become 0.
+    assert kernels.available()
+    tiny = torch.tensor([1e-40])
+    assert (tiny * 1.0).item() != 0.0
+
+
 def test_other_dtypes_take_the_torch_path() -> None:
     q, layer, tables, lens = make_case(2, 4, 2, 16, [5, 9], torch.float16)
     assert kernels.decode_attention(q, layer, tables, lens, 0.5) is None
