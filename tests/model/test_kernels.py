@@ -83,6 +83,23 @@ def test_loading_the_kernel_leaves_the_processs_float_arithmetic_alone() -> None
     assert (tiny * 1.0).item() != 0.0
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 7, 300])  # 300: split over the threads
+def test_store_kv_writes_what_index_put_writes(dtype: torch.dtype, tokens: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    pool = torch.randn(50, 3, 2, 16, 2, 8, generator=gen).to(dtype)
+    expected = pool.clone()
+    slots = torch.randperm(50 * 16, generator=gen)[:tokens]  # distinct (block, offset) pairs
+    blocks, offsets = slots // 16, slots % 16
+    qkv = torch.randn(tokens, 6 * 8, generator=gen).to(dtype)  # k, v: views as the model has
+    k, v = qkv[:, 2 * 8:4 * 8].view(tokens, 2, 8), qkv[:, 4 * 8:].view(tokens, 2, 8)
+    assert kernels.store_kv(pool[:, 1], blocks, offsets, k, v)
+    expected[blocks, 1, 0, offsets] = k
+    expected[blocks, 1, 1, offsets] = v
+    assert torch.equal(pool, expected)
+
+
 def test_other_dtypes_take_the_torch_path() -> None:
     q, layer, tables, lens = make_case(2, 4, 2, 16, [5, 9], torch.float16)
     assert kernels.decode_attention(q, layer, tables, lens, 0.5) is None

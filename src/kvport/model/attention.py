@@ -115,8 +115,12 @@ class PagedAttention:
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta
         layer_cache = self._store(layer_idx, k, v)
-        out = torch.empty_like(q)
         nd = meta.num_decode_tokens
+        if nd == len(q):  # decodes only: their output is the layer's
+            out = self._decode(layer_cache, q, meta.decodes)
+            self._stored(layer_idx)
+            return out
+        out = torch.empty_like(q)
         if nd:
             out[:nd] = self._decode(layer_cache, q[:nd], meta.decodes)
         for seq in meta.prefills:
@@ -145,8 +149,9 @@ class PagedAttention:
             self.hooks.before_attention(layer_idx)
         meta = self.meta
         layer_cache = self.kv_cache[:, layer_idx]  # (num_blocks, 2, block_size, kv_heads, head_dim)
-        layer_cache[meta.slot_block_ids, 0, meta.slot_offsets] = k.to(layer_cache.dtype)
-        layer_cache[meta.slot_block_ids, 1, meta.slot_offsets] = v.to(layer_cache.dtype)
+        if not kernels.store_kv(layer_cache, meta.slot_block_ids, meta.slot_offsets, k, v):
+            layer_cache[meta.slot_block_ids, 0, meta.slot_offsets] = k.to(layer_cache.dtype)
+            layer_cache[meta.slot_block_ids, 1, meta.slot_offsets] = v.to(layer_cache.dtype)
         return layer_cache
 
     def _stored(self, layer_idx: int) -> None:

@@ -1,4 +1,5 @@
-"""The engine's one native kernel: decode attention over the paged pool (paged_attention.c).
+"""The engine's native kernels over the paged pool (paged_attention.c): decode attention, and
+the write of a step's K/V into the pool.
 
 Built on first use with the machine's C compiler (`$CC`, else gcc or cc) into the kvport cache
 (`$KVPORT_CACHE_DIR/kernels`, default ~/.cache/kvport/kernels), under a name that hashes the
@@ -8,7 +9,8 @@ ctypes, which releases the GIL for the call, and links OpenMP: torch has loaded 
 already, so the kernel runs on torch's own thread team (`torch.set_num_threads` applies).
 
 Where it cannot be built or run (no compiler, another dtype), `decode_attention` returns None and
-the caller takes the torch path, with one warning. `KVPORT_NATIVE_KERNELS=0` turns it off.
+the caller takes the torch path, with one warning (`store_kv` returns False).
+`KVPORT_NATIVE_KERNELS=0` turns it off.
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ def _library() -> ctypes.CDLL | None:
     fn = lib.kvport_decode_attention
     fn.argtypes = [ctypes.POINTER(_Geometry)] + [ctypes.c_void_p] * 5
     fn.restype = ctypes.c_int
+    store = lib.kvport_store_kv
+    store.argtypes = [ctypes.POINTER(_Geometry), *[ctypes.c_void_p] * 4, ctypes.c_int64,
+                      ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    store.restype = None
     return lib
 
 
@@ -126,3 +132,27 @@ def decode_attention(q: torch.Tensor, layer_cache: torch.Tensor, block_tables: t
                                      layer_cache.data_ptr(), block_tables.data_ptr(),
                                      lens.data_ptr(), out.data_ptr())
     return out if rc == 0 else None
+
+
+def store_kv(layer_cache: torch.Tensor, slot_blocks: torch.Tensor, slot_offsets: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor) -> bool:
+    """layer_cache[slot_blocks[t], 0 / 1, slot_offsets[t]] = k[t] / v[t] for every token t (k, v:
+    (T, kv_heads, head_dim), heads side by side); False where the kernel cannot (torch path)."""
+    lib = _library()
+    if lib is None or not (k.dtype == v.dtype == layer_cache.dtype):
+        return False
+    t, kv_heads, head_dim = k.shape
+    assert v.shape == k.shape and layer_cache.shape[3:] == (kv_heads, head_dim), \
+        f"K/V {tuple(k.shape)} do not fit the pool's layer view {tuple(layer_cache.shape)}"
+    assert k.stride()[1:] == v.stride()[1:] == (head_dim, 1) \
+        and layer_cache.stride()[3:] == (head_dim, 1), "K/V rows must be contiguous per token"
+    assert slot_blocks.dtype == slot_offsets.dtype == torch.int64 \
+        and slot_blocks.is_contiguous() and slot_offsets.is_contiguous() \
+        and len(slot_blocks) == len(slot_offsets) == t, "one int64 slot per token"
+    geometry = _Geometry(n=t, kv_heads=kv_heads, head_dim=head_dim,
+                         kv_block=layer_cache.stride(0), kv_kv=layer_cache.stride(1),
+                         kv_tok=layer_cache.stride(2), kv_head=layer_cache.stride(3))
+    lib.kvport_store_kv(ctypes.byref(geometry), layer_cache.data_ptr(), slot_blocks.data_ptr(),
+                        slot_offsets.data_ptr(), k.data_ptr(), k.stride(0), v.data_ptr(),
+                        v.stride(0), k.element_size())
+    return True

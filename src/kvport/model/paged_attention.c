@@ -151,3 +151,21 @@ int kvport_decode_attention(const Geometry *g, const void *q, const void *kv,
     }
     return failed ? -1 : 0;
 }
+
+/* pool[slot_blocks[t], 0 (K) / 1 (V), slot_offsets[t]] = k[t], v[t] for the step's n tokens, all
+ * their KV heads: one call per layer instead of two index_put ops (the rows are head_dim
+ * elements of `elem` bytes; any dtype). */
+void kvport_store_kv(const Geometry *g, void *kv, const int64_t *slot_blocks,
+                     const int64_t *slot_offsets, const void *k, int64_t k_tok,
+                     const void *v, int64_t v_tok, int64_t elem) {
+    const int64_t row = g->head_dim * elem;
+#pragma omp parallel for schedule(static) if (g->n > 256)
+    for (int64_t t = 0; t < g->n; t++) {
+        char *dst = (char *)kv + (slot_blocks[t] * g->kv_block + slot_offsets[t] * g->kv_tok) * elem;
+        const char *kt = (const char *)k + t * k_tok * elem, *vt = (const char *)v + t * v_tok * elem;
+        for (int64_t h = 0; h < g->kv_heads; h++) {
+            memcpy(dst + h * g->kv_head * elem, kt + h * g->head_dim * elem, row);
+            memcpy(dst + (g->kv_kv + h * g->kv_head) * elem, vt + h * g->head_dim * elem, row);
+        }
+    }
+}
