@@ -100,6 +100,31 @@ def test_store_kv_writes_what_index_put_writes(dtype: torch.dtype, tokens: int) 
     assert torch.equal(pool, expected)
 
 
+@needs_kernel
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 40, 16), (5, 33, 37), (8, 64, 96), (9, 40, 3),
+                                           (33, 17, 50)])  # 9, 33: a second pass of 8 rows
+def test_small_matmul_equals_a_float64_product(m: int, k: int, n: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(m * k + n)
+    w, x = torch.randn(n, k, generator=gen), torch.randn(m, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    tiled = kernels.tile_weight(w)
+    assert tiled.shape == (-(-n // 16), k, 16)
+    got = kernels.small_matmul(x, tiled, b, n)
+    assert got is not None and got.shape == (m, n)
+    exact = x.double() @ w.double().t() + (0 if b is None else b.double())
+    # float32 sums over k terms of size ~1: a few ulps of the sum of magnitudes
+    bound = 4 * k * 2.0 ** -24 * (x.double().abs() @ w.double().abs().t() + 1)
+    assert ((got.double() - exact).abs() <= bound).all()
+
+
+def test_tiled_weights_read_back_as_the_transposed_matrix() -> None:
+    w = torch.randn(37, 9)
+    tiled = kernels.tile_weight(w)
+    assert torch.equal(tiled[2, :, :5], w[32:].t()) and not tiled[2, :, 5:].any()  # zero pad
+    assert torch.equal(kernels.untile_weight(tiled, 37), w.t())
+
+
 def test_other_dtypes_take_the_torch_path() -> None:
     q, layer, tables, lens = make_case(2, 4, 2, 16, [5, 9], torch.float16)
     assert kernels.decode_attention(q, layer, tables, lens, 0.5) is None
@@ -140,7 +165,7 @@ def test_engine_output_is_the_same_with_and_without_the_kernel(
             llm.shutdown()
 
     with_kernel = run()
-    monkeypatch.setattr(kernels, "decode_attention", lambda *args: None)
+    monkeypatch.setattr(kernels, "_library", lambda: None)  # every kernel: attention, KV, matmul
     without = run()
     for (tokens_a, lp_a), (tokens_b, lp_b) in zip(with_kernel, without, strict=True):
         assert tokens_a == tokens_b

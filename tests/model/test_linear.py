@@ -1,5 +1,6 @@
-"""Prepacked linear layers (kvport.model.linear): same products as torch's linear, the model's
-weights packed once and the unpacked copies dropped, and torch's linear where oneDNN is missing."""
+"""Prepacked linear layers (kvport.model.linear): same products as torch's linear, tiled for the
+native small matmul or packed for oneDNN, the model's weights packed once and the unpacked copies
+dropped, and torch's linear where oneDNN is missing."""
 
 from __future__ import annotations
 
@@ -13,28 +14,44 @@ from torch import nn
 
 import kvport.model.linear as linear_mod
 import kvport.model.llama as llama_mod
-from kvport.model.linear import PackedLinear, native_half, onednn_available, pack_linears
+from kvport.model import kernels
+from kvport.model.linear import (SMALL_ROWS, PackedLinear, native_half, onednn_available,
+                                 pack_linears)
 from kvport.model.loader import load_model
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
 
 
+@pytest.fixture(params=["tiled", "onednn"])
+def packing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both packings of a float32 weight: tiled where the native kernels build, else oneDNN."""
+    if request.param == "tiled" and not kernels.available():
+        pytest.skip("native kernels off (KVPORT_NATIVE_KERNELS=0)")
+    if request.param == "onednn":
+        monkeypatch.setattr(kernels, "available", lambda: False)
+    return str(request.param)
+
+
 @needs_onednn
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 7, 64, 300])
-def test_packed_float32_equals_torch_linear(rows: int, bias: bool) -> None:
+@pytest.mark.parametrize("rows", [1, 7, SMALL_ROWS, SMALL_ROWS + 1, 300])
+def test_packed_float32_equals_torch_linear(rows: int, bias: bool, packing: str) -> None:
     gen = torch.Generator().manual_seed(rows)
-    w = torch.randn(96, 40, generator=gen)
-    b = torch.randn(96, generator=gen) if bias else None
+    w = torch.randn(90, 40, generator=gen)  # 90: the last 16-column tile is partly padding
+    b = torch.randn(90, generator=gen) if bias else None
     x = torch.randn(rows, 40, generator=gen)
-    got = PackedLinear(w, b)(x)
-    assert got.dtype == torch.float32 and got.shape == (rows, 96)
+    layer = PackedLinear(w, b)
+    assert (layer.tiled_weight is not None) == (packing == "tiled")
+    assert (layer.packed_weight is not None) == (packing == "onednn")
+    got = layer(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, 90)
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_is_rounded_like_a_half_precision_matmul(dtype: torch.dtype) -> None:
+def test_half_precision_is_rounded_like_a_half_precision_matmul(dtype: torch.dtype,
+                                                                packing: str) -> None:
     # Natively, or widened to float32 where this CPU lacks half-precision oneDNN kernels: either
     # way the float32 product of the half-precision inputs, accumulated in float32, rounded once.
     gen = torch.Generator().manual_seed(3)
@@ -51,7 +68,7 @@ def test_half_precision_is_rounded_like_a_half_precision_matmul(dtype: torch.dty
 
 
 @needs_onednn
-def test_packed_takes_empty_and_batched_inputs() -> None:
+def test_packed_takes_empty_and_batched_inputs(packing: str) -> None:
     w = torch.randn(16, 8)
     layer = PackedLinear(w, None)
     assert layer(torch.empty(0, 8)).shape == (0, 16)

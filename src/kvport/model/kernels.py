@@ -32,7 +32,8 @@ from kvport.model.builtin import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("paged_attention.c", "small_matmul.c"))
 # -ffast-math lets the sums use several accumulators and the exponentials vectorize (a third
 # faster). It is a compile flag only: linked with it, gcc adds crtfastmath.o, which sets
 # flush-to-zero for the whole process when the library loads, and torch's arithmetic changes.
@@ -62,9 +63,12 @@ def _build(compiler: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Built beside its final name and renamed: processes that build at once never load half a file.
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        obj, partial = Path(tmp) / "kernel.o", Path(tmp) / out.name
-        for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                    [compiler, *LINK_FLAGS, str(obj), "-o", str(partial), "-lm"]):
+        objs = [str(Path(tmp) / f"{src.stem}.o") for src in SOURCES]
+        partial = Path(tmp) / out.name
+        cmds = [[compiler, *COMPILE_FLAGS, "-c", str(src), "-o", obj]
+                for src, obj in zip(SOURCES, objs)]
+        cmds.append([compiler, *LINK_FLAGS, *objs, "-o", str(partial), "-lm"])
+        for cmd in cmds:
             subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
         os.replace(partial, out)
 
@@ -75,20 +79,21 @@ def _library() -> ctypes.CDLL | None:
         return None
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
-        logger.warning("no C compiler (gcc or $CC): decode attention takes the slower torch path")
+        logger.warning("no C compiler (gcc or $CC): decode attention and the decode "
+                       "projections take the slower torch paths")
         return None
     key = hashlib.sha256("\0".join(
-        [SOURCE.read_text(), *COMPILE_FLAGS, *LINK_FLAGS, compiler, platform.machine(),
+        [*(src.read_text() for src in SOURCES), *COMPILE_FLAGS, *LINK_FLAGS, compiler, platform.machine(),
          _cpu_flags()]).encode())
-    path = default_cache_dir() / "kernels" / f"paged_attention-{key.hexdigest()[:16]}.so"
+    path = default_cache_dir() / "kernels" / f"kvport-kernels-{key.hexdigest()[:16]}.so"
     try:
         if not path.exists():
             _build(compiler, path)
         lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
-        logger.warning("could not build %s with %s (%s): decode attention takes the slower "
-                       "torch path", SOURCE.name, compiler, detail)
+        logger.warning("could not build %s with %s (%s): decode attention and the decode "
+                       "projections take the slower torch paths", ", ".join(src.name for src in SOURCES), compiler, detail)
         return None
     fn = lib.kvport_decode_attention
     fn.argtypes = [ctypes.POINTER(_Geometry)] + [ctypes.c_void_p] * 5
@@ -97,6 +102,9 @@ def _library() -> ctypes.CDLL | None:
     store.argtypes = [ctypes.POINTER(_Geometry), *[ctypes.c_void_p] * 4, ctypes.c_int64,
                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     store.restype = None
+    matmul = lib.kvport_small_matmul
+    matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    matmul.restype = None
     return lib
 
 
@@ -156,3 +164,42 @@ def store_kv(layer_cache: torch.Tensor, slot_blocks: torch.Tensor, slot_offsets:
                         slot_offsets.data_ptr(), k.data_ptr(), k.stride(0), v.data_ptr(),
                         v.stride(0), k.element_size())
     return True
+
+
+TILE = 16  # output columns per tile of a small-matmul weight (small_matmul.c)
+
+
+def tile_weight(weight: torch.Tensor) -> torch.Tensor:
+    """(n, k) float32 -> (ceil(n / 16), k, 16), the layout `small_matmul` reads: tile t holds
+    output columns 16 t .. 16 t + 15, zero-padded past n."""
+    n, k = weight.shape
+    tiles = -(-n // TILE)
+    padded = weight.new_zeros(tiles * TILE, k)
+    padded[:n] = weight
+    return padded.view(tiles, TILE, k).transpose(1, 2).contiguous()
+
+
+def untile_weight(tiled: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse view for torch's matmuls: (k, n) = W^T, strided (a copy only where sliced)."""
+    tiles, k, _ = tiled.shape
+    return tiled.permute(1, 0, 2).reshape(k, tiles * TILE)[:, :n]
+
+
+def small_matmul(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None, n: int
+                 ) -> torch.Tensor | None:
+    """x (m, k) float32 @ W^T (+ bias) -> (m, n), W tiled by `tile_weight`; None where the
+    kernel is not built (take torch's matmul)."""
+    lib = _library()
+    if lib is None:
+        return None
+    m, k = x.shape
+    assert x.dtype == tiled.dtype == torch.float32 and tiled.shape[1:] == (k, TILE) \
+        and tiled.shape[0] * TILE >= n and tiled.is_contiguous(), \
+        f"x {tuple(x.shape)} {x.dtype} does not fit the tiled weight {tuple(tiled.shape)}"
+    assert bias is None or (bias.dtype == torch.float32 and bias.shape == (n,)
+                            and bias.is_contiguous()), "bias: contiguous float32, one per column"
+    x = x.contiguous()
+    y = torch.empty(m, n, dtype=torch.float32)
+    lib.kvport_small_matmul(x.data_ptr(), tiled.data_ptr(),
+                            None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, n)
+    return y

@@ -1,13 +1,19 @@
-"""Linear layers with their weights prepacked for oneDNN's matmul kernels (through torch).
+"""Linear layers with their weights packed once, at load, in the layout their kernels read.
 
 `torch.nn.functional.linear` on the CPU hands a float32 matmul to MKL's sgemm, which repacks the
 weight matrix into its blocked layout on every call. For the few rows of a decode step that
 repacking is most of the work: SmolLM2-135M's projections at 8 rows ran at 6-15 GB/s of weight
-reads against 28 GB/s that this machine's two cores read. oneDNN can pack a weight once, into
-the layout its kernels read (`mkldnn._reorder_linear_weight`), and then multiply against it
-(`mkldnn._linear_pointwise`): a batch-8 decode step went from 131 to 67 ms (2026-12-01, AMD
-EPYC Zen 3 VM, 2 threads). Long prefills are bound by multiply-adds either way (MKL and oneDNN
-both reach about 170 GFLOP/s here).
+reads against 28-33 GB/s that this machine's two cores read (2026-12-01, AMD EPYC Zen 3 VM).
+
+Two packings, one per layer, chosen at load:
+- Tiled (`kernels.tile_weight`), where the native kernels build: up to SMALL_ROWS rows (decode
+  steps) go to `small_matmul.c`, which streams each 16-column tile of the weight once at 20-31
+  GB/s (oneDNN on the same weights, cold: 13.6-18 GB/s at 8 and 1 rows). More rows (prefill
+  chunks) view the tiles as W^T, copy that once per call (1 % of a 2048-token prefill's
+  multiply) and multiply with `torch.mm`, which reaches 150-185 GFLOP/s here.
+- oneDNN (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`) otherwise, and for
+  half precision on CPUs with native half-precision kernels: a batch-8 decode step went from 131
+  to 67 ms with it against torch's linear.
 
 `pack_linears(model)` replaces every `nn.Linear` of a loaded model by a `PackedLinear` that holds
 the packed weight only (the original is dropped: no second copy of the model in memory).
@@ -27,12 +33,16 @@ import logging
 import torch
 from torch import nn
 
+from kvport.model import kernels
+
 logger = logging.getLogger(__name__)
 
 # Rows the packed layout is chosen for. oneDNN accepts any row count against a packed weight;
 # the hint only picks the blocking, and 1, 8, 32 and 2048 measured within noise of each other
 # for 1..2048 rows (SmolLM2's 3072 x 576 gate/up projection).
 PACK_ROWS_HINT = 64
+# Up to this many rows the tiled kernel runs (32 rows: as fast as oneDNN; 64: 0.8x of it).
+SMALL_ROWS = 32
 
 
 def onednn_available() -> bool:
@@ -54,27 +64,36 @@ def native_half(dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W.T + b with W packed once for oneDNN; x and y in the model's dtype."""
+    """y = x @ W.T + b with W packed once (tiled or for oneDNN); x and y in the model's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
-        # The dtype oneDNN multiplies in: the model's, or float32 where the CPU lacks it.
+        # The dtype the multiply runs in: the model's, or float32 where the CPU lacks it.
         self.compute_dtype = weight.dtype if native_half(weight.dtype) else torch.float32
         w = weight.detach().to(self.compute_dtype).contiguous()
-        self.register_buffer("packed_weight",
-                             torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT))
+        tiled = self.compute_dtype == torch.float32 and kernels.available()
+        self.register_buffer("tiled_weight", kernels.tile_weight(w) if tiled else None)
+        self.register_buffer("packed_weight", None if tiled
+                             else torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT))
         self.register_buffer("bias", None if bias is None
                              else bias.detach().to(self.compute_dtype).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(-1, self.in_features).to(self.compute_dtype)
         if x2.shape[0] == 0:  # oneDNN rejects empty inputs
             return x.new_empty((*lead, self.out_features))
-        y = torch.ops.mkldnn._linear_pointwise(
-            x2.to(self.compute_dtype), self.packed_weight, self.bias, "none", [], "")
+        if self.tiled_weight is None:
+            y = torch.ops.mkldnn._linear_pointwise(
+                x2, self.packed_weight, self.bias, "none", [], "")
+        elif x2.shape[0] <= SMALL_ROWS and (y := kernels.small_matmul(
+                x2, self.tiled_weight, self.bias, self.out_features)) is not None:
+            pass
+        else:
+            wt = kernels.untile_weight(self.tiled_weight, self.out_features)
+            y = torch.mm(x2, wt) if self.bias is None else torch.addmm(self.bias, x2, wt)
         return y.to(self.dtype).view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
