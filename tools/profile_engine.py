@@ -7,9 +7,11 @@ For each decode batch it runs requests of 128-token prompts into steady decoding
 10 steps; for the prefill, one prompt of that many tokens (one chunk). Every torch op is put in
 one of these groups, per step, in milliseconds:
 
-    projections   the q/k/v, o, gate/up and down matmuls of every layer
+    projections   the q/k/v, o, gate/up and down matmuls of every layer (torch's or the native
+                  small matmul's)
     logits head   the (vocab x hidden) matmul of the sampled rows
-    attention     K/V written into the pool, the decode gather (index_select), SDPA
+    attention     K/V written into the pool, decode attention (the native kernel, or torch's
+                  gather and SDPA), prefill SDPA
     other ops     norms, RoPE, activations, residual adds, views, copies, sampling
     engine        the rest of the step's wall time: scheduler, input preparation, Python
 
@@ -25,15 +27,40 @@ import time
 from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from kvport import LLM, SamplingParams
 from kvport.model.llama import LlamaForCausalLM
+
+try:
+    from kvport.model import kernels
+except ImportError:  # kvport from before the native kernels (PYTHONPATH=<old>/src)
+    kernels = None  # type: ignore[assignment]
 
 MATMULS = {"mkldnn::_linear_pointwise", "aten::mm", "aten::addmm"}
 ATTENTION = {"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index_select",
              "aten::_index_put_impl_", "aten::_scaled_dot_product_attention_math"}
 GROUPS = ("projections", "logits head", "attention", "other ops", "engine")
+# The native kernels are ctypes calls, invisible to the profiler: named ranges around them.
+NATIVE = {"kvport::decode_attention": "attention", "kvport::store_kv": "attention",
+          "kvport::small_matmul": "projections", "kvport::small_matmul_head": "logits head"}
+
+
+def _name_native_kernels(vocab: int) -> None:
+    def named(fn, name_of):  # type: ignore[no-untyped-def]
+        def call(*args):  # type: ignore[no-untyped-def]
+            with record_function(name_of(args)):
+                return fn(*args)
+        return call
+
+    if kernels is None:
+        return
+    for fn in ("decode_attention", "store_kv"):
+        if hasattr(kernels, fn):
+            setattr(kernels, fn, named(getattr(kernels, fn), lambda _, fn=fn: f"kvport::{fn}"))
+    if hasattr(kernels, "small_matmul"):
+        kernels.small_matmul = named(kernels.small_matmul, lambda args: "kvport::small_matmul"
+                                     + ("_head" if args[3] == vocab else ""))
 
 
 def group_times(prof: profile, vocab: int, steps: int) -> dict[str, float]:
@@ -41,7 +68,9 @@ def group_times(prof: profile, vocab: int, steps: int) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for ev in prof.key_averages(group_by_input_shape=True):
         ms = ev.self_cpu_time_total / 1e3 / steps
-        if ev.key in MATMULS:
+        if ev.key in NATIVE:
+            out[NATIVE[ev.key]] += ms
+        elif ev.key in MATMULS:
             head = any(vocab in shape for shape in ev.input_shapes if shape)
             out["logits head" if head else "projections"] += ms
         elif ev.key in ATTENTION:
@@ -102,6 +131,7 @@ def main() -> None:
               max_model_len=args.prefill + 64, max_num_seqs=64,
               max_num_batched_tokens=max(args.prefill, 2048))
     vocab = llm.engine.loaded.config.vocab_size
+    _name_native_kernels(vocab)
     rows = [(f"decode b={b}", profile_decode(llm, int(b), vocab))
             for b in args.batches.split(",")]
     rows.append((f"prefill {args.prefill}", profile_prefill(llm, args.prefill, vocab)))

@@ -1,16 +1,16 @@
-"""The engine's native kernels over the paged pool (paged_attention.c): decode attention, and
-the write of a step's K/V into the pool.
+"""The engine's native kernels: decode attention over the paged pool and the write of a step's
+K/V into it (paged_attention.c), and the decode step's projections (small_matmul.c).
 
 Built on first use with the machine's C compiler (`$CC`, else gcc or cc) into the kvport cache
 (`$KVPORT_CACHE_DIR/kernels`, default ~/.cache/kvport/kernels), under a name that hashes the
-source, the flags, the compiler and this CPU's feature flags (the build uses -march=native, so a
+sources, the flags, the compiler and this CPU's feature flags (the build uses -march=native, so a
 cache shared by other machines never hands one a binary it cannot run). It is loaded with
 ctypes, which releases the GIL for the call, and links OpenMP: torch has loaded its libgomp
 already, so the kernel runs on torch's own thread team (`torch.set_num_threads` applies).
 
-Where it cannot be built or run (no compiler, another dtype), `decode_attention` returns None and
-the caller takes the torch path, with one warning (`store_kv` returns False).
-`KVPORT_NATIVE_KERNELS=0` turns it off.
+Where it cannot be built or run (no compiler, another dtype), `decode_attention` and
+`small_matmul` return None and `store_kv` False: the caller takes the torch path, after one
+warning. `KVPORT_NATIVE_KERNELS=0` turns them all off.
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ def tile_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def untile_weight(tiled: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse view for torch's matmuls: (k, n) = W^T, strided (a copy only where sliced)."""
+    """W^T (k, n) for torch's matmuls, from the tiles: one copy of the weight (a strided view of
+    it where n was padded)."""
     tiles, k, _ = tiled.shape
     return tiled.permute(1, 0, 2).reshape(k, tiles * TILE)[:, :n]
 

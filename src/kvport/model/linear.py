@@ -7,9 +7,9 @@ reads against 28-33 GB/s that this machine's two cores read (2026-12-01, AMD EPY
 
 Two packings, one per layer, chosen at load:
 - Tiled (`kernels.tile_weight`), where the native kernels build: up to SMALL_ROWS rows (decode
-  steps) go to `small_matmul.c`, which streams each 16-column tile of the weight once at 20-31
-  GB/s (oneDNN on the same weights, cold: 13.6-18 GB/s at 8 and 1 rows). More rows (prefill
-  chunks) view the tiles as W^T, copy that once per call (1 % of a 2048-token prefill's
+  steps, short prefill chunks) go to `small_matmul.c`, which streams each 16-column tile of the weight once at 20-31
+  GB/s (oneDNN on the same weights, cold: 13.6-18 GB/s at 8 and 1 rows). More rows (long prefill
+  chunks) view the tiles as W^T, copy that once per call (2 % of a 2048-token prefill's
   multiply) and multiply with `torch.mm`, which reaches 150-185 GFLOP/s here.
 - oneDNN (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`) otherwise, and for
   half precision on CPUs with native half-precision kernels: a batch-8 decode step went from 131
@@ -41,8 +41,11 @@ logger = logging.getLogger(__name__)
 # the hint only picks the blocking, and 1, 8, 32 and 2048 measured within noise of each other
 # for 1..2048 rows (SmolLM2's 3072 x 576 gate/up projection).
 PACK_ROWS_HINT = 64
-# Up to this many rows the tiled kernel runs (32 rows: as fast as oneDNN; 64: 0.8x of it).
-SMALL_ROWS = 32
+# Up to this many rows the tiled kernel runs: it multiplies at about 105 GFLOP/s from 32 rows
+# on, and below 128-256 rows that beats copying the tiles back to W^T for torch.mm (a 7 MB
+# gate/up weight at 64 rows: 2.4 against 3.6 ms; at 128 equal; at 256 12.0 against 10.4;
+# at 2048 79 against 64).
+SMALL_ROWS = 256
 
 
 def onednn_available() -> bool:
