@@ -83,8 +83,8 @@ def _library() -> ctypes.CDLL | None:
                        "projections take the slower torch paths")
         return None
     key = hashlib.sha256("\0".join(
-        [*(src.read_text() for src in SOURCES), *COMPILE_FLAGS, *LINK_FLAGS, compiler, platform.machine(),
-         _cpu_flags()]).encode())
+        [*(src.read_text() for src in SOURCES), *COMPILE_FLAGS, *LINK_FLAGS, compiler,
+         platform.machine(), _cpu_flags()]).encode())
     path = default_cache_dir() / "kernels" / f"kvport-kernels-{key.hexdigest()[:16]}.so"
     try:
         if not path.exists():
@@ -93,7 +93,8 @@ def _library() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         logger.warning("could not build %s with %s (%s): decode attention and the decode "
-                       "projections take the slower torch paths", ", ".join(src.name for src in SOURCES), compiler, detail)
+                       "projections take the slower torch paths",
+                       ", ".join(src.name for src in SOURCES), compiler, detail)
         return None
     fn = lib.kvport_decode_attention
     fn.argtypes = [ctypes.POINTER(_Geometry)] + [ctypes.c_void_p] * 5

@@ -7,10 +7,10 @@ reads against 28-33 GB/s that this machine's two cores read (2026-12-01, AMD EPY
 
 Two packings, one per layer, chosen at load:
 - Tiled (`kernels.tile_weight`), where the native kernels build: up to SMALL_ROWS rows (decode
-  steps, short prefill chunks) go to `small_matmul.c`, which streams each 16-column tile of the weight once at 20-31
-  GB/s (oneDNN on the same weights, cold: 13.6-18 GB/s at 8 and 1 rows). More rows (long prefill
-  chunks) view the tiles as W^T, copy that once per call (2 % of a 2048-token prefill's
-  multiply) and multiply with `torch.mm`, which reaches 150-185 GFLOP/s here.
+  steps, short prefill chunks) go to `small_matmul.c`, which streams each 16-column tile of the
+  weight once, at 20-31 GB/s (oneDNN on the same weights, cold: 13.6-18 GB/s at 8 and 1 rows).
+  More rows (long prefill chunks) view the tiles as W^T, copy that once per call (2 % of a
+  2048-token prefill's multiply) and multiply with `torch.mm`, at 150-185 GFLOP/s here.
 - oneDNN (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`) otherwise, and for
   half precision on CPUs with native half-precision kernels: a batch-8 decode step went from 131
   to 67 ms with it against torch's linear.
@@ -91,10 +91,10 @@ class PackedLinear(nn.Module):
         if self.tiled_weight is None:
             y = torch.ops.mkldnn._linear_pointwise(
                 x2, self.packed_weight, self.bias, "none", [], "")
-        elif x2.shape[0] <= SMALL_ROWS and (y := kernels.small_matmul(
-                x2, self.tiled_weight, self.bias, self.out_features)) is not None:
-            pass
-        else:
+        elif x2.shape[0] <= SMALL_ROWS:
+            y = kernels.small_matmul(x2, self.tiled_weight, self.bias, self.out_features)
+            assert y is not None, "a tiled weight without the kernel that reads it"
+        else:  # a long prefill chunk: the tiles copied back to W^T once, then torch's matmul
             wt = kernels.untile_weight(self.tiled_weight, self.out_features)
             y = torch.mm(x2, wt) if self.bias is None else torch.addmm(self.bias, x2, wt)
         return y.to(self.dtype).view(*lead, self.out_features)

@@ -41,7 +41,8 @@ static inline __attribute__((always_inline)) void tile_rows(
         float out[TILE];
         memcpy(out, &lo[r], sizeof lo[r]);
         memcpy(out + 8, &hi[r], sizeof hi[r]);
-        for (int64_t j = 0; j < cols; j++) y[r * n + c0 + j] = out[j] + (bias ? bias[c0 + j] : 0.0f);
+        for (int64_t j = 0; j < cols; j++)
+            y[r * n + c0 + j] = out[j] + (bias ? bias[c0 + j] : 0.0f);
     }
 }
 
