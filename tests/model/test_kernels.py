@@ -125,6 +125,16 @@ def test_tiled_weights_read_back_as_the_transposed_matrix() -> None:
     assert torch.equal(kernels.untile_weight(tiled, 37), w.t())
 
 
+@needs_kernel
+def test_store_kv_leaves_k_v_of_another_dtype_than_the_pools_to_torch() -> None:
+    # The kernel copies bytes: K/V in another dtype than the pool's must be converted (index_put).
+    pool = torch.zeros(4, 2, 2, 16, 2, 8)
+    k = v = torch.ones(3, 2, 8, dtype=torch.bfloat16)
+    slots = torch.tensor([0, 1, 2])
+    assert not kernels.store_kv(pool[:, 0], slots, slots, k, v)
+    assert not pool.any()
+
+
 def test_other_dtypes_take_the_torch_path() -> None:
     q, layer, tables, lens = make_case(2, 4, 2, 16, [5, 9], torch.float16)
     assert kernels.decode_attention(q, layer, tables, lens, 0.5) is None

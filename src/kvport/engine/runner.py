@@ -118,16 +118,12 @@ class ModelRunner:
                 out.logprobs[state.req_id] = [lp]
 
     def _decode_rows(self, tables: list[list[int]], lens: list[int]) -> DecodeRows:
-        """Block tables padded with block 0, lengths, and the (n, 1, 1, max_len) mask of visible
-        keys (the torch path's)."""
+        """Block tables padded with block 0, and the keys each row sees."""
         max_blocks = max((len(t) for t in tables), default=0)
         out = torch.zeros((len(tables), max_blocks), dtype=torch.long)
         for i, t in enumerate(tables):
             out[i, :len(t)] = torch.tensor(t)
-        width = max_blocks * self.block_size
-        lens_t = torch.tensor(lens, dtype=torch.long)
-        mask = torch.arange(width).unsqueeze(0) < lens_t.unsqueeze(1)
-        return DecodeRows(out, lens_t, mask.view(len(tables), 1, 1, width))
+        return DecodeRows(out, torch.tensor(lens, dtype=torch.long), self.block_size)
 
     def shutdown(self) -> None:
         self.requests.clear()

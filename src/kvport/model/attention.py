@@ -19,6 +19,7 @@ fills in this step (a prefix-cache hit on a block published at schedule time).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,7 +86,15 @@ class DecodeRows:
 
     block_tables: torch.Tensor  # (n, max_blocks) int64, padded with block 0
     lens: torch.Tensor  # (n,) int64: keys each row sees (its position + 1)
-    mask: torch.Tensor  # (n, 1, 1, max_blocks * block_size) bool: key visible (torch path)
+    block_size: int
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """(n, 1, 1, max_blocks * block_size) bool: key visible. Only the torch path reads it,
+        so it is built on first use, once per step."""
+        n, max_blocks = self.block_tables.shape
+        width = max_blocks * self.block_size
+        return (torch.arange(width).unsqueeze(0) < self.lens.unsqueeze(1)).view(n, 1, 1, width)
 
 
 @dataclass
