@@ -11,7 +11,7 @@ import torch
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segments
-from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.tiers.host import MULTI_SEGMENT_STRATEGIES, HostTier
 
 NUM_LAYERS, NUM_BLOCKS, HEADS, BLOCK, HEAD2 = 3, 10, 2, 4, 16  # vLLM CPU: [B, H, N, 2*C]
 
@@ -28,7 +28,7 @@ def block_of(layers: list[torch.Tensor], block: int) -> torch.Tensor:
     return torch.cat([t[block].reshape(-1).view(torch.uint8) for t in layers])
 
 
-@pytest.mark.parametrize("strategy", ["numpy", "runs"])
+@pytest.mark.parametrize("strategy", MULTI_SEGMENT_STRATEGIES)
 @pytest.mark.parametrize("separate", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_round_trip_through_a_layer_major_pool(strategy: str, separate: bool,

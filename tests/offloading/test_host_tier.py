@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
+from kvport.connectors.offloading.tiers import block_copy
 from kvport.connectors.offloading.tiers.host import (
     STRATEGIES,
     HostTier,
@@ -98,11 +101,16 @@ def test_stats_count_bytes_and_blocks() -> None:
     assert (s["blocks_loaded"], s["bytes_loaded"]) == (1, host.slot_bytes // 2)
 
 
+@pytest.mark.parametrize("strategy", ["native", "numpy"])
 @pytest.mark.parametrize("num_threads", [1, 3])
-def test_large_transfers_split_between_threads(num_threads: int) -> None:
-    # 32 KiB engine blocks, 4 per slot: 48 blocks = 1.5 MiB, above the split threshold.
+def test_large_transfers_split_between_threads(num_threads: int, strategy: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # 32 KiB engine blocks, 4 per slot: 48 blocks = 1.5 MiB, above numpy's split threshold
+    # (and native's, lowered here: its own is 16 MiB).
+    monkeypatch.setattr(block_copy, "_MIN_SPLIT_BYTES", 1 << 20)
     pool = torch.randn(64, 4, 2, 16, 2, 32)
-    host = HostTier.for_pool(pool, num_slots=16, blocks_per_slot=4, num_threads=num_threads)
+    host = HostTier.for_pool(pool, num_slots=16, blocks_per_slot=4, strategy=strategy,
+                             num_threads=num_threads)
     src_ids = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:48].tolist()
     slots = [15, 2, 7, 0, 1, 9, 4, 3, 12, 11, 5, 6]
     host.store(EngineBlocks(src_ids), HostBlocks(slots))
@@ -127,13 +135,15 @@ def job_pool(num_blocks: int, seed: int) -> torch.Tensor:
     return torch.randn((num_blocks, 4, 2, 16, 2, 32), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.parametrize("strategy", ["native", "numpy"])
 @pytest.mark.parametrize("num_threads", [1, 2])
 @pytest.mark.parametrize("slots", ["consecutive", "runs", "scattered"])
 @pytest.mark.parametrize("job", [1, 8, 48])
-def test_jobs_of_engine_blocks_are_byte_identities(num_threads: int, slots: str,
-                                                    job: int) -> None:
+def test_jobs_of_engine_blocks_are_byte_identities(num_threads: int, slots: str, job: int,
+                                                    strategy: str) -> None:
     pool = job_pool(64, seed=job)
-    host = HostTier.for_pool(pool, num_slots=64, blocks_per_slot=1, num_threads=num_threads)
+    host = HostTier.for_pool(pool, num_slots=64, blocks_per_slot=1, strategy=strategy,
+                             num_threads=num_threads)
     gen = torch.Generator().manual_seed(7)
     src_ids = torch.randperm(64, generator=gen)[:job].tolist()  # anywhere in the pool
     slot_ids = {"consecutive": list(range(10, 10 + job)),
@@ -160,3 +170,59 @@ def test_a_load_into_consecutive_engine_blocks_from_scattered_slots() -> None:
     host.load(HostBlocks([7, 2, 11, 0]), EngineBlocks([4, 5, 6, 7]))  # a source-side scatter
     for b, d in zip([3, 9, 1, 12], [4, 5, 6, 7]):
         assert torch.equal(pool[d], before[b])
+
+
+# ---- the native copy (block_copy.c) ---------------------------------------------------------
+
+needs_native = pytest.mark.skipif(not block_copy.available(),
+                                  reason="block_copy.c not built (KVPORT_NATIVE_KERNELS=0)")
+
+
+@needs_native
+@pytest.mark.parametrize("width", [1, 63, 255, 256, 257, 4096 + 40, 100_003])
+@pytest.mark.parametrize("offset", [0, 1, 24])
+def test_native_copy_of_any_row_width_at_any_address(width: int, offset: int) -> None:
+    """Rows too short for streaming stores, rows whose destination starts mid-line and whose
+    length is no multiple of a line: every byte lands, and none beside them."""
+    gen = torch.Generator().manual_seed(width + offset)
+    src = torch.randint(0, 256, (6, width), dtype=torch.uint8, generator=gen)
+    buf = torch.zeros(offset + 7 * width + 64, dtype=torch.uint8)
+    dst = buf[offset:offset + 7 * width].view(7, width)  # unaligned unless offset is 0
+    copy_rows(src, dst, [5, 0, 3, 2], [1, 6, 2, 4], "native")
+    for s, d in zip([5, 0, 3, 2], [1, 6, 2, 4]):
+        assert torch.equal(dst[d], src[s])
+    assert not dst[[0, 3, 5]].any() and not buf[:offset].any() and not buf[offset + 7 * width:].any()
+
+
+@needs_native
+def test_native_copy_refuses_ids_out_of_range_and_writes_nothing() -> None:
+    pool = make_pool(0)
+    host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=1)
+    assert host.strategy == "native"
+    before, slots_before = pool.clone(), host.buffer.clone()
+    with pytest.raises(IndexError, match=r"engine block 12 <-> host row 1 \(pair 1\): out of "
+                                         r"range, the pool has 12 blocks and the tier 4 rows"):
+        host.store(EngineBlocks([1, 12]), HostBlocks([0, 1]))
+    with pytest.raises(IndexError, match=r"engine block 30 <-> host row 0 \(pair 0\)"):
+        host.load(HostBlocks([0]), EngineBlocks([30]))
+    with pytest.raises(IndexError, match=r"host row -1"):  # below the tier's own slot checks
+        host._native.copy([0], [-1], to_host=True)  # type: ignore[union-attr]
+    assert torch.equal(pool, before) and torch.equal(host.buffer, slots_before)
+
+
+def test_without_a_compiler_the_tier_copies_with_numpy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("KVPORT_NATIVE_KERNELS", raising=False)
+    monkeypatch.setenv("KVPORT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    block_copy._library.cache_clear()
+    try:
+        pool = make_pool(1)
+        host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=1)
+        assert "copies with numpy" in caplog.text and not list(tmp_path.rglob("*.so"))
+        before = pool.clone()
+        host.store(EngineBlocks([7, 2]), HostBlocks([3, 0]))
+        host.load(HostBlocks([3, 0]), EngineBlocks([0, 1]))
+        assert torch.equal(pool[[0, 1]], before[[7, 2]])
+    finally:
+        block_copy._library.cache_clear()

@@ -112,8 +112,8 @@ def _add_transfer(commands: Any) -> None:
                    help="MiB of the large job (host and disk loads)")
     p.add_argument("--small-job-blocks", type=int, default=8,
                    help="offload blocks of the small jobs")
-    p.add_argument("--strategies", type=name_list, default=("numpy",), metavar="NAME,NAME",
-                   help="host tier copy strategies (numpy, runs, gather, index, cat)")
+    p.add_argument("--strategies", type=name_list, default=("native",), metavar="NAME,NAME",
+                   help="host tier copy strategies (native, numpy, runs, gather, index, cat)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds; median reported")
     p.add_argument("--no-disk", dest="disk", action="store_false", help="skip the disk tier")
     p.add_argument("--disk-mib", type=int, default=128, help="MiB of disk entries per size")

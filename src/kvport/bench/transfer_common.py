@@ -26,7 +26,6 @@ ENGINE_BLOCK_SIZE = 16
 # Pool layouts: kvport's block-major pool (16-token blocks, one block one contiguous run) and
 # vLLM's CPU pool (128-token blocks, layer-major: one engine block is one page per layer).
 LAYOUTS = {"kvport": ENGINE_BLOCK_SIZE, "vllm-cpu": 128}
-MULTI_SEGMENT_STRATEGIES = ("numpy", "runs")
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class TransferBenchConfig:
     total_mib: int = 64  # MiB of the large job (host and disk); the host pool holds this much
     small_job_blocks: int = 8  # offload blocks of the small job
     repeats: int = 5
-    strategies: tuple[str, ...] = ("numpy",)  # host tier copy strategies
+    strategies: tuple[str, ...] = ("native",)  # host tier copy strategies
     disk: bool = True
     disk_mib: int = 128  # MiB of disk entries per entry size
     disk_dir: str | None = None  # default: a temporary directory under $TMPDIR
@@ -113,7 +112,9 @@ class TransferBenchConfig:
 
     def host_strategies(self, case: PoolCase) -> tuple[str, ...]:
         """The copy strategies this layout supports (a layer-major pool has one segment per
-        layer, which only the numpy and runs strategies move)."""
+        layer, which only some strategies move)."""
+        from kvport.connectors.offloading.tiers.host import MULTI_SEGMENT_STRATEGIES
+
         if case.layout == "kvport":
             return self.strategies
         return tuple(s for s in self.strategies if s in MULTI_SEGMENT_STRATEGIES)

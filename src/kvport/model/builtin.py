@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from kvport.paths import default_cache_dir
+
 BUILTIN_MODELS = ("tiny-llama", "smollm2-135m")
 _VERSIONS = {"tiny-llama": 1, "smollm2-135m": 1}  # name -> format version (the -vN suffix)
 
@@ -37,12 +39,6 @@ TINY_DIMS = {
     "max_position_embeddings": 4096,
 }
 BYTE_BOS, BYTE_EOS, BYTE_PAD = "<s>", "</s>", "<pad>"
-
-
-def default_cache_dir() -> Path:
-    """Root of kvport's cache: $KVPORT_CACHE_DIR, else ~/.cache/kvport."""
-    root = os.environ.get("KVPORT_CACHE_DIR")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "kvport"
 
 
 def builtin_model_dir(name: str, cache_dir: str | Path | None = None) -> Path:

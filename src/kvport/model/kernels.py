@@ -1,12 +1,9 @@
 """The engine's native kernels: decode attention over the paged pool and the write of a step's
 K/V into it (paged_attention.c), and the decode step's projections (small_matmul.c).
 
-Built on first use with the machine's C compiler (`$CC`, else gcc or cc) into the kvport cache
-(`$KVPORT_CACHE_DIR/kernels`, default ~/.cache/kvport/kernels), under a name that hashes the
-sources, the flags, the compiler and this CPU's feature flags (the build uses -march=native, so a
-cache shared by other machines never hands one a binary it cannot run). It is loaded with
-ctypes, which releases the GIL for the call, and links OpenMP: torch has loaded its libgomp
-already, so the kernel runs on torch's own thread team (`torch.set_num_threads` applies).
+Built on first use by kvport.native (the machine's C compiler, cached per CPU) and loaded with
+ctypes, which releases the GIL for the call. The library links OpenMP: torch has loaded its
+libgomp already, so the kernel runs on torch's own thread team (`torch.set_num_threads` applies).
 
 Where it cannot be built or run (no compiler, another dtype), `decode_attention` and
 `small_matmul` return None and `store_kv` False: the caller takes the torch path, after one
@@ -17,20 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from kvport.model.builtin import default_cache_dir
-
-logger = logging.getLogger(__name__)
+from kvport import native
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("paged_attention.c", "small_matmul.c"))
@@ -39,6 +27,9 @@ SOURCES = tuple(Path(__file__).with_name(name)
 # flush-to-zero for the whole process when the library loads, and torch's arithmetic changes.
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c11", "-fPIC")
 LINK_FLAGS = ("-shared", "-fopenmp")
+LIBRARY = native.NativeLibrary(
+    "kernels", SOURCES, COMPILE_FLAGS, LINK_FLAGS,
+    "decode attention and the decode projections take the slower torch paths")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -49,52 +40,10 @@ class _Geometry(ctypes.Structure):
         ("scale", ctypes.c_float), ("bf16", ctypes.c_int32)]
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _build(compiler: str, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Built beside its final name and renamed: processes that build at once never load half a file.
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        objs = [str(Path(tmp) / f"{src.stem}.o") for src in SOURCES]
-        partial = Path(tmp) / out.name
-        cmds = [[compiler, *COMPILE_FLAGS, "-c", str(src), "-o", obj]
-                for src, obj in zip(SOURCES, objs)]
-        cmds.append([compiler, *LINK_FLAGS, *objs, "-o", str(partial), "-lm"])
-        for cmd in cmds:
-            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
-        os.replace(partial, out)
-
-
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get("KVPORT_NATIVE_KERNELS") == "0":
-        return None
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        logger.warning("no C compiler (gcc or $CC): decode attention and the decode "
-                       "projections take the slower torch paths")
-        return None
-    key = hashlib.sha256("\0".join(
-        [*(src.read_text() for src in SOURCES), *COMPILE_FLAGS, *LINK_FLAGS, compiler,
-         platform.machine(), _cpu_flags()]).encode())
-    path = default_cache_dir() / "kernels" / f"kvport-kernels-{key.hexdigest()[:16]}.so"
-    try:
-        if not path.exists():
-            _build(compiler, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        logger.warning("could not build %s with %s (%s): decode attention and the decode "
-                       "projections take the slower torch paths",
-                       ", ".join(src.name for src in SOURCES), compiler, detail)
+    lib = native.load(LIBRARY)
+    if lib is None:
         return None
     fn = lib.kvport_decode_attention
     fn.argtypes = [ctypes.POINTER(_Geometry)] + [ctypes.c_void_p] * 5

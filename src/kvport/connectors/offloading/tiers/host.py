@@ -13,8 +13,10 @@ gather into its run of slots and a load one scatter out of it, wherever the engi
 
 Copy strategies (measured by `kvport bench transfer`, see kvport.bench.transfer and
 BENCHMARKS.md):
+    native block_copy.c: every (block, row) pair, every segment, with streaming stores, in one
+           call per thread (the default; numpy where it cannot be built)
     numpy  the pieces, copied by numpy (`take(out=)`, fancy assignment), split between the
-           calling thread and `num_threads - 1` helpers (the default)
+           calling thread and `num_threads - 1` helpers
     runs   one torch `copy_` per run of consecutive rows on both sides
     gather the same pieces with torch (`index_select(out=)`, `index_copy_`); fast on idle
            cores, but each piece above torch's grain size opens an OpenMP region, which stalls
@@ -35,10 +37,12 @@ import torch
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.tiers.block_copy import BlockCopier
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segments, row_runs
 
-STRATEGIES = ("numpy", "runs", "gather", "index", "cat")
-DEFAULT_STRATEGY = "numpy"
+STRATEGIES = ("native", "numpy", "runs", "gather", "index", "cat")
+DEFAULT_STRATEGY = "native"
+MULTI_SEGMENT_STRATEGIES = ("native", "numpy", "runs")
 # Below this a job is copied by the calling thread alone: handing half of a 256 KiB job to a
 # helper (ThreadPoolExecutor) doubled its time on a 2-vCPU VM (56 -> 125 us; the handoff ~60 us).
 _MIN_SPLIT_BYTES = 1 << 20
@@ -51,6 +55,12 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: Sequence[int],
     """dst[dst_rows[i]] = src[src_rows[i]] for 2-D tensors with equal row sizes. With `helpers`
     (numpy strategy only), the rows are split evenly between the calling thread and
     `num_helpers` tasks on them."""
+    if strategy == "native":
+        copier = BlockCopier.for_pool(EnginePool.block_major(src), dst)
+        if copier is not None:
+            copier.copy(src_rows, dst_rows, to_host=True)
+            return
+        strategy = "numpy"
     if strategy == "runs":
         for s, d, n in row_runs(src_rows, dst_rows):
             dst[d:d + n].copy_(src[s:s + n])
@@ -206,9 +216,10 @@ class HostTier:
         if self.slot_bytes % pool.block_bytes:
             raise ValueError(f"slot_bytes {self.slot_bytes} is not a multiple of the engine "
                              f"block's {pool.block_bytes} bytes")
-        if len(pool.segments) > 1 and self.strategy not in ("numpy", "runs"):
+        if len(pool.segments) > 1 and self.strategy not in MULTI_SEGMENT_STRATEGIES:
             raise ValueError(f"copy strategy {self.strategy!r} moves one-segment pools only; "
-                             f"this pool has {len(pool.segments)} segments (use 'numpy')")
+                             f"this pool has {len(pool.segments)} segments (use one of "
+                             f"{MULTI_SEGMENT_STRATEGIES})")
         self._pool = pool
         self.blocks_per_slot = self.slot_bytes // pool.block_bytes
         self._rows = self.buffer.view(pool.dtype).view(self.num_slots * self.blocks_per_slot,
@@ -217,6 +228,9 @@ class HostTier:
         # 8-block job of 32 KiB blocks, 50 us)
         self._pool_np = pool.segments[0].numpy() if len(pool.segments) == 1 else None
         self._rows_np = self._rows.numpy()
+        # None where block_copy.c cannot be built: the numpy strategy copies instead
+        self._native = (BlockCopier.for_pool(pool, self._rows) if self.strategy == "native"
+                        else None)
 
     def slot(self, slot_id: int) -> torch.Tensor:
         """One slot's bytes, (slot_bytes,) uint8: a view the disk tier reads and writes."""
@@ -262,10 +276,13 @@ class HostTier:
     def _copy(self, pool: EnginePool, rows: torch.Tensor, block_ids: list[int],
               row_ids: list[int], to_host: bool) -> None:
         k = self.num_threads - 1
-        if len(pool.segments) > 1:
-            copy_segments(pool, rows, block_ids, row_ids, to_host, self.strategy, self._helpers,
+        strategy = "numpy" if self.strategy == "native" else self.strategy
+        if self._native is not None:
+            self._native.copy(block_ids, row_ids, to_host, self._helpers, k)
+        elif len(pool.segments) > 1:
+            copy_segments(pool, rows, block_ids, row_ids, to_host, strategy, self._helpers,
                           k, self._rows_np)
-        elif self.strategy == "numpy":
+        elif strategy == "numpy":
             assert self._pool_np is not None
             if to_host:
                 copy_rows_numpy(self._pool_np, self._rows_np, block_ids, row_ids,
@@ -274,9 +291,9 @@ class HostTier:
                 copy_rows_numpy(self._rows_np, self._pool_np, row_ids, block_ids,
                                 self._helpers, k)
         elif to_host:
-            copy_rows(pool.segments[0], rows, block_ids, row_ids, self.strategy, self._helpers, k)
+            copy_rows(pool.segments[0], rows, block_ids, row_ids, strategy, self._helpers, k)
         else:
-            copy_rows(rows, pool.segments[0], row_ids, block_ids, self.strategy, self._helpers, k)
+            copy_rows(rows, pool.segments[0], row_ids, block_ids, strategy, self._helpers, k)
 
     def _registered(self) -> tuple[EnginePool, torch.Tensor, int]:
         if self._pool is None or self._rows is None:
