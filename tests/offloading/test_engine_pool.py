@@ -90,6 +90,9 @@ def test_bad_pools_are_refused_with_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="moves one-segment pools only"):
         HostTier(2, EnginePool.from_pages(layers).block_bytes, strategy="gather") \
             .register_engine_pool(EnginePool.from_pages(layers))
+    meta = torch.empty((NUM_BLOCKS, HEADS, BLOCK, HEAD2), device="meta")  # as a GPU's would
+    with pytest.raises(ValueError, match=r"copies host memory; this KV pool is on \['meta'\]"):
+        HostTier.for_pool(EnginePool.from_pages([meta]), num_slots=2, blocks_per_slot=1)
     with pytest.raises(ValueError, match="not a multiple of the engine block"):
         HostTier(2, 1000).register_engine_pool(EnginePool.from_pages(layers))
 

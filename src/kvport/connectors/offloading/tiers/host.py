@@ -213,6 +213,10 @@ class HostTier:
         if isinstance(kv_cache, torch.Tensor) and not kv_cache.is_contiguous():
             raise ValueError(f"kv_cache must be contiguous, got strides {kv_cache.stride()}")
         pool = kv_cache if isinstance(kv_cache, EnginePool) else EnginePool.block_major(kv_cache)
+        devices = sorted({str(s.device) for s in pool.segments if s.device.type != "cpu"})
+        if devices:
+            raise ValueError(f"the host tier copies host memory; this KV pool is on {devices} "
+                             f"(a GPU pool needs a copy engine of its own, see docs/vllm.md)")
         if self.slot_bytes % pool.block_bytes:
             raise ValueError(f"slot_bytes {self.slot_bytes} is not a multiple of the engine "
                              f"block's {pool.block_bytes} bytes")
