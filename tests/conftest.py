@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -24,3 +25,13 @@ def _llm_leaks_nothing(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "llm" in request.fixturenames:
         request.getfixturevalue("llm").engine.check_no_leaks()
+
+
+@pytest.fixture
+def no_c_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A machine without a C compiler, and an empty kvport cache (returned): kvport.native
+    builds nothing there. Tests clear their library's cache before and after."""
+    monkeypatch.delenv("KVPORT_NATIVE_KERNELS", raising=False)
+    monkeypatch.setenv("KVPORT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    return tmp_path

@@ -141,10 +141,9 @@ def test_other_dtypes_take_the_torch_path() -> None:
 
 
 def test_without_a_compiler_decode_attention_falls_back_with_a_warning(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv("KVPORT_NATIVE_KERNELS", raising=False)
-    monkeypatch.setenv("KVPORT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+        no_c_compiler: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path = no_c_compiler
     kernels._library.cache_clear()
     try:
         q, layer, tables, lens = make_case(1, 4, 2, 16, [5], torch.float32)

@@ -195,9 +195,13 @@ def test_native_copy_of_any_row_width_at_any_address(width: int, offset: int) ->
 
 
 @needs_native
-def test_native_copy_refuses_ids_out_of_range_and_writes_nothing() -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_native_copy_refuses_ids_out_of_range_and_writes_nothing(
+        split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if split:  # the bad id is in the helper's half: the whole job is checked before any copy
+        monkeypatch.setattr(block_copy, "_MIN_SPLIT_BYTES", 1)
     pool = make_pool(0)
-    host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=1)
+    host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=1, num_threads=2)
     assert host.strategy == "native"
     before, slots_before = pool.clone(), host.buffer.clone()
     with pytest.raises(IndexError, match=r"engine block 12 <-> host row 1 \(pair 1\): out of "
@@ -211,15 +215,12 @@ def test_native_copy_refuses_ids_out_of_range_and_writes_nothing() -> None:
 
 
 def test_without_a_compiler_the_tier_copies_with_numpy(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv("KVPORT_NATIVE_KERNELS", raising=False)
-    monkeypatch.setenv("KVPORT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+        no_c_compiler: Path, caplog: pytest.LogCaptureFixture) -> None:
     block_copy._library.cache_clear()
     try:
         pool = make_pool(1)
         host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=1)
-        assert "copies with numpy" in caplog.text and not list(tmp_path.rglob("*.so"))
+        assert "copies with numpy" in caplog.text and not list(no_c_compiler.rglob("*.so"))
         before = pool.clone()
         host.store(EngineBlocks([7, 2]), HostBlocks([3, 0]))
         host.load(HostBlocks([3, 0]), EngineBlocks([0, 1]))

@@ -63,11 +63,15 @@ int64_t kvport_check_blocks(const int64_t *host_rows, int64_t num_rows, const in
     return -1;
 }
 
-/* to_host != 0: pool -> host rows (a store), else host rows -> pool (a load). Ids must be in
- * range (kvport_check_blocks): they are not checked again here. */
-void kvport_copy_blocks(int64_t to_host, char *host, int64_t host_row_bytes,
-                        const int64_t *host_rows, char *const *segs, const int64_t *page_bytes,
-                        int64_t num_segs, const int64_t *blocks, int64_t n) {
+/* to_host != 0: pool -> host rows (a store), else host rows -> pool (a load). Returns -1, or
+ * the first pair out of range (kvport_check_blocks) having copied nothing. */
+int64_t kvport_copy_blocks(int64_t to_host, char *host, int64_t host_row_bytes,
+                           const int64_t *host_rows, int64_t num_rows, char *const *segs,
+                           const int64_t *page_bytes, int64_t num_segs, const int64_t *blocks,
+                           int64_t num_blocks, int64_t n) {
+    int64_t bad = kvport_check_blocks(host_rows, num_rows, blocks, num_blocks, n);
+    if (bad >= 0)
+        return bad;
     for (int64_t i = 0; i < n; i++) {
         char *row = host + host_rows[i] * host_row_bytes;
         for (int64_t s = 0; s < num_segs; s++) {
@@ -83,4 +87,5 @@ void kvport_copy_blocks(int64_t to_host, char *host, int64_t host_row_bytes,
     /* streaming stores are weakly ordered: make them visible before the caller reports done */
     _mm_sfence();
 #endif
+    return -1;
 }

@@ -37,9 +37,9 @@ def _library() -> ctypes.CDLL | None:
     if lib is not None:
         fn = lib.kvport_copy_blocks
         fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                       ctypes.c_int64]
-        fn.restype = None
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        fn.restype = ctypes.c_int64
         check = lib.kvport_check_blocks
         check.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                           ctypes.c_int64]
@@ -90,23 +90,27 @@ class BlockCopier:
         # 6 % of a job of 8 blocks of 32 KiB
         blocks, rows = array.array("q", block_ids), array.array("q", row_ids)
         b, r = blocks.buffer_info()[0], rows.buffer_info()[0]
-        # C indexes without bounds: an id out of range would write over other memory
-        bad = self._check(r, self._num_rows, b, self._num_blocks, n)
+        k = num_helpers + 1
+        split = not (helpers is None or k < 2 or n < 2 or n * self._row_bytes < _MIN_SPLIT_BYTES)
+        # C checks every id before it copies anything: one out of range would write over other
+        # memory. A split job is checked whole first, so that no part of it is copied either.
+        bad = (self._check(r, self._num_rows, b, self._num_blocks, n) if split else
+               self._copy(to_host, r, b, n))
         if bad >= 0:
             raise IndexError(f"engine block {blocks[bad]} <-> host row {rows[bad]} (pair {bad}): "
                              f"out of range, the pool has {self._num_blocks} blocks and the "
                              f"tier {self._num_rows} rows")
-        k = num_helpers + 1
-        if helpers is None or k < 2 or n < 2 or n * self._row_bytes < _MIN_SPLIT_BYTES:
-            self._fn(int(to_host), self._host, self._row_bytes, r, self._segs, self._pages,
-                     self._num_segs, b, n)
+        if not split:
             return
+        assert helpers is not None
         bounds = [n * g // k for g in range(k + 1)]
-        futures = [helpers.submit(self._fn, int(to_host), self._host, self._row_bytes,
-                                  r + 8 * lo, self._segs, self._pages, self._num_segs,
-                                  b + 8 * lo, hi - lo)
+        futures = [helpers.submit(self._copy, to_host, r + 8 * lo, b + 8 * lo, hi - lo)
                    for lo, hi in pairwise(bounds[1:])]
-        self._fn(int(to_host), self._host, self._row_bytes, r, self._segs, self._pages,
-                 self._num_segs, b, bounds[1])
+        self._copy(to_host, r, b, bounds[1])
         for f in futures:
             f.result()
+
+    def _copy(self, to_host: bool, rows: int, blocks: int, n: int) -> int:
+        """n pairs from the id arrays at these addresses; -1, or the first pair out of range."""
+        return self._fn(int(to_host), self._host, self._row_bytes, rows, self._num_rows,
+                        self._segs, self._pages, self._num_segs, blocks, self._num_blocks, n)
