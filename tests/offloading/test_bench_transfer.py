@@ -35,8 +35,19 @@ def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
         assert row["tier_stats"]["failures"] == 0
         assert row["warm"]["tier_gib_s"] > 0 and row["cold"]["one_file_gib_s"] > 0
     assert result["disk"][0]["store"]["tier_gib_s"] > 0
+    # issue 13's targets: consecutive host rows (2 job sizes x 2 strategies x store/load) and
+    # every disk row (cold and warm), each with its limit
+    targets = {t["what"]: t for t in result["targets"]}
+    assert len(targets) == 2 * 2 * 2 + 2 * 2
+    host = targets["host tiny-llama/kvport 32768 B, jobs of 4, numpy load"]
+    assert host["limit"] == 0.9 and host["met"] == (host["ratio"] >= 0.9)
+    assert host["ratio"] == result["host"][2]["numpy"]["load_ratio"]
+    assert targets["disk 32768 B, jobs of 32, cold load"]["limit"] == 0.8
+    assert not any("scattered" in w for w in targets)
     text = format_transfer(result)
     assert "disk    32768 B x 32, jobs of 4" in text and "tiny-llama/kvport" in text
+    assert "target disk 32768 B, jobs of 4, warm load vs one file: " in text
+    assert f"targets met: {sum(t['met'] for t in targets.values())} of 12" in text
     assert list(tmp_path.iterdir()) == []  # the bench cleans up its files
 
 

@@ -6,6 +6,7 @@ bytes, at the connector's granularity (offload block = one engine block, jobs of
     transfer_disk    disk tier loads (warm, cold) and stores vs one sequential file
     transfer_redis   Redis tier vs redis-py's own pipelined SET/GET (with a Redis URL)
     transfer_format  the text tables
+    transfer_targets issue 13's targets, met or not
 
 Absolute numbers on a shared machine mean little: every ratio compares sides measured back to
 back in the same round, and the JSON records the machine's load average.
@@ -22,6 +23,7 @@ from typing import Any
 from kvport.bench.transfer_common import TransferBenchConfig
 from kvport.bench.transfer_format import format_transfer
 from kvport.bench.transfer_redis import _redis_client, check_redis
+from kvport.bench.transfer_targets import evaluate_targets
 
 __all__ = ["TransferBenchConfig", "_redis_client", "check_redis", "format_transfer",
            "run_transfer"]
@@ -47,4 +49,5 @@ def run_transfer(cfg: TransferBenchConfig) -> dict[str, Any]:
         from kvport.bench.transfer_redis import bench_redis
 
         result["redis"] = bench_redis(cfg)
+    result["targets"] = evaluate_targets(result)
     return result

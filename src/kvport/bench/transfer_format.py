@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvport.bench.transfer_common import MIB
+from kvport.bench.transfer_targets import format_targets
 
 
 def _ratio(d: dict[str, Any], prefix: str = "") -> str:
@@ -55,4 +56,5 @@ def format_transfer(result: dict[str, Any]) -> str:
                      f"({r[d]['ratio']:.2f})" for d in ("store", "load")]
             lines.append(f"redis {r['offload_block_bytes']:>8} B x {r['num_values']}: "
                          + "  ".join(cells))
+    lines += format_targets(result.get("targets", []))
     return "\n".join(lines)
