@@ -9,8 +9,9 @@ engine block as one row either way: the segments' pieces side by side, in segmen
 bytes therefore depend on the segment widths (the pool's layout, which the disk namespace
 records), never on where the engine placed its blocks.
 
-Copies move `(engine block, host row)` pairs. With one segment they are row gathers and
-scatters (`host.copy_rows`). With several, each run of pairs consecutive on both sides is one
+Copies move `(engine block, host row)` pairs: by default every pair and every segment in one
+call of block_copy.c (`block_copy.BlockCopier`). Without it, one segment is row gathers and
+scatters (`host.copy_rows`), and with several each run of pairs consecutive on both sides is one
 strided 2-D copy per segment (`copy_segments`), split between the calling thread and helpers.
 """
 
