@@ -212,6 +212,7 @@ def test_native_copy_refuses_ids_out_of_range_and_writes_nothing(
     with pytest.raises(IndexError, match=r"host row -1"):  # below the tier's own slot checks
         host._native.copy([0], [-1], to_host=True)  # type: ignore[union-attr]
     assert torch.equal(pool, before) and torch.equal(host.buffer, slots_before)
+    assert host.store(EngineBlocks([]), HostBlocks([])).num_bytes == 0  # an empty job copies nothing
 
 
 def test_without_a_compiler_the_tier_copies_with_numpy(
@@ -221,6 +222,7 @@ def test_without_a_compiler_the_tier_copies_with_numpy(
         pool = make_pool(1)
         host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=1)
         assert "copies with numpy" in caplog.text and not list(no_c_compiler.rglob("*.so"))
+        assert host.strategy == "numpy"  # what copies, as the bench reports it
         before = pool.clone()
         host.store(EngineBlocks([7, 2]), HostBlocks([3, 0]))
         host.load(HostBlocks([3, 0]), EngineBlocks([0, 1]))

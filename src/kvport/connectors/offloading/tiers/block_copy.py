@@ -54,8 +54,8 @@ def available() -> bool:
 class BlockCopier:
     """Copies blocks of one pool (its segments) to and from the rows of one host buffer."""
 
-    def __init__(self, lib: ctypes.CDLL, segments: Sequence[torch.Tensor], host: torch.Tensor,
-                 keep: object = None) -> None:
+    def __init__(self, lib: ctypes.CDLL, segments: Sequence[torch.Tensor],
+                 host: torch.Tensor) -> None:
         assert host.dim() == 2 and host.is_contiguous(), "host rows: a contiguous 2-D tensor"
         page_bytes = [s.shape[1] * s.element_size() for s in segments]
         assert all(s.dim() == 2 and s.is_contiguous() for s in segments), \
@@ -65,7 +65,7 @@ class BlockCopier:
             f"{host.shape[1] * host.element_size()}"
         self._fn = lib.kvport_copy_blocks
         self._check = lib.kvport_check_blocks
-        self._keep = (segments, host, keep)  # the memory the pointers below point into
+        self._keep = (tuple(segments), host)  # the memory the pointers below point into
         self._host = host.data_ptr()
         self._row_bytes = host.shape[1] * host.element_size()
         self._segs = (ctypes.c_void_p * len(segments))(*(s.data_ptr() for s in segments))
@@ -77,15 +77,13 @@ class BlockCopier:
     @classmethod
     def for_pool(cls, pool: EnginePool, host_rows: torch.Tensor) -> BlockCopier | None:
         lib = _library()
-        return None if lib is None else cls(lib, pool.segments, host_rows, pool)
+        return None if lib is None else cls(lib, pool.segments, host_rows)
 
     def copy(self, block_ids: Sequence[int], row_ids: Sequence[int], to_host: bool,
              helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0) -> None:
         """Host row row_ids[i] <- engine block block_ids[i] (`to_host`), or the reverse."""
         n = len(block_ids)
         assert len(row_ids) == n, (len(row_ids), n)
-        if n == 0:
-            return
         # array.array, not numpy: 0.8 us for 8 ids against 4.6 (np.asarray and .ctypes.data),
         # 6 % of a job of 8 blocks of 32 KiB
         blocks, rows = array.array("q", block_ids), array.array("q", row_ids)

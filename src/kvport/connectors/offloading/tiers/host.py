@@ -232,9 +232,10 @@ class HostTier:
         # 8-block job of 32 KiB blocks, 50 us)
         self._pool_np = pool.segments[0].numpy() if len(pool.segments) == 1 else None
         self._rows_np = self._rows.numpy()
-        # None where block_copy.c cannot be built: the numpy strategy copies instead
         self._native = (BlockCopier.for_pool(pool, self._rows) if self.strategy == "native"
                         else None)
+        if self.strategy == "native" and self._native is None:
+            self.strategy = "numpy"  # block_copy.c could not be built (kvport.native warned)
 
     def slot(self, slot_id: int) -> torch.Tensor:
         """One slot's bytes, (slot_bytes,) uint8: a view the disk tier reads and writes."""
@@ -279,8 +280,7 @@ class HostTier:
 
     def _copy(self, pool: EnginePool, rows: torch.Tensor, block_ids: list[int],
               row_ids: list[int], to_host: bool) -> None:
-        k = self.num_threads - 1
-        strategy = "numpy" if self.strategy == "native" else self.strategy
+        k, strategy = self.num_threads - 1, self.strategy
         if self._native is not None:
             self._native.copy(block_ids, row_ids, to_host, self._helpers, k)
         elif len(pool.segments) > 1:
