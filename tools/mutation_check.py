@@ -476,21 +476,41 @@ MUTANTS: list[Mutant] = [
     # ---- disk tier ---------------------------------------------------------------------------
     Mutant(
         "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk.py",
-        """            if self._reserved + size > self.max_bytes:
+        """            if freed < need:
                 return False
-            while self._used + self._reserved + size > self.max_bytes:
+            names: list[bytes] = []
+            for run_id in victims:
+                run = self._runs.pop(run_id)
+                self._used -= run.size
+                for key in run.keys:
+                    del self._key_run[key]
+                names += run.keys
 """,
-        """            while self._used + self._reserved + size > self.max_bytes and self._index:
-                victim = next(iter(self._index))
-                self._pop(victim)
-                victims.append(victim)
-            if self._reserved + size > self.max_bytes:
+        """            names: list[bytes] = []
+            for run_id in victims:
+                run = self._runs.pop(run_id)
+                self._used -= run.size
+                for key in run.keys:
+                    del self._key_run[key]
+                names += run.keys
+            if freed < need:
                 self._update_occupancy()
                 return False
-            while self._used + self._reserved + size > self.max_bytes:
 """,
         (f"{TESTS}/test_disk_tier.py::test_size_limit_evicts_least_recently_used",),
         "a disk store that cannot fit is skipped without evicting anything"),
+    Mutant(
+        "disk-store-keeps-its-own-runs", f"{OFFLOADING}/tiers/disk.py",
+        "                if run_id not in keep:\n",
+        "                if True:\n",
+        (f"{TESTS}/test_disk_runs.py::test_a_store_never_evicts_the_runs_of_its_own_held_keys",),
+        "a disk store never evicts a run holding keys the same store counts as held"),
+    Mutant(
+        "disk-run-files-closed-when-gone", f"{OFFLOADING}/tiers/disk_read.py",
+        "                gone = os.fstat(cached.run.fd).st_nlink == 0\n",
+        "                gone = False\n",
+        (f"{TESTS}/test_disk_runs.py::test_runs_stay_open_between_jobs_and_close_when_evicted",),
+        "a kept run file whose every name another process removed is closed, not read"),
 ]
 
 

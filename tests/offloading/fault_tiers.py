@@ -2,8 +2,9 @@
 
     FaultyTransfer   a transfer function wrapper: fail the Nth call, hold calls until released
     FaultyDisk       a DiskTier whose writes raise (full disk, I/O error, after a torn half write)
-                     and whose stored payloads can be corrupted on disk
+                     and whose stored entries (payload or run header) can be corrupted on disk
     wait_until       poll a condition with a deadline (tests never sleep to wait for threads)
+    drop_page_cache  a file's pages out of the page cache: the next read of it is cold
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from polling import poll_until
 from kvport.connectors.offloading.mediums import LoadStoreSpec
 from kvport.connectors.offloading.tiers import TransferOutcome
-from kvport.connectors.offloading.tiers.disk import HEADER_SIZE, DiskTier
+from kvport.connectors.offloading.tiers.disk import DiskTier
+from kvport.connectors.offloading.tiers.disk_format import key_digest
+from kvport.connectors.offloading.tiers.disk_runs import PAGE, RECORD, RUN_FIXED
 
 DEADLINE_S = 10.0
 
@@ -25,6 +28,15 @@ DEADLINE_S = 10.0
 def wait_until(cond: Callable[[], bool], timeout: float = DEADLINE_S) -> None:
     """Poll cond (yielding the GIL to the transfer threads) until true, or fail."""
     poll_until(cond, "condition", timeout)
+
+
+def drop_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages cannot be dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 class FaultyTransfer:
@@ -66,26 +78,38 @@ class FaultyTransfer:
 
 
 class FaultyDisk(DiskTier):
-    """`write_errno`: the next writes raise OSError(errno) after writing half the temp file (a
+    """`write_errno`: the next writes raise OSError(errno) after writing half the run file (a
     torn write), until set back to None."""
 
     write_errno: int | None = None
 
-    def _write_file(self, tmp: Path, header: bytes, payload: memoryview) -> None:
+    def _write_file(self, tmp: str, keys: Sequence[bytes], header: bytes,
+                    payloads: Sequence[memoryview]) -> tuple[int, int]:
         if self.write_errno is None:
-            super()._write_file(tmp, header, payload)
-            return
+            return super()._write_file(tmp, keys, header, payloads)
         with open(tmp, "wb") as f:
             f.write(header)
-            f.write(payload[: len(payload) // 2])
+            f.write(payloads[0][: len(payloads[0]) // 2])
         raise OSError(self.write_errno, os.strerror(self.write_errno))
 
+    def entry_offset(self, key: bytes) -> int:
+        """Where key's payload starts in the run file its name links to."""
+        with open(self.path(key), "rb") as f:
+            raw = f.read(PAGE)
+            count = RUN_FIXED.unpack_from(raw)[6]
+            header_size = RUN_FIXED.unpack_from(raw)[3]
+            payload_bytes = RUN_FIXED.unpack_from(raw)[5]
+            raw += f.read(header_size - PAGE)
+        digests = [RECORD.unpack_from(raw, RUN_FIXED.size + i * RECORD.size)[0]
+                   for i in range(count)]
+        return header_size + digests.index(key_digest(key)) * payload_bytes
+
     def corrupt_payload(self, key: bytes, offset: int = 0) -> None:
-        """Flip one payload byte of key's file in place."""
-        self._flip(self.path(key), HEADER_SIZE + offset)
+        """Flip one payload byte of key's entry in place."""
+        self._flip(self.path(key), self.entry_offset(key) + offset)
 
     def corrupt_header(self, key: bytes, offset: int = 8) -> None:
-        """Flip one header byte (default: the format version)."""
+        """Flip one byte of the run header of key's file (default: the format version)."""
         self._flip(self.path(key), offset)
 
     @staticmethod

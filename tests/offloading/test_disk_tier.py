@@ -1,4 +1,5 @@
-"""DiskTier: atomic files with a checked header, shared across instances and restarts."""
+"""DiskTier, one entry at a time: checked entries shared across instances and restarts (runs of
+several entries: test_disk_runs.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,22 @@ import hashlib
 import os
 import shutil
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
-from fault_tiers import DEADLINE_S, FaultyDisk, wait_until
+from fault_tiers import DEADLINE_S, FaultyDisk, drop_page_cache, wait_until
 
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.mediums import DiskBlocks, EngineBlocks, HostBlocks
-from kvport.connectors.offloading.tiers import disk as disk_module
-from kvport.connectors.offloading.tiers.disk import HEADER_SIZE, DiskTier, disk_namespace
+from kvport.connectors.offloading.tiers.disk import DiskTier, disk_namespace
+from kvport.connectors.offloading.tiers.disk_runs import run_bytes
 from kvport.connectors.offloading.tiers.host import HostTier
 
 NS = b"test-namespace"
 PAYLOAD = 256
-ENTRY = HEADER_SIZE + PAYLOAD
+ENTRY = run_bytes(1, PAYLOAD)  # a run of one entry: a page of header, then the payload
 
 
 def key(i: int) -> bytes:
@@ -109,14 +111,17 @@ def test_torn_temp_files_are_ignored(tmp_path: Path) -> None:
     tier.write_errno = errno.EIO  # leaves half a temp file, then raises
     assert not tier.write(key(6), payload(6))
     assert tier.stats.snapshot()["failures"] == 1
-    # Simulate a crash mid-write by another process: a temp file nobody will finish.
-    torn = tier.path(key(7)).parent / f".{key(7).hex()}.999.1.tmp"
-    torn.parent.mkdir(exist_ok=True)
-    torn.write_bytes(b"KVPORTKV" + b"\0" * 10)
+    assert not list(tier.dir.glob(".run.*"))  # our own half write was removed
+    # A crash mid-write by another process: a temp file nobody will finish, an hour old.
+    torn = tier.dir / ".run.999.1.0.tmp"
+    torn.write_bytes(b"KVPORTRN" + b"\0" * 10)
+    fresh = tier.dir / ".run.998.1.0.tmp"  # a live writer's: left alone
+    fresh.write_bytes(b"KVPORTRN")
+    os.utime(torn, (1e9, 1e9))
     restarted = DiskTier(tmp_path, 10 * ENTRY, NS)
-    assert not restarted.location.exists(key(6)) and not restarted.location.exists(key(7))
+    assert not restarted.location.exists(key(6))
     assert restarted.stats.snapshot()["occupancy_blocks"] == 0
-    assert not list(tmp_path.rglob(f".{key(6).hex()}*"))  # our own half write was removed
+    assert not torn.exists() and fresh.exists()
 
 
 def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
@@ -174,11 +179,12 @@ class GatedDisk(DiskTier):
         self.release = threading.Event()
         self.num_waiting = 0
 
-    def _write_file(self, tmp: Path, header: bytes, payload: memoryview) -> None:
-        if tmp.name[1:].split(".")[0] in (key(2).hex(), key(3).hex()):
+    def _write_file(self, tmp: str, keys: Sequence[bytes], header: bytes,
+                    payloads: Sequence[memoryview]) -> tuple[int, int]:
+        if key(2) in keys or key(3) in keys:
             self.num_waiting += 1
             assert self.release.wait(DEADLINE_S), "GatedDisk: never released"
-        super()._write_file(tmp, header, payload)
+        return super()._write_file(tmp, keys, header, payloads)
 
 
 def test_restart_with_a_smaller_limit_trims_the_oldest(tmp_path: Path) -> None:
@@ -232,16 +238,11 @@ def test_host_disk_transfers_report_failed_positions(tmp_path: Path) -> None:
     assert torch.equal(pool[5], before[2]) and torch.equal(pool[4], before[3])
 
 
-@pytest.mark.parametrize("nowait", [True, False])
-def test_cached_reads_first_then_waiting_reads(tmp_path: Path, nowait: bool) -> None:
+def test_entries_of_a_short_file_fail_and_the_others_load(tmp_path: Path) -> None:
     disk = DiskTier(tmp_path, 1 << 20, NS)
-    disk._nowait_ok = nowait  # False: a file system without RWF_NOWAIT; every read waits
     for i in range(4):
         assert disk.write(key(i), payload(i))
-    out = torch.zeros(PAYLOAD, dtype=torch.uint8)
-    assert disk.read_into(key(0), out, cached_only=True) is (True if nowait else None)
-    with open(disk.path(key(2)), "r+b") as f:  # a short entry: not done without waiting
-        f.truncate(ENTRY - 10)
+    os.truncate(disk.path(key(2)), ENTRY - 10)  # torn: the last 10 bytes never written
     host = HostTier(4, PAYLOAD)
     loaded = disk.load_to_host(host, DiskBlocks([key(i) for i in range(4)]),
                                HostBlocks([3, 2, 1, 0]))
@@ -280,35 +281,17 @@ def test_concurrent_writers_keep_the_limit(tmp_path: Path) -> None:
 
 # ---- jobs of entries, as promotions read them: cold (page cache dropped) and warm ---------------
 
-def drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.parametrize("window", [2, None])  # cold entries in flight: 2, or the whole job
-@pytest.mark.parametrize("nowait", [True, False])
 @pytest.mark.parametrize("cold", [True, False])
-def test_a_job_of_cold_and_warm_entries_loads_exactly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nowait: bool, cold: bool,
-        window: int | None) -> None:
-    """Cached entries are read without waiting, the others' reads are put in flight and waited
-    for in order, a window of them at a time. Bad entries of either kind fail at their position
-    and are removed."""
-    if window is not None:
-        monkeypatch.setattr(disk_module, "READ_AHEAD_BYTES", window * PAYLOAD)
+def test_a_job_of_entries_loads_exactly(tmp_path: Path, cold: bool) -> None:
+    """Entries of runs of one, read cold or warm: bad entries of every kind fail at their
+    position and are removed, the others fill their slots."""
     disk = FaultyDisk(tmp_path, 1 << 20, NS)
-    disk._nowait_ok = nowait
     n = 12
     for i in range(n):
         assert disk.write(key(i), payload(i))
     disk.corrupt_payload(key(3), offset=100)
     disk.corrupt_header(key(5))
-    with open(disk.path(key(7)), "r+b") as f:  # torn: shorter than header + payload
-        f.truncate(ENTRY - 1)
+    os.truncate(disk.path(key(7)), ENTRY - 1)  # torn: shorter than header + payload
     os.unlink(disk.path(key(9)))  # gone (another process evicted it)
     for i in range(n):
         if cold and i != 9:
@@ -342,14 +325,14 @@ def test_store_writes_header_and_payload_whole_and_leaves_no_temp(tmp_path: Path
     disk = DiskTier(tmp_path, 16 << 20, NS)
     big = torch.randint(0, 256, (3 << 20,), dtype=torch.uint8)  # several MiB: one writev
     assert disk.write(key(1), big)
-    assert disk.path(key(1)).stat().st_size == HEADER_SIZE + big.numel()
+    assert disk.path(key(1)).stat().st_size == run_bytes(1, big.numel())
     out = torch.zeros_like(big)
     assert disk.read_into(key(1), out) and torch.equal(out, big)
     # the entry directories are made when a write finds none (not by a mkdir per write)
     assert disk.write(key(2), payload(2))
     shutil.rmtree(disk.path(key(2)).parent)  # removed from under the tier: made again
-    disk._drop(key(2))
     assert disk.write(key(2), payload(2))
+    assert disk.stats.snapshot()["blocks_stored"] == 3  # the name was gone: written again
     got = read(disk, key(2))
     assert got is not None and torch.equal(got, payload(2))
     assert not list(tmp_path.rglob("*.tmp"))

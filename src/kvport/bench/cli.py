@@ -118,7 +118,8 @@ def _add_transfer(commands: Any) -> None:
     p.add_argument("--no-disk", dest="disk", action="store_false", help="skip the disk tier")
     p.add_argument("--disk-mib", type=int, default=128, help="MiB of disk entries per size")
     p.add_argument("--disk-dir", default=None, help="where to write (default: $TMPDIR)")
-    p.add_argument("--disk-threads", type=int, default=2, help="disk transfer threads")
+    p.add_argument("--disk-threads", type=int, default=1,
+                   help="disk transfer threads (1: the connector's)")
     p.add_argument("--redis-url", default=None, metavar="URL",
                    help="also measure the Redis tier on this server (e.g. "
                         "redis://127.0.0.1:6379/0); writes keys under a random namespace of its "

@@ -59,7 +59,7 @@ class TransferBenchConfig:
     disk: bool = True
     disk_mib: int = 128  # MiB of disk entries per entry size
     disk_dir: str | None = None  # default: a temporary directory under $TMPDIR
-    disk_threads: int = 2  # the transfer worker's threads for disk jobs
+    disk_threads: int = 1  # the transfer worker's threads for disk jobs (the connector's)
     job_blocks: int = 16  # values per Redis job
     seed: int = 0
     redis_url: str | None = None  # the Redis tier's rows; None: skipped

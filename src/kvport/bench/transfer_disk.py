@@ -8,8 +8,10 @@ synced, untimed, before every side). The last round's entries are then loaded ba
 slots (DISK->HOST jobs of consecutive slots: one large job of `total_mib` MiB per worker thread
 at a time, or small jobs of `small_job_blocks` entries), warm (the page cache holds the files)
 and cold (every file fsynced and dropped with POSIX_FADV_DONTNEED before each side), next to
-`readinto` of the one file. Sides alternate within each round (paired_rounds); ratios are per
-round. Cold rounds also record the block device's read requests and their mean size (from
+`readinto` of the one file. Warm rounds also read the one file checked (`readinto` in the tier's
+pieces, each entry's bytes hashed with xxh3 as they land, as the tier checks every entry): what a
+verified sequential read costs on this machine, the tier's ceiling. Sides alternate within each
+round (paired_rounds); ratios are per round. Cold rounds also record the block device's read requests and their mean size (from
 /sys/dev/block), which tells whether the reads of neighbouring entries were merged. The loaded
 slots must equal the stored ones, else the row fails.
 """
@@ -115,11 +117,19 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path) -> list[dict[str
                 with open(one, "rb", buffering=0) as fh:
                     fh.readinto(host.buffer.numpy().data)
 
+            def read_file_checked() -> None:
+                _read_checked(one, host.buffer.numpy().reshape(-1).data, size)
+
             row: dict[str, Any] = {"offload_block_bytes": size, "num_entries": n,
                                    "job_blocks": job, "bytes_per_transfer": num_bytes,
                                    "store": store if job == big else None}
             sides: dict[str, Callable[[], object]] = {"tier": load_tier, "one_file": read_file}
-            row["warm"] = _side_stats(num_bytes, paired_rounds(sides, cfg.repeats))
+            warm = paired_rounds({**sides, "checked_file": read_file_checked}, cfg.repeats)
+            row["warm"] = _side_stats(num_bytes, warm)
+            row["warm"]["checked_file_gib_s"] = gib_s(num_bytes,
+                                                      statistics.median(warm["checked_file"]))
+            row["warm"]["ratio_to_checked"] = ratio_stats(warm["tier"],
+                                                          warm["checked_file"])["ratio"]
             requests: dict[str, list[tuple[int, int]]] = {"tier": [], "one_file": []}
             counted = {name: _count_requests(device, fn, requests[name])
                        for name, fn in sides.items()}
@@ -146,6 +156,21 @@ def _side_stats(num_bytes: int, times: dict[str, list[float]]) -> dict[str, Any]
     return {"tier_gib_s": gib_s(num_bytes, statistics.median(times["tier"])),
             "one_file_gib_s": gib_s(num_bytes, statistics.median(times["one_file"])),
             **ratio_stats(times["tier"], times["one_file"])}
+
+
+def _read_checked(path: Path, out: memoryview, entry_bytes: int) -> None:
+    """One file into out, a piece at a time (the tier's piece size, whole entries), each entry
+    hashed right after its piece landed."""
+    from kvport.connectors.offloading.tiers.disk_format import checksum
+    from kvport.connectors.offloading.tiers.disk_read import PIECE_BYTES
+
+    piece = max(1, PIECE_BYTES // entry_bytes) * entry_bytes
+    with open(path, "rb", buffering=0) as fh:
+        for start in range(0, out.nbytes, piece):
+            view = out[start:start + piece]
+            fh.readinto(view)
+            for e in range(0, view.nbytes, entry_bytes):
+                checksum(view[e:e + entry_bytes])
 
 
 def _drop_cache(paths: list[Path]) -> None:

@@ -37,6 +37,10 @@ def format_transfer(result: dict[str, Any]) -> str:
                  f"({_ratio(r[t])})" for t in ("warm", "cold")]
         lines.append(f"disk {r['offload_block_bytes']:>8} B x {r['num_entries']}, jobs of "
                      f"{r['job_blocks']}: " + "  ".join(cells))
+        if "checked_file_gib_s" in r["warm"]:
+            lines.append(f"  warm one file read and hashed per entry "
+                         f"{r['warm']['checked_file_gib_s']:.2f}: tier / that "
+                         f"{r['warm']['ratio_to_checked']:.2f}")
         for side, d in r["cold"].get("device_requests", {}).items():
             lines.append(f"  cold {side}: {d['requests']:.0f} device reads of "
                          f"{d['mean_kib']:.0f} KiB on average")

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvport.connectors.offloading.mediums import ENGINE, HOST, LoadStoreSpec
+from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS, LoadStoreSpec
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 
 if TYPE_CHECKING:
@@ -308,15 +308,27 @@ def tier_routes(host: HostTier,
     return routes
 
 
-def build_tier_worker(host: HostTier, lower: Mapping[str, LowerTier] | None = None,
-                      host_threads: int = 1, lower_threads: int = 2) -> OffloadingWorker:
-    """The standard wiring (`tier_routes`) on thread pools, one per direction.
+# Threads per direction between host memory and a lower tier. Disk: one; a job's entries are one
+# extent of a run file read in file order, and a second thread reading another job at the same
+# time breaks the device's stream into smaller requests (cold jobs of 8 SmolLM2 entries: 0.79-
+# 0.85x of one sequential file with one thread, 0.56-0.75x with two; warm reads are bound by
+# memory either way). Redis: two, so that one job's round trip overlaps another's.
+LOWER_THREADS = {DISK: 1, REDIS: 2}
 
-    NOTE: one host thread per direction is enough: torch already spreads one large copy over
-    its intra-op threads. Disk and Redis jobs wait on I/O, so several threads overlap them."""
+
+def build_tier_worker(host: HostTier, lower: Mapping[str, LowerTier] | None = None,
+                      host_threads: int = 1, lower_threads: int | None = None,
+                      ) -> OffloadingWorker:
+    """The standard wiring (`tier_routes`) on thread pools, one per direction; `lower_threads`
+    None: LOWER_THREADS per medium.
+
+    NOTE: one host thread per direction is enough: one native copy reaches the memory
+    bandwidth (tiers/block_copy.c)."""
     worker = OffloadingWorker()
     for (src, dst), fn in tier_routes(host, lower or {}).items():
-        threads = host_threads if ENGINE in (src, dst) else lower_threads
+        medium = dst if src == HOST else src
+        threads = (host_threads if ENGINE in (src, dst) else
+                   lower_threads or LOWER_THREADS.get(medium, 2))
         worker.register_handler(src, dst, ThreadPoolHandler(
             fn, threads, f"{src.lower()}-{dst.lower()}"))
     return worker

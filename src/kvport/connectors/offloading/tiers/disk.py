@@ -1,27 +1,30 @@
-"""Disk tier: one file per offload block under a namespaced directory, shared across processes.
+"""Disk tier: each store job's entries in one run file, each key a hard link to it.
 
-Layout: `<root>/<namespace digest hex[:16]>/<key hex[:2]>/<key hex>.kvb`; each file is a header
-and the payload (the offload block's bytes, as the host tier holds them); see disk_format.
+Layout: `<root>/<namespace digest hex[:16]>/<key hex[:2]>/<key hex>.kvb` names the run file
+(format: disk_runs) holding the key's entry; every name of a run is a hard link to the same
+file. The scheduler asks whether a key is held by its name alone (`DiskLocation.exists`).
 
-Writes go to a temp file in the entry's directory (`.<key hex>.<pid>.<thread>.tmp`, one writev),
-then `os.replace`d: readers (of any process) see no entry or a whole one. No fsync (entries must
-survive the process, not a power cut); a torn or corrupt file is a miss and removed.
+Store (a HOST -> DISK job): the keys whose names do not exist yet are written as one run, with
+one writev, to a temp file (`.run.<pid>.<thread>.<n>.tmp`), which then gets each key's name
+(`os.link`) and loses its own: readers of any process see a key's whole entry or no name. A
+name that appeared meanwhile (another writer of the same key) is kept; that entry of our run is
+dead weight. No fsync (entries must survive the process, not a power cut); a torn or corrupt
+entry is a miss and its name removed.
 
-Loads read a job's entries in one pass with a window. Each entry is first read with RWF_NOWAIT:
-a cached one is done then (open, preadv, close, xxh3); any other fails at once but has started
-the kernel's readahead of the whole entry, and its fd is kept. Once READ_AHEAD_* cold entries
-are in flight, the oldest is read, waiting: the device always has the next entries queued
-(reads of neighbouring entries merge), with no extra open + POSIX_FADV_WILLNEED per entry (the
-old prefetch pass). That, and no pathlib or per-entry locking: cold 720 KiB entries 0.69 ->
-0.81x of one sequential file, warm 0.91 -> 1.15x (jobs of 88, 2 at a time, paired rounds).
+Load (a DISK -> HOST job): the runs holding the job's keys (the index says which; a key it does
+not know is opened by name), each kept open with its parsed header between jobs (disk_read's
+RunFiles), then each extent of consecutive entries is read with sequential `preadv`s straight
+into the host slots and checked piece by piece (disk_read). Cold, the kernel's readahead turns
+these into large device requests, as for one sequential file (one file per entry was at most one
+request of the entry's size: 0.68-0.72x of one file cold at 720 KiB, 1.0x now).
 
-Index: at start the tier lists its directory and orders entries by mtime (write time), oldest
-first. No file is read: headers are checked lazily, on load, so a start costs one stat per entry.
-Loads refresh recency in memory only (touching mtime would cost a metadata write per load).
-Whether an entry exists is asked of the file system (`DiskLocation.exists`, the scheduler's), so
-an entry another live process wrote is found; a load adopts it into the index. The size limit
-covers the entries this process knows, enforced at store time by removing the least recently
-stored or loaded ones; processes sharing a directory each enforce their own view.
+Index and size limit: runs in LRU order (a load or a store of a key held refreshes its run). The
+limit counts run files (header included) this process knows; the least recently used run is
+evicted whole, all its names removed, since its space is freed only with its last name (keys of
+a job are a request's consecutive blocks and are wanted together). At start the tier lists its
+directory and groups names into runs by inode, oldest run first: one stat per name, no file
+read. A run of another live process is adopted, with the keys loaded from it, when a load reads
+it; processes sharing a directory each enforce their own view of the limit.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,9 +44,11 @@ import torch
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
-    FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUFFIX, DiskLocation, checksum, disk_namespace,
-    entry_problem, header_ok, pack_header, read_entry, read_entry_nowait, scan_entries,
-    write_entry, check_pairs, unlink_quietly,
+    DiskLocation, check_pairs, checksum, disk_namespace, key_digest, unlink_quietly,
+)
+from kvport.connectors.offloading.tiers.disk_read import OpenRun, RunFiles, RunId, read_entries
+from kvport.connectors.offloading.tiers.disk_runs import (
+    pack_run_header, read_run_header, run_bytes, write_run,
 )
 from kvport.connectors.offloading.tiers.host import HostTier
 
@@ -49,14 +56,16 @@ logger = logging.getLogger(__name__)
 
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 _STALE_TEMP_SECONDS = 3600.0  # a temp file this old has no live writer: remove it at start
-# Cold entries a job keeps in flight ahead of the read it waits for, not all: cold 720 KiB
-# entries (jobs of 91, 2 at once) 0.80x of one file with 12 MiB ahead, 0.68x with all queued.
-# At most 64 (an open fd each; soft limits are often 1024): 32 KiB ones read as fast (0.53x).
-READ_AHEAD_BYTES, READ_AHEAD_ENTRIES = 12 << 20, 64
+
+
+@dataclass
+class _Run:
+    size: int  # file bytes, header included: what the run holds on disk until its last name goes
+    keys: set[bytes] = field(default_factory=set)  # keys whose names link to it, as known here
 
 
 class DiskTier:
-    """Files under `root_dir`, at most `max_bytes` (header included) known to this process."""
+    """Run files under `root_dir`, at most `max_bytes` of them known to this process."""
 
     def __init__(self, root_dir: str | os.PathLike[str], max_bytes: int, namespace: bytes) -> None:
         if max_bytes < 1:
@@ -70,230 +79,365 @@ class DiskTier:
         self.dir = self.location.dir
         self.dir.mkdir(exist_ok=True)
         self.stats = TierStats()
-        self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> file bytes, LRU first
-        self._used = 0  # sum of self._index's sizes
+        self._runs: OrderedDict[RunId, _Run] = OrderedDict()  # least recently used first
+        self._key_run: dict[bytes, RunId] = {}
+        self._used = 0  # sum of the runs' sizes
         self._reserved = 0  # bytes of writes in flight (room made, not yet in the index)
         self._lock = threading.Lock()
-        self._nowait_ok = hasattr(os, "RWF_NOWAIT")  # reads that fail instead of waiting
+        self.files = RunFiles()  # run files kept open between load jobs
+        self._check_hard_links()
         self._rebuild_index()
 
     def path(self, key: bytes) -> Path:
         return self.location.path(key)
 
+    def _check_hard_links(self) -> None:
+        """Refuse, at construction, a directory whose file system cannot hard-link (FAT, some
+        network file systems): every key's name is a link to its run file."""
+        a = self.location.temp_path_str()
+        b = self.location.temp_path_str()
+        try:
+            os.close(os.open(a, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.link(a, b)
+        except OSError as exc:
+            raise OSError(exc.errno, f"disk tier root_dir {str(self.dir.parent)!r}: cannot create "
+                          f"hard links there ({exc.strerror}); the disk tier names each key by a "
+                          f"hard link to its run file: use a directory on ext4, xfs, btrfs or "
+                          f"tmpfs") from exc
+        finally:
+            unlink_quietly(a)
+            unlink_quietly(b)
+
     def _rebuild_index(self) -> None:
-        for _, key, size in sorted(scan_entries(self.dir, _STALE_TEMP_SECONDS)):
-            self._put(key, size)
-        self._make_room(0)  # a restart with a smaller max_bytes trims the oldest entries
+        runs: dict[RunId, tuple[int, list[bytes]]] = {}
+        for run_id, size, key in self.location.scan(_STALE_TEMP_SECONDS):
+            runs.setdefault(run_id, (size, []))[1].append(key)
+        for run_id in sorted(runs, key=lambda r: r[1]):  # by mtime: oldest first
+            size, keys = runs[run_id]
+            self._add(run_id, size, keys)
+        self._make_room(0)  # a restart with a smaller max_bytes trims the oldest runs
 
-    # _put, _pop and _update_occupancy run with self._lock held (or before other threads exist).
-    def _put(self, key: bytes, size: int) -> None:
-        self._used += size - self._index.get(key, 0)
-        self._index[key] = size
-        self._index.move_to_end(key)
+    # _add, _remove_key and _update_occupancy run with self._lock held (or before other threads).
+    def _add(self, run_id: RunId, size: int, keys: Sequence[bytes]) -> None:
+        """Index keys under their run (new: counted; known: refreshed)."""
+        run = self._runs.get(run_id)
+        if run is None:
+            run = self._runs[run_id] = _Run(size)
+            self._used += size
+        else:
+            self._runs.move_to_end(run_id)
+        for key in keys:
+            if self._key_run.get(key, run_id) != run_id:
+                self._remove_key(key)  # its name links to another run now
+            run.keys.add(key)
+            self._key_run[key] = run_id
 
-    def _pop(self, key: bytes) -> None:
-        self._used -= self._index.pop(key, 0)
+    def _remove_key(self, key: bytes) -> None:
+        run_id = self._key_run.pop(key, None)
+        if run_id is None:
+            return
+        run = self._runs[run_id]
+        run.keys.discard(key)
+        if not run.keys:  # its last name known here: the file is gone (or another process's)
+            del self._runs[run_id]
+            self._used -= run.size
 
     def _update_occupancy(self) -> None:
         with self.stats._lock:
-            self.stats.occupancy_blocks, self.stats.occupancy_bytes = len(self._index), self._used
+            self.stats.occupancy_blocks, self.stats.occupancy_bytes = (len(self._key_run),
+                                                                       self._used)
 
     def check_integrity(self) -> None:
         """Raise RuntimeError if the accounting is off (tests call it after every scenario)."""
         with self._lock:
-            total = sum(self._index.values())
-            if total != self._used or self._reserved != 0 or self._used > self.max_bytes:
-                raise RuntimeError(f"disk tier accounting: used {self._used}, index sum {total}, "
-                                   f"reserved {self._reserved}, max {self.max_bytes}")
-
-    def _drop(self, key: bytes) -> None:
-        with self._lock:
-            self._pop(key)
-            self._update_occupancy()
+            total = sum(run.size for run in self._runs.values())
+            listed = sum(len(run.keys) for run in self._runs.values())
+            consistent = listed == len(self._key_run) and all(
+                run.keys and all(self._key_run.get(k) == run_id for k in run.keys)
+                for run_id, run in self._runs.items())
+            if (total != self._used or self._reserved != 0 or self._used > self.max_bytes
+                    or not consistent):
+                raise RuntimeError(f"disk tier accounting: used {self._used}, runs' sum {total}, "
+                                   f"reserved {self._reserved}, max {self.max_bytes}, "
+                                   f"keys {len(self._key_run)} (runs list {listed})")
 
     def close(self) -> None:
-        """Nothing to release: every file is closed when its transfer ends."""
+        """Close the run files kept open (no load may run any more)."""
+        self.files.close()
 
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
-            return key in self._index
+            return key in self._key_run
+
+    def _make_room(self, size: int, keep: frozenset[RunId] = frozenset()) -> bool:
+        """Reserve room for a run of `size` bytes, evicting the least recently used runs it
+        needs, never one in `keep` (runs holding keys of the store that asks); False, evicting
+        nothing, if it cannot fit so (larger than the tier, or the room is held by writes in
+        flight or by `keep`)."""
+        victims: list[RunId] = []
+        with self._lock:
+            # Decide first: only runs in the index can be evicted, writes in flight cannot.
+            need = self._used + self._reserved + size - self.max_bytes
+            freed = 0
+            for run_id, run in self._runs.items():  # least recently used first
+                if freed >= need:
+                    break
+                if run_id not in keep:
+                    victims.append(run_id)
+                    freed += run.size
+            if freed < need:
+                return False
+            names: list[bytes] = []
+            for run_id in victims:
+                run = self._runs.pop(run_id)
+                self._used -= run.size
+                for key in run.keys:
+                    del self._key_run[key]
+                names += run.keys
+            self._reserved += size
+            self._update_occupancy()
+        for key in names:  # a job reading the run already keeps reading it
+            unlink_quietly(self.location.path_str(key))
+        self.files.drop(victims)  # its space is freed with its last descriptor
+        self.stats.add(evictions=len(names))
+        return True
 
     # --- store ----------------------------------------------------------------------------------
 
     def write(self, key: bytes, payload: torch.Tensor) -> bool:
-        """Store payload ((n,) uint8, contiguous) under key. False if skipped or failed (counted);
-        nothing half-written stays behind. An existing entry is kept (same key = same bytes)."""
-        with self._lock:
-            if key in self._index:
-                self._index.move_to_end(key)
-                return True
-        size = HEADER_SIZE + payload.numel()
-        if not self._make_room(size):
-            self.stats.add(skipped_stores=1)
-            return False
+        """Store one payload ((n,) uint8, contiguous) under key, as a run of one. False if
+        skipped or failed (counted). An existing entry is kept (same key = same bytes)."""
+        return not self._store([key], [payload.numpy().data])
+
+    def store_from_host(self, host: HostTier, src: HostBlocks, dst: DiskBlocks) -> TransferOutcome:
+        """HOST -> DISK (write-through): slot src.slot_ids[i] is written as dst.keys[i]; the
+        keys not held yet go into one run file."""
+        check_pairs(src.slot_ids, dst.keys)
+        failed = self._store(dst.keys, _slot_views(host, src.slot_ids))
+        return TransferOutcome((len(dst.keys) - len(failed)) * host.slot_bytes, failed)
+
+    def _store(self, keys: Sequence[bytes], payloads: Sequence[memoryview]) -> list[int]:
+        """Write the entries whose keys have no name yet as one run: the positions not stored
+        (skipped for room or a full disk, or failed: counted; nothing half-written stays)."""
+        start = time.perf_counter()
+        todo = [i for i, key in enumerate(keys) if not self._held(key)]
+        if not todo:
+            return []
+        with self._lock:  # the runs of this job's held keys stay: the job wants them too
+            keep = frozenset(self._key_run[k] for k in keys if k in self._key_run)
+        size = run_bytes(len(todo), payloads[0].nbytes)
+        if not self._make_room(size, keep):
+            self.stats.add(skipped_stores=len(todo))
+            return todo
         try:
-            return self._write_reserved(key, payload, size)
+            return self._write_run(keys, payloads, todo, size, start)
         finally:
             with self._lock:
                 self._reserved -= size
 
-    def _write_reserved(self, key: bytes, payload: torch.Tensor, size: int) -> bool:
-        start = time.perf_counter()
-        data = payload.numpy().data  # memoryview over the tensor's bytes
-        header = pack_header(self.namespace_digest, key, data)
-        final = self.location.path_str(key)
-        tmp = Path(self.location.temp_path_str(key))
+    def _held(self, key: bytes) -> bool:
+        """Whether key's name exists (refreshing its run); a name gone (another process evicted
+        it) is dropped from the index, so the key is written again."""
+        held = os.path.exists(self.location.path_str(key))
+        with self._lock:
+            run_id = self._key_run.get(key)
+            if run_id is not None:
+                if held:
+                    self._runs.move_to_end(run_id)
+                else:
+                    self._remove_key(key)
+                    self._update_occupancy()
+        return held
+
+    def _write_run(self, keys: Sequence[bytes], payloads: Sequence[memoryview], todo: list[int],
+                   size: int, start: float) -> list[int]:
+        run_keys = [keys[i] for i in todo]
+        run_payloads = [payloads[i] for i in todo]
+        header = pack_run_header(self.namespace_digest, run_keys, run_payloads)
+        tmp = self.location.temp_path_str()
         try:
-            try:
-                self._write_file(tmp, header, data)
-            except FileNotFoundError:  # the entry's directory is new: mkdir only then
-                tmp.parent.mkdir(exist_ok=True)
-                self._write_file(tmp, header, data)
-            os.replace(tmp, final)
+            run_id = self._write_file(tmp, run_keys, header, run_payloads)
         except OSError as exc:
             unlink_quietly(tmp)
-            if exc.errno in _FULL_DISK:
-                self.stats.add(skipped_stores=1)
-                logger.warning("disk tier full (%s): store of %s skipped", exc, key.hex()[:16])
-            else:
-                self.stats.add(failures=1)
-                logger.warning("disk tier store of %s failed", key.hex()[:16], exc_info=True)
-            return False
-        with self._lock:
-            self._put(key, size)
-            self._update_occupancy()
-        self.stats.add(bytes_stored=data.nbytes, blocks_stored=1,
-                       store_seconds=time.perf_counter() - start)
-        return True
-
-    def _write_file(self, tmp: Path, header: bytes, payload: memoryview) -> None:
-        write_entry(tmp, header, payload)  # a seam for fault injection (tests' fault_tiers.py)
-
-    def _make_room(self, size: int) -> bool:
-        """Reserve room for an entry of `size` bytes, evicting the least recently used entries
-        it needs; False, evicting nothing, if it cannot fit even in an empty index (larger than
-        the tier, or the room is held by writes in flight)."""
-        victims: list[bytes] = []
-        with self._lock:
-            # Decide first: only entries in the index can be evicted, writes in flight cannot.
-            if self._reserved + size > self.max_bytes:
-                return False
-            while self._used + self._reserved + size > self.max_bytes:
-                victim = next(iter(self._index))  # least recently used
-                self._pop(victim)
-                victims.append(victim)
-            self._reserved += size
-            self._update_occupancy()
-        for victim in victims:
-            unlink_quietly(self.path(victim))  # a reader that opened it already keeps reading it
-        self.stats.add(evictions=len(victims))
-        return True
-
-    # --- load, and the transfers (run on worker threads) ----------------------------------------
-
-    def read_into(self, key: bytes, out: torch.Tensor, cached_only: bool = False) -> bool | None:
-        """Fill out ((n,) uint8) with key's payload; False (counted; out may be garbage) if
-        missing, unreadable or corrupt (removed). `cached_only`: None unless wholly cached."""
-        start = time.perf_counter()
-        got = self._read_entries([key], [out.numpy().data], cached_only)
-        if got[0] is True:
-            self._count_loaded([key], out.numel(), time.perf_counter() - start)
-        return got[0]
-
-    def _read_entries(self, keys: list[bytes], outs: list[memoryview],
-                      cached_only: bool = False) -> list[bool | None]:
-        """Read every entry into its buffer (module docstring): True (read and intact), False
-        (failed: counted, removed if bad), None (cached_only: not wholly in the page cache)."""
-        done: list[bool | None] = [None] * len(keys)
-        waiting: deque[tuple[int, int, bytearray]] = deque()  # (position, open fd, header)
-        window = min(READ_AHEAD_ENTRIES, max(1, READ_AHEAD_BYTES // max(1, outs[0].nbytes))
-                     if outs else 1)
+            self._count_write_error(exc, len(todo))
+            return todo
+        linked: list[bytes] = []
+        failed: list[int] = []
         try:
-            for i, (key, out) in enumerate(zip(keys, outs)):
-                raw = bytearray(HEADER_SIZE)
+            for i, key in zip(todo, run_keys):
                 try:
-                    fd = os.open(self.location.path_str(key), os.O_RDONLY)
+                    if self._link(tmp, key):
+                        linked.append(key)
                 except OSError as exc:
-                    done[i] = self._failed(key, exc, None)
-                    continue
-                try:
-                    got = read_entry_nowait(fd, raw, out) if self._nowait_ok else None
-                except OSError as exc:
-                    if exc.errno != errno.EOPNOTSUPP:
-                        done[i] = self._failed(key, exc, fd)
-                        continue
-                    self._nowait_ok = False  # this file system cannot tell: always wait
-                    got = None
-                if got is None:
-                    if not self._nowait_ok and hasattr(os, "posix_fadvise"):
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                    waiting.append((i, fd, raw))
-                    if len(waiting) > window and not cached_only:
-                        self._wait_read(keys, outs, done, waiting.popleft())
-                    continue
-                os.close(fd)
-                done[i] = self._check(key, raw, out, got)
-            while waiting and not cached_only:
-                self._wait_read(keys, outs, done, waiting.popleft())
+                    self._count_write_error(exc, 1)
+                    failed.append(i)
         finally:
-            for _, fd, _ in waiting:  # an exception, or cached_only: nobody reads these
-                os.close(fd)
-        return done
+            unlink_quietly(tmp)  # the run lives on under its keys' names (or is freed now)
+        if linked:
+            with self._lock:
+                self._add(run_id, size, linked)
+                self._update_occupancy()
+        payload_bytes = payloads[0].nbytes
+        self.stats.add(bytes_stored=len(linked) * payload_bytes, blocks_stored=len(linked),
+                       store_seconds=time.perf_counter() - start)
+        return failed
 
-    def _wait_read(self, keys: list[bytes], outs: list[memoryview], done: list[bool | None],
-                   entry: tuple[int, int, bytearray]) -> None:
-        i, fd, raw = entry  # a cold entry whose readahead is in flight: wait for it
+    def _write_file(self, tmp: str, keys: Sequence[bytes], header: bytes,
+                    payloads: Sequence[memoryview]) -> RunId:
+        """Write the run to a new file at tmp (a seam for fault injection: tests' fault_tiers)."""
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            got = read_entry(fd, raw, outs[i])
-        except OSError as exc:
-            done[i] = self._failed(keys[i], exc, fd)
-        else:
+            write_run(fd, header, payloads)
+            st = os.fstat(fd)
+        finally:
             os.close(fd)
-            done[i] = self._check(keys[i], raw, outs[i], got)
+        return st.st_ino, st.st_mtime_ns
 
-    def _check(self, key: bytes, raw: bytearray, out: memoryview, got: int) -> bool:
-        problem = entry_problem(self.namespace_digest, raw, key, out, got)
-        if problem is None:
-            return True
+    def _link(self, tmp: str, key: bytes) -> bool:
+        """Give the run at tmp key's name: False if the name exists (another writer's entry of
+        the same key, kept)."""
         path = self.location.path_str(key)
-        logger.warning("disk tier entry %s rejected (%s); removed", path, problem)
-        unlink_quietly(Path(path))
-        self._drop(key)
-        self.stats.add(failures=1)
-        return False
+        try:
+            try:
+                os.link(tmp, path)
+            except FileNotFoundError:  # the name's directory is new: mkdir only then
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
 
-    def _failed(self, key: bytes, exc: OSError, fd: int | None) -> bool:
-        if fd is not None:  # closed here: the caller has nothing left to read from it
-            os.close(fd)
-        if isinstance(exc, FileNotFoundError):  # evicted by another process, or never there
-            self._drop(key)
+    def _count_write_error(self, exc: OSError, num_keys: int) -> None:
+        if exc.errno in _FULL_DISK:
+            self.stats.add(skipped_stores=num_keys)
+            logger.warning("disk tier full (%s): store of %d entries skipped", exc, num_keys)
         else:
-            logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
-        self.stats.add(failures=1)
-        return False
+            self.stats.add(failures=num_keys)
+            logger.warning("disk tier store of %d entries failed: %s", num_keys, exc)
 
-    def _count_loaded(self, keys: list[bytes], payload_bytes: int, seconds: float) -> None:
-        """Index (adopting other processes' entries) and count the entries read: one lock a job."""
-        with self._lock:
-            for key in keys:
-                self._put(key, HEADER_SIZE + payload_bytes)
-            self._update_occupancy()
-        self.stats.add(bytes_loaded=len(keys) * payload_bytes, blocks_loaded=len(keys),
-                       load_seconds=seconds)
+    # --- load -----------------------------------------------------------------------------------
 
-    def store_from_host(self, host: HostTier, src: HostBlocks, dst: DiskBlocks) -> TransferOutcome:
-        """HOST -> DISK (write-through): slot src.slot_ids[i] is written as dst.keys[i]."""
-        check_pairs(src.slot_ids, dst.keys)
-        failed = [i for i, (s, k) in enumerate(zip(src.slot_ids, dst.keys))
-                  if not self.write(k, host.slot(s))]
-        return TransferOutcome((len(dst.keys) - len(failed)) * host.slot_bytes, failed)
+    def read_into(self, key: bytes, out: torch.Tensor) -> bool:
+        """Fill out ((n,) uint8, contiguous) with key's payload; False (counted; out may be
+        garbage) if missing, unreadable or corrupt (its name removed)."""
+        return self._load([key], [out.numpy().data])[0]
 
     def load_to_host(self, host: HostTier, src: DiskBlocks, dst: HostBlocks) -> TransferOutcome:
         """DISK -> HOST (promotion): entry src.keys[i] fills slot dst.slot_ids[i]."""
         check_pairs(src.keys, dst.slot_ids)
-        start = time.perf_counter()
-        done = self._read_entries(src.keys, [host.slot(s).numpy().data for s in dst.slot_ids])
-        self._count_loaded([k for k, ok in zip(src.keys, done) if ok], host.slot_bytes,
-                           time.perf_counter() - start)
+        done = self._load(src.keys, _slot_views(host, dst.slot_ids))
         failed = [i for i, ok in enumerate(done) if not ok]
         return TransferOutcome((len(src.keys) - len(failed)) * host.slot_bytes, failed)
+
+    def _load(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
+        """Read every key's entry into its buffer (module docstring): True where read and
+        intact; failures are counted, and a bad entry's name removed."""
+        if not keys:
+            return []
+        start = time.perf_counter()
+        payload_bytes = outs[0].nbytes
+        runs: dict[RunId, OpenRun] = {}  # the runs this job reads, in use until it ends
+        plan: dict[RunId, list[tuple[int, int, int]]] = {}  # run -> (position, index, xxh3)
+        done = [False] * len(keys)
+        with self._lock:
+            known = [self._key_run.get(key) for key in keys]
+        try:
+            for i, key in enumerate(keys):
+                digest = key_digest(key)
+                run = self._known_run(known[i], runs)
+                if run is None or digest not in run.header.entries:
+                    run = self._open(key, payload_bytes, runs)
+                    if run is None:
+                        continue
+                    if digest not in run.header.entries:  # a renamed or foreign file
+                        self._reject(key, "its run file does not hold the key")
+                        continue
+                position, xxh = run.header.entries[digest]
+                plan.setdefault(run.run_id, []).append((position, i, xxh))
+            for run_id, entries in plan.items():
+                entries.sort()
+                why = read_entries(runs[run_id], [(p, outs[i], x) for p, i, x in entries])
+                for (_, i, _), problem in zip(entries, why):
+                    if problem is None:
+                        done[i] = True
+                    elif problem.startswith("read failed"):  # maybe transient: the name stays
+                        logger.warning("disk tier load of %s failed: %s", keys[i].hex()[:16],
+                                       problem)
+                    else:
+                        self._reject(keys[i], problem)
+        finally:
+            self.files.release(runs.values())
+        num_loaded = sum(done)
+        with self._lock:  # index (adopting other processes' runs) and refresh: one lock a job
+            for run_id, entries in plan.items():
+                got = [keys[i] for _, i, _ in entries if done[i]]
+                if got:
+                    self._add(run_id, runs[run_id].size, got)
+            self._update_occupancy()
+        self.stats.add(bytes_loaded=num_loaded * payload_bytes, blocks_loaded=num_loaded,
+                       failures=len(keys) - num_loaded, load_seconds=time.perf_counter() - start)
+        return done
+
+    def _known_run(self, run_id: RunId | None, runs: dict[RunId, OpenRun]) -> OpenRun | None:
+        """The run the index says holds a key, if this job or the open files have it."""
+        if run_id is None:
+            return None
+        run = runs.get(run_id)
+        if run is None:
+            run = self.files.acquire(run_id)
+            if run is not None:
+                runs[run_id] = run
+        return run
+
+    def _open(self, key: bytes, payload_bytes: int, runs: dict[RunId, OpenRun]) -> OpenRun | None:
+        """The run key's name links to, with its header read (once: kept open in `files`), in
+        use by this job; None if the name is gone (dropped from the index), unreadable or its run
+        bad (name removed)."""
+        path = self.location.path_str(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # evicted by another process, or never there
+            self._forget(key)
+            return None
+        except OSError as exc:
+            logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
+            return None
+        try:
+            st = os.fstat(fd)
+            run_id = (st.st_ino, st.st_mtime_ns)
+            run = runs.get(run_id) or self.files.acquire(run_id)
+            if run is not None:
+                os.close(fd)
+                runs[run_id] = run
+                return run
+            header = read_run_header(fd, self.namespace_digest, payload_bytes)
+        except OSError as exc:
+            os.close(fd)
+            logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
+            return None
+        if header is None:
+            os.close(fd)
+            self._reject(key, "bad run header")
+            return None
+        run = runs[run_id] = self.files.add(OpenRun(run_id, fd, st.st_size, header))
+        return run
+
+    def _reject(self, key: bytes, why: str) -> None:
+        """A bad entry: its name removed, so no later lookup finds it."""
+        path = self.location.path_str(key)
+        logger.warning("disk tier entry %s rejected (%s); removed", path, why)
+        unlink_quietly(path)
+        self._forget(key)
+
+    def _forget(self, key: bytes) -> None:
+        with self._lock:
+            self._remove_key(key)
+            self._update_occupancy()
+
+
+def _slot_views(host: HostTier, slot_ids: Sequence[int]) -> list[memoryview]:
+    """Each slot's bytes as a memoryview (slices of one view of the buffer: 0.2 us a slot, where
+    a slot tensor's .numpy() costs 3)."""
+    flat = host.buffer.numpy().data.cast("B")
+    n = host.slot_bytes
+    return [flat[s * n:(s + 1) * n] for s in slot_ids]

@@ -1,0 +1,328 @@
+"""DiskTier's run files: a store job's entries in one file named by a hard link per key; loads
+that read runs whole and keep them open; eviction and accounting by run; a state machine over
+stores, loads, evictions by another process and restarts."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from fault_tiers import FaultyDisk, drop_page_cache
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
+from kvport.connectors.offloading.tiers import disk_read
+from kvport.connectors.offloading.tiers.disk import DiskTier
+from kvport.connectors.offloading.tiers.disk_read import OpenRun, RunFiles
+from kvport.connectors.offloading.tiers.disk_runs import run_bytes
+from kvport.connectors.offloading.tiers.host import HostTier
+
+NS = b"test-runs"
+PAYLOAD = 4096 + 512  # not a whole number of pages: payloads start at any offset
+
+
+def key(i: int) -> bytes:
+    return hashlib.sha256(b"run-%d" % i).digest()
+
+
+def payload(i: int) -> torch.Tensor:
+    return torch.randint(0, 256, (PAYLOAD,), generator=torch.Generator().manual_seed(i),
+                         dtype=torch.uint8)
+
+
+def host_with(ids: list[int], num_slots: int = 32) -> HostTier:
+    host = HostTier(num_slots, PAYLOAD)
+    for slot, i in enumerate(ids):
+        host.slot(slot).copy_(payload(i))
+    return host
+
+
+def store(disk: DiskTier, ids: list[int]) -> list[int]:
+    """Store payload(i) under key(i) for each i as one job: the failed positions."""
+    host = host_with(ids, max(1, len(ids)))
+    out = disk.store_from_host(host, HostBlocks(list(range(len(ids)))),
+                               DiskBlocks([key(i) for i in ids]))
+    return out.failed_indices
+
+
+def load(disk: DiskTier, ids: list[int]) -> tuple[list[int], HostTier]:
+    """Load key(i) for each i as one job, into slots in reverse order: (failed positions, host)."""
+    host = HostTier(max(1, len(ids)), PAYLOAD)
+    slots = list(reversed(range(len(ids))))
+    out = disk.load_to_host(host, DiskBlocks([key(i) for i in ids]), HostBlocks(slots))
+    for pos, i in enumerate(ids):
+        if pos not in out.failed_indices:
+            assert torch.equal(host.slot(slots[pos]), payload(i)), i
+    return out.failed_indices, host
+
+
+def test_a_job_is_one_run_file_with_a_name_per_key(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, 1 << 20, NS)
+    assert store(disk, [0, 1, 2, 3, 4]) == []
+    stats = [disk.path(key(i)).stat() for i in range(5)]
+    assert len({s.st_ino for s in stats}) == 1 and stats[0].st_nlink == 5
+    assert stats[0].st_size == run_bytes(5, PAYLOAD)
+    assert not list(disk.dir.glob(".run.*"))  # the temp name is gone once the keys have theirs
+    # Keys held already are not written again: the next run holds only the new ones.
+    assert store(disk, [3, 4, 5, 6]) == []
+    new = disk.path(key(5)).stat()
+    assert new.st_ino != stats[0].st_ino and new.st_nlink == 2
+    assert new.st_size == run_bytes(2, PAYLOAD)
+    s = disk.stats.snapshot()
+    assert (s["blocks_stored"], s["occupancy_blocks"]) == (7, 7)
+    assert s["occupancy_bytes"] == run_bytes(5, PAYLOAD) + run_bytes(2, PAYLOAD)
+    assert load(disk, [6, 0, 1, 2, 3, 4, 5])[0] == []
+    disk.check_integrity()
+
+
+@pytest.mark.parametrize("piece_entries", [1, 3, 64])  # entries per preadv
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool, piece_entries: int) -> None:
+    monkeypatch.setattr(disk_read, "PIECE_BYTES", piece_entries * PAYLOAD)
+    disk = FaultyDisk(tmp_path, 1 << 22, NS)
+    assert store(disk, list(range(0, 8))) == []  # run A
+    assert store(disk, list(range(8, 16))) == []  # run B
+    assert store(disk, [16, 17]) == []  # run C
+    disk.corrupt_payload(key(3), offset=PAYLOAD - 1)  # one entry of A
+    os.truncate(disk.path(key(8)), run_bytes(8, PAYLOAD) - PAYLOAD - 1)  # B torn inside 14
+    os.unlink(disk.path(key(10)))  # a name of B gone (another process evicted the key)
+    disk.corrupt_header(key(16))  # C's header: every key of C fails
+    if cold:
+        for i in (0, 8, 16):
+            drop_page_cache(disk.path(key(i)))
+    ids = [1, 2, 3, 4, 9, 10, 11, 12, 13, 14, 15, 16, 17, 0, 5, 6, 7]  # not in file order
+    failed, _ = load(disk, ids)
+    bad = {3, 10, 14, 15, 16, 17}
+    assert failed == [p for p, i in enumerate(ids) if i in bad]
+    for i in bad:
+        assert not disk.location.exists(key(i)) and key(i) not in disk
+    for i in set(range(18)) - bad:
+        assert disk.location.exists(key(i))
+    s = disk.stats.snapshot()
+    assert (s["blocks_loaded"], s["failures"]) == (len(ids) - len(bad), len(bad))
+    disk.check_integrity()
+
+
+def test_eviction_takes_the_least_recently_used_run_whole(tmp_path: Path) -> None:
+    room = 2 * run_bytes(3, PAYLOAD)
+    disk = DiskTier(tmp_path, room, NS)
+    assert store(disk, [0, 1, 2]) == [] and store(disk, [3, 4, 5]) == []
+    assert load(disk, [1])[0] == []  # run A is now the most recently used
+    assert store(disk, [6, 7, 8]) == []  # evicts run B, every name of it
+    assert not any(disk.location.exists(key(i)) for i in (3, 4, 5))
+    assert all(disk.location.exists(key(i)) for i in (0, 1, 2, 6, 7, 8))
+    s = disk.stats.snapshot()
+    assert (s["evictions"], s["occupancy_blocks"], s["occupancy_bytes"]) == (3, 6, room)
+    # A run that cannot fit evicts nothing, stores nothing, and counts every entry skipped.
+    assert store(disk, list(range(10, 20))) == list(range(10))
+    s = disk.stats.snapshot()
+    assert (s["evictions"], s["skipped_stores"], s["occupancy_blocks"]) == (3, 10, 6)
+    disk.check_integrity()
+
+
+def test_a_store_never_evicts_the_runs_of_its_own_held_keys(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, 2 * run_bytes(2, PAYLOAD), NS)
+    assert store(disk, [0, 1]) == [] and store(disk, [2, 3]) == []
+    # Keys 0 and 2 are held; room for 4 and 5 needs a run evicted, and both hold this job's
+    # keys: skipped, rather than evicting what the job just counted as stored.
+    assert store(disk, [0, 2, 4, 5]) == [2, 3]
+    assert all(disk.location.exists(key(i)) for i in (0, 1, 2, 3))
+    assert store(disk, [0, 4, 5]) == []  # run (2, 3) is not this job's: it goes
+    assert all(disk.location.exists(key(i)) for i in (0, 1, 4, 5))
+    disk.check_integrity()
+
+
+def test_restart_groups_names_into_runs(tmp_path: Path) -> None:
+    first = DiskTier(tmp_path, 1 << 20, NS)
+    assert store(first, [0, 1, 2]) == [] and store(first, [3]) == []
+    os.utime(first.path(key(3)), (1e9, 1e9))  # run B is the older one now
+    restarted = DiskTier(tmp_path, run_bytes(3, PAYLOAD) + run_bytes(1, PAYLOAD), NS)
+    s = restarted.stats.snapshot()
+    assert (s["occupancy_blocks"], s["occupancy_bytes"]) == (4, restarted.max_bytes)
+    assert store(restarted, [4]) == []  # evicts the oldest run (B) only
+    assert not restarted.location.exists(key(3))
+    assert all(restarted.location.exists(key(i)) for i in (0, 1, 2, 4))
+    assert load(restarted, [0, 1, 2, 4])[0] == []
+    restarted.check_integrity()
+
+
+def test_a_name_another_process_removed_is_written_again(tmp_path: Path) -> None:
+    a = DiskTier(tmp_path, 1 << 20, NS)
+    b = DiskTier(tmp_path, 1 << 20, NS)
+    assert store(a, [0, 1]) == []
+    assert store(b, [0, 1, 2]) == []  # b does not write what a holds
+    assert b.path(key(2)).stat().st_nlink == 1
+    os.unlink(a.path(key(1)))  # b evicted it, say
+    assert store(a, [1]) == []  # a finds the name gone and writes it again
+    assert a.stats.snapshot()["blocks_stored"] == 3
+    assert load(a, [0, 1, 2])[0] == []  # 2 is b's: adopted
+    assert key(2) in a
+    a.check_integrity()
+    b.check_integrity()
+
+
+def test_a_name_taken_meanwhile_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = DiskTier(tmp_path, 1 << 20, NS)
+    b = DiskTier(tmp_path, 1 << 20, NS)
+    assert store(a, [0]) == []
+    monkeypatch.setattr(b, "_held", lambda k: False)  # b checked before a's name appeared
+    assert store(b, [0, 1]) == []  # not a failure: key 0 is held, by a's run
+    assert a.path(key(0)).stat().st_ino != b.path(key(1)).stat().st_ino
+    assert a.path(key(0)).stat().st_nlink == 1
+    assert key(0) not in b and key(1) in b
+    assert load(b, [0, 1])[0] == []
+    b.check_integrity()
+
+
+def test_a_file_system_without_hard_links_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_links(src: str, dst: str) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(OSError, match="cannot create hard links there .* use a directory on"):
+        DiskTier(tmp_path, 1 << 20, NS)
+    assert not list(tmp_path.rglob(".run.*"))
+
+
+def test_write_errors_leave_nothing_and_count(tmp_path: Path) -> None:
+    disk = FaultyDisk(tmp_path, 1 << 20, NS)
+    disk.write_errno = errno.EIO
+    assert store(disk, [0, 1, 2]) == [0, 1, 2]
+    disk.write_errno = errno.ENOSPC
+    assert store(disk, [0, 1, 2]) == [0, 1, 2]
+    s = disk.stats.snapshot()
+    assert (s["failures"], s["skipped_stores"], s["occupancy_bytes"]) == (3, 3, 0)
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.kvb"))
+    disk.write_errno = None
+    assert store(disk, [0, 1, 2]) == [] and load(disk, [2, 1, 0])[0] == []
+    disk.check_integrity()
+
+
+# ---- run files kept open between jobs ------------------------------------------------------------
+
+def test_runs_stay_open_between_jobs_and_close_when_evicted(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, 2 * run_bytes(2, PAYLOAD), NS)
+    assert store(disk, [0, 1]) == [] and store(disk, [2, 3]) == []
+    assert load(disk, [0])[0] == [] and load(disk, [1, 2])[0] == []
+    assert len(disk.files) == 2
+    assert load(disk, [3, 0])[0] == []
+    assert len(disk.files) == 2  # no new opens: both runs were open
+    assert store(disk, [4, 5]) == []  # evicts run (2, 3): its file closes, its space goes
+    assert len(disk.files) == 1
+    os.unlink(disk.path(key(0)))
+    os.unlink(disk.path(key(1)))  # another process evicted run (0, 1): every name gone
+    failed, _ = load(disk, [0, 1])
+    assert failed == [0, 1] and len(disk.files) == 0  # found gone, closed
+    disk.close()
+    disk.check_integrity()
+
+
+def run_file(tmp_path: Path, name: str) -> OpenRun:
+    path = tmp_path / name
+    path.write_bytes(b"x")
+    st = path.stat()
+    return OpenRun((st.st_ino, st.st_mtime_ns), os.open(path, os.O_RDONLY), 1, None)  # type: ignore[arg-type]
+
+
+def is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_run_files_close_what_no_job_reads_beyond_capacity_and_when_dropped(
+        tmp_path: Path) -> None:
+    files = RunFiles(capacity=2)
+    a, b, c = (run_file(tmp_path, n) for n in "abc")
+    assert files.add(a) is a and files.add(b) is b and files.add(c) is c
+    assert len(files) == 3  # all in use: none closed
+    files.release([a, b, c])
+    assert len(files) == 2 and not is_open(a.fd)  # the least recently used one went
+    # Adding a run open already hands out the kept one and closes the caller's descriptor.
+    twin = OpenRun(b.run_id, os.open(tmp_path / "b", os.O_RDONLY), 1, None)  # type: ignore[arg-type]
+    assert files.add(twin) is b and not is_open(twin.fd)
+    files.drop([b.run_id])
+    assert is_open(b.fd)  # still read by a job
+    assert files.acquire(b.run_id) is None  # but handed to no new one
+    files.release([b])
+    assert not is_open(b.fd) and len(files) == 1
+    files.close()
+    assert not is_open(c.fd) and len(files) == 0
+
+
+# ---- a state machine: stores, loads, another process's evictions, restarts ----------------------
+
+class DiskRuns(RuleBasedStateMachine):
+    """Model: the payload of every key whose name exists. Whatever happens, a key the model
+    holds loads its own bytes, a key it does not is a miss, and the accounting holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+        self._dir = tempfile.TemporaryDirectory()
+        self.root = Path(self._dir.name)
+        self.max_bytes = 3 * run_bytes(4, PAYLOAD)
+        self.disk = DiskTier(self.root, self.max_bytes, NS)
+        self.held: set[int] = set()
+
+    def teardown(self) -> None:
+        self.disk.close()
+        self._dir.cleanup()
+
+    def _sync_model(self) -> None:
+        self.held = {i for i in range(12) if self.disk.location.exists(key(i))}
+
+    @rule(ids=st.lists(st.integers(0, 11), min_size=1, max_size=6, unique=True))
+    def store(self, ids: list[int]) -> None:
+        skipped = self.disk.stats.snapshot()["skipped_stores"]
+        failed = store(self.disk, ids)
+        self._sync_model()
+        # A run fits by evicting others, not those holding keys of this job: else skipped.
+        assert {i for p, i in enumerate(ids) if p not in failed} <= self.held
+        assert not self.held & {ids[p] for p in failed}
+        assert self.disk.stats.snapshot()["skipped_stores"] == skipped + len(failed)
+
+    @rule(ids=st.lists(st.integers(0, 11), min_size=1, max_size=8))
+    def load(self, ids: list[int]) -> None:
+        failed, _ = load(self.disk, ids)  # checks every loaded slot's bytes
+        assert failed == [p for p, i in enumerate(ids) if i not in self.held]
+
+    @precondition(lambda self: bool(self.held))
+    @rule(data=st.data())
+    def another_process_evicts(self, data: st.DataObject) -> None:
+        """Another process sharing the directory evicts the run holding key i: every name."""
+        i = data.draw(st.sampled_from(sorted(self.held)))
+        run = self.disk.path(key(i)).stat().st_ino
+        for j in sorted(self.held):
+            if self.disk.path(key(j)).stat().st_ino == run:
+                os.unlink(self.disk.path(key(j)))
+                self.held.discard(j)
+
+    @rule()
+    def restart(self) -> None:
+        self.disk.close()
+        self.disk = DiskTier(self.root, self.max_bytes, NS)
+        self._sync_model()
+
+    @invariant()
+    def accounting_holds(self) -> None:
+        self.disk.check_integrity()
+        names = list(self.disk.dir.rglob("*.kvb"))
+        assert len(names) == len(self.held)
+        runs = {p.stat().st_ino: p.stat().st_size for p in names}
+        assert sum(runs.values()) <= self.max_bytes
+
+
+TestDiskRuns = DiskRuns.TestCase
+TestDiskRuns.settings = settings(max_examples=25, stateful_step_count=20, deadline=None,
+                                 suppress_health_check=[HealthCheck.too_slow])
