@@ -107,12 +107,3 @@ def write_run(fd: int, header: bytes, payloads: Sequence[memoryview]) -> None:
                 n -= batch.pop(0).nbytes
             if batch:
                 batch[0] = batch[0][n:]
-
-
-def read_extent(fd: int, outs: Sequence[memoryview], offset: int, nowait: bool) -> int:
-    """Fill `outs` (at most IOV_MAX) from consecutive payloads at `offset`: bytes read, which a
-    short file or (with `nowait`: RWF_NOWAIT) pages not in the page cache leave short.
-    BlockingIOError: nowait and not even the first page is cached."""
-    if nowait:
-        return os.preadv(fd, outs, offset, os.RWF_NOWAIT)
-    return os.preadv(fd, outs, offset)
