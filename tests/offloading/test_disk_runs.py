@@ -81,11 +81,12 @@ def test_a_job_is_one_run_file_with_a_name_per_key(tmp_path: Path) -> None:
     disk.check_integrity()
 
 
-@pytest.mark.parametrize("piece_entries", [1, 3, 64])  # entries per preadv
+# bytes a read call asks for: half an entry (an entry in two calls), one, three, all
+@pytest.mark.parametrize("piece", [PAYLOAD // 2, PAYLOAD, 3 * PAYLOAD, 64 * PAYLOAD])
 @pytest.mark.parametrize("cold", [True, False])
 def test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool, piece_entries: int) -> None:
-    monkeypatch.setattr(disk_read, "PIECE_BYTES", piece_entries * PAYLOAD)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool, piece: int) -> None:
+    monkeypatch.setattr(disk_read, "PIECE_BYTES", piece)
     disk = FaultyDisk(tmp_path, 1 << 22, NS)
     assert store(disk, list(range(0, 8))) == []  # run A
     assert store(disk, list(range(8, 16))) == []  # run B

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from kvport.connectors.offloading.tiers.disk_format import checksum
 from kvport.connectors.offloading.tiers.disk_runs import IOV_MAX, RunHeader
 
-# A cold piece: read, then hashed while still in the cache (1-4 MiB measured alike).
+# Entries are read in pieces of whole entries up to this size (one entry if larger), and each is
+# hashed right after its piece landed, while it is still in the cache; no read call asks for
+# more than this.
 PIECE_BYTES = 1 << 20
 
 RunId = tuple[int, int]  # (inode, mtime ns): one run file, shared by its names
@@ -187,24 +189,31 @@ def _read_pieces(run: OpenRun, entries: Sequence[Entry], extent: list[int],
 
 
 def _read_fully(fd: int, views: list[memoryview], offset: int) -> int:
-    """Bytes read into views from offset: all of them, or fewer at the end of the file."""
+    """Bytes read into views from offset: all of them, or fewer at the end of the file. At most
+    PIECE_BYTES a call: the kernel streams a run of 1 MiB reads better than one read of a whole
+    large entry (5.6 MiB entries cold: 0.79-0.87x of one file, 0.67-0.75x read whole)."""
     total = sum(v.nbytes for v in views)
     done = 0
     while done < total:
-        got = os.preadv(fd, _after(views, done), offset + done)
+        want = min(PIECE_BYTES, total - done)
+        got = os.preadv(fd, _span(views, done, want), offset + done)
         if got <= 0:
             break
         done += got
     return done
 
 
-def _after(views: list[memoryview], skip: int) -> list[memoryview]:
-    """The buffers from byte `skip` on."""
+def _span(views: list[memoryview], skip: int, size: int) -> list[memoryview]:
+    """The buffers' bytes [skip, skip + size)."""
     out = []
     for v in views:
+        if size <= 0:
+            break
         if skip >= v.nbytes:
             skip -= v.nbytes
             continue
-        out.append(v[skip:] if skip else v)
+        part = v[skip:skip + size]
+        out.append(part)
+        size -= part.nbytes
         skip = 0
     return out
