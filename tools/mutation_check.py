@@ -475,9 +475,9 @@ MUTANTS: list[Mutant] = [
         "a part of a synchronous load that starts after its deadline writes nothing"),
     # ---- disk tier ---------------------------------------------------------------------------
     Mutant(
-        "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk.py",
+        "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk_index.py",
         """            if freed < need:
-                return False
+                return None
             names: list[bytes] = []
             for run_id in victims:
                 run = self._runs.pop(run_id)
@@ -494,13 +494,12 @@ MUTANTS: list[Mutant] = [
                     del self._key_run[key]
                 names += run.keys
             if freed < need:
-                self._update_occupancy()
-                return False
+                return None
 """,
         (f"{TESTS}/test_disk_tier.py::test_size_limit_evicts_least_recently_used",),
         "a disk store that cannot fit is skipped without evicting anything"),
     Mutant(
-        "disk-store-keeps-its-own-runs", f"{OFFLOADING}/tiers/disk.py",
+        "disk-store-keeps-its-own-runs", f"{OFFLOADING}/tiers/disk_index.py",
         "                if run_id not in keep:\n",
         "                if True:\n",
         (f"{TESTS}/test_disk_runs.py::test_a_store_never_evicts_the_runs_of_its_own_held_keys",),

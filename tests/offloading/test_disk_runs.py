@@ -125,6 +125,7 @@ def test_eviction_takes_the_least_recently_used_run_whole(tmp_path: Path) -> Non
     assert store(disk, list(range(10, 20))) == list(range(10))
     s = disk.stats.snapshot()
     assert (s["evictions"], s["skipped_stores"], s["occupancy_blocks"]) == (3, 10, 6)
+    assert all(key(i) in disk for i in (0, 1, 2, 6, 7, 8))
     disk.check_integrity()
 
 
@@ -257,7 +258,10 @@ def test_run_files_close_what_no_job_reads_beyond_capacity_and_when_dropped(
     assert files.acquire(b.run_id) is None  # but handed to no new one
     files.release([b])
     assert not is_open(b.fd) and len(files) == 1
-    files.close()
+    assert files.acquire(c.run_id) is c
+    files.close()  # c is read by a job: it closes when that job ends
+    assert is_open(c.fd) and files.acquire(c.run_id) is None
+    files.release([c])
     assert not is_open(c.fd) and len(files) == 0
 
 

@@ -138,6 +138,7 @@ def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
     assert not tier.write(b"big", torch.zeros(4 * ENTRY, dtype=torch.uint8))
     s = tier.stats.snapshot()
     assert (s["skipped_stores"], s["evictions"], s["occupancy_blocks"]) == (1, 1, 3)
+    assert all(key(i) in tier for i in (1, 3, 4))  # the index lost none of them either
     for i in (1, 3, 4):
         assert tier.location.exists(key(i)) and torch.equal(read(tier, key(i)), payload(i))
     assert not tier.location.exists(b"big")

@@ -16,7 +16,7 @@ not know is opened by name), each kept open with its parsed header between jobs 
 RunFiles), then each extent of consecutive entries is read with sequential `preadv`s straight
 into the host slots and checked piece by piece (disk_read). Cold, the kernel's readahead turns
 these into large device requests, as for one sequential file (one file per entry was at most one
-request of the entry's size: 0.68-0.72x of one file cold at 720 KiB, 1.0x now).
+request of the entry's size: 0.47-0.72x of one file cold at 720 KiB, 0.83-1.14x now).
 
 Index and size limit: runs in LRU order (a load or a store of a key held refreshes its run). The
 limit counts run files (header included) this process knows; the least recently used run is
@@ -32,11 +32,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,6 +43,7 @@ from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
     DiskLocation, check_pairs, checksum, disk_namespace, key_digest, unlink_quietly,
 )
+from kvport.connectors.offloading.tiers.disk_index import RunIndex
 from kvport.connectors.offloading.tiers.disk_read import OpenRun, RunFiles, RunId, read_entries
 from kvport.connectors.offloading.tiers.disk_runs import (
     pack_run_header, read_run_header, run_bytes, write_run,
@@ -58,35 +56,26 @@ _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 _STALE_TEMP_SECONDS = 3600.0  # a temp file this old has no live writer: remove it at start
 
 
-@dataclass
-class _Run:
-    size: int  # file bytes, header included: what the run holds on disk until its last name goes
-    keys: set[bytes] = field(default_factory=set)  # keys whose names link to it, as known here
-
-
 class DiskTier:
     """Run files under `root_dir`, at most `max_bytes` of them known to this process."""
 
     def __init__(self, root_dir: str | os.PathLike[str], max_bytes: int, namespace: bytes) -> None:
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.index = RunIndex(max_bytes)  # checks max_bytes
         root = Path(root_dir)
         if not root.is_dir():
             raise OSError(errno.ENOENT, f"disk tier root_dir {str(root)!r} is not a directory")
-        self.max_bytes = max_bytes
         self.location = DiskLocation(root, namespace)
         self.namespace_digest = self.location.namespace_digest
         self.dir = self.location.dir
         self.dir.mkdir(exist_ok=True)
         self.stats = TierStats()
-        self._runs: OrderedDict[RunId, _Run] = OrderedDict()  # least recently used first
-        self._key_run: dict[bytes, RunId] = {}
-        self._used = 0  # sum of the runs' sizes
-        self._reserved = 0  # bytes of writes in flight (room made, not yet in the index)
-        self._lock = threading.Lock()
         self.files = RunFiles()  # run files kept open between load jobs
         self._check_hard_links()
         self._rebuild_index()
+
+    @property
+    def max_bytes(self) -> int:
+        return self.index.max_bytes
 
     def path(self, key: bytes) -> Path:
         return self.location.path(key)
@@ -114,92 +103,36 @@ class DiskTier:
             runs.setdefault(run_id, (size, []))[1].append(key)
         for run_id in sorted(runs, key=lambda r: r[1]):  # by mtime: oldest first
             size, keys = runs[run_id]
-            self._add(run_id, size, keys)
+            self.index.add(run_id, size, keys)
         self._make_room(0)  # a restart with a smaller max_bytes trims the oldest runs
 
-    # _add, _remove_key and _update_occupancy run with self._lock held (or before other threads).
-    def _add(self, run_id: RunId, size: int, keys: Sequence[bytes]) -> None:
-        """Index keys under their run (new: counted; known: refreshed)."""
-        run = self._runs.get(run_id)
-        if run is None:
-            run = self._runs[run_id] = _Run(size)
-            self._used += size
-        else:
-            self._runs.move_to_end(run_id)
-        for key in keys:
-            if self._key_run.get(key, run_id) != run_id:
-                self._remove_key(key)  # its name links to another run now
-            run.keys.add(key)
-            self._key_run[key] = run_id
-
-    def _remove_key(self, key: bytes) -> None:
-        run_id = self._key_run.pop(key, None)
-        if run_id is None:
-            return
-        run = self._runs[run_id]
-        run.keys.discard(key)
-        if not run.keys:  # its last name known here: the file is gone (or another process's)
-            del self._runs[run_id]
-            self._used -= run.size
-
     def _update_occupancy(self) -> None:
+        blocks, used = self.index.occupancy()
         with self.stats._lock:
-            self.stats.occupancy_blocks, self.stats.occupancy_bytes = (len(self._key_run),
-                                                                       self._used)
+            self.stats.occupancy_blocks, self.stats.occupancy_bytes = blocks, used
 
     def check_integrity(self) -> None:
         """Raise RuntimeError if the accounting is off (tests call it after every scenario)."""
-        with self._lock:
-            total = sum(run.size for run in self._runs.values())
-            listed = sum(len(run.keys) for run in self._runs.values())
-            consistent = listed == len(self._key_run) and all(
-                run.keys and all(self._key_run.get(k) == run_id for k in run.keys)
-                for run_id, run in self._runs.items())
-            if (total != self._used or self._reserved != 0 or self._used > self.max_bytes
-                    or not consistent):
-                raise RuntimeError(f"disk tier accounting: used {self._used}, runs' sum {total}, "
-                                   f"reserved {self._reserved}, max {self.max_bytes}, "
-                                   f"keys {len(self._key_run)} (runs list {listed})")
+        self.index.check()
 
     def close(self) -> None:
         """Close the run files kept open (no load may run any more)."""
         self.files.close()
 
     def __contains__(self, key: bytes) -> bool:
-        with self._lock:
-            return key in self._key_run
+        return key in self.index
 
     def _make_room(self, size: int, keep: frozenset[RunId] = frozenset()) -> bool:
-        """Reserve room for a run of `size` bytes, evicting the least recently used runs it
-        needs, never one in `keep` (runs holding keys of the store that asks); False, evicting
-        nothing, if it cannot fit so (larger than the tier, or the room is held by writes in
-        flight or by `keep`)."""
-        victims: list[RunId] = []
-        with self._lock:
-            # Decide first: only runs in the index can be evicted, writes in flight cannot.
-            need = self._used + self._reserved + size - self.max_bytes
-            freed = 0
-            for run_id, run in self._runs.items():  # least recently used first
-                if freed >= need:
-                    break
-                if run_id not in keep:
-                    victims.append(run_id)
-                    freed += run.size
-            if freed < need:
-                return False
-            names: list[bytes] = []
-            for run_id in victims:
-                run = self._runs.pop(run_id)
-                self._used -= run.size
-                for key in run.keys:
-                    del self._key_run[key]
-                names += run.keys
-            self._reserved += size
-            self._update_occupancy()
-        for key in names:  # a job reading the run already keeps reading it
+        """Reserve room for a run of `size` bytes (RunIndex.make_room), removing the names of
+        the runs evicted for it; False if it cannot fit."""
+        eviction = self.index.make_room(size, keep)
+        if eviction is None:
+            return False
+        self._update_occupancy()
+        for key in eviction.keys:  # a job reading the run already keeps reading it
             unlink_quietly(self.location.path_str(key))
-        self.files.drop(victims)  # its space is freed with its last descriptor
-        self.stats.add(evictions=len(names))
+        self.files.drop(eviction.runs)  # its space is freed with its last descriptor
+        self.stats.add(evictions=len(eviction.keys))
         return True
 
     # --- store ----------------------------------------------------------------------------------
@@ -223,8 +156,8 @@ class DiskTier:
         todo = [i for i, key in enumerate(keys) if not self._held(key)]
         if not todo:
             return []
-        with self._lock:  # the runs of this job's held keys stay: the job wants them too
-            keep = frozenset(self._key_run[k] for k in keys if k in self._key_run)
+        # The runs of this job's held keys stay: the job counts them as stored.
+        keep = frozenset(r for r in self.index.runs_of(keys) if r is not None)
         size = run_bytes(len(todo), payloads[0].nbytes)
         if not self._make_room(size, keep):
             self.stats.add(skipped_stores=len(todo))
@@ -232,21 +165,15 @@ class DiskTier:
         try:
             return self._write_run(keys, payloads, todo, size, start)
         finally:
-            with self._lock:
-                self._reserved -= size
+            self.index.release(size)
 
     def _held(self, key: bytes) -> bool:
         """Whether key's name exists (refreshing its run); a name gone (another process evicted
         it) is dropped from the index, so the key is written again."""
         held = os.path.exists(self.location.path_str(key))
-        with self._lock:
-            run_id = self._key_run.get(key)
-            if run_id is not None:
-                if held:
-                    self._runs.move_to_end(run_id)
-                else:
-                    self._remove_key(key)
-                    self._update_occupancy()
+        self.index.refresh(key, held)
+        if not held:
+            self._update_occupancy()
         return held
 
     def _write_run(self, keys: Sequence[bytes], payloads: Sequence[memoryview], todo: list[int],
@@ -274,9 +201,8 @@ class DiskTier:
         finally:
             unlink_quietly(tmp)  # the run lives on under its keys' names (or is freed now)
         if linked:
-            with self._lock:
-                self._add(run_id, size, linked)
-                self._update_occupancy()
+            self.index.add(run_id, size, linked)
+            self._update_occupancy()
         payload_bytes = payloads[0].nbytes
         self.stats.add(bytes_stored=len(linked) * payload_bytes, blocks_stored=len(linked),
                        store_seconds=time.perf_counter() - start)
@@ -339,8 +265,7 @@ class DiskTier:
         runs: dict[RunId, OpenRun] = {}  # the runs this job reads, in use until it ends
         plan: dict[RunId, list[tuple[int, int, int]]] = {}  # run -> (position, index, xxh3)
         done = [False] * len(keys)
-        with self._lock:
-            known = [self._key_run.get(key) for key in keys]
+        known = self.index.runs_of(keys)
         try:
             for i, key in enumerate(keys):
                 digest = key_digest(key)
@@ -368,12 +293,11 @@ class DiskTier:
         finally:
             self.files.release(runs.values())
         num_loaded = sum(done)
-        with self._lock:  # index (adopting other processes' runs) and refresh: one lock a job
-            for run_id, entries in plan.items():
-                got = [keys[i] for _, i, _ in entries if done[i]]
-                if got:
-                    self._add(run_id, runs[run_id].size, got)
-            self._update_occupancy()
+        for run_id, entries in plan.items():  # index (adopting other processes' runs), refresh
+            got = [keys[i] for _, i, _ in entries if done[i]]
+            if got:
+                self.index.add(run_id, runs[run_id].size, got)
+        self._update_occupancy()
         self.stats.add(bytes_loaded=num_loaded * payload_bytes, blocks_loaded=num_loaded,
                        failures=len(keys) - num_loaded, load_seconds=time.perf_counter() - start)
         return done
@@ -430,9 +354,8 @@ class DiskTier:
         self._forget(key)
 
     def _forget(self, key: bytes) -> None:
-        with self._lock:
-            self._remove_key(key)
-            self._update_occupancy()
+        self.index.remove(key)
+        self._update_occupancy()
 
 
 def _slot_views(host: HostTier, slot_ids: Sequence[int]) -> list[memoryview]:

@@ -124,7 +124,10 @@ class RunFiles:
                     self._drop_locked(run_id)
 
     def close(self) -> None:
-        self._finalizer()
+        """Close every run file: now those no job reads, the others when their job ends."""
+        with self._lock:
+            for run_id in list(self._runs):
+                self._drop_locked(run_id)
 
     def __len__(self) -> int:
         with self._lock:
