@@ -505,6 +505,19 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_runs.py::test_a_store_never_evicts_the_runs_of_its_own_held_keys",),
         "a disk store never evicts a run holding keys the same store counts as held"),
     Mutant(
+        "disk-forgets-a-name-found-gone", f"{OFFLOADING}/tiers/disk_index.py",
+        """            if held:
+                self._runs.move_to_end(run_id)
+            else:
+                self._remove_key(key)
+""",
+        """            if held:
+                self._runs.move_to_end(run_id)
+""",
+        (f"{TESTS}/test_disk_runs.py::"
+         "test_a_name_found_gone_frees_its_room_before_the_store_makes_room",),
+        "a key whose name another process removed no longer holds room or a run in the index"),
+    Mutant(
         "disk-run-files-closed-when-gone", f"{OFFLOADING}/tiers/disk_read.py",
         "                gone = os.fstat(cached.run.fd).st_nlink == 0\n",
         "                gone = False\n",

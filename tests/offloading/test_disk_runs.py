@@ -170,6 +170,16 @@ def test_a_name_another_process_removed_is_written_again(tmp_path: Path) -> None
     b.check_integrity()
 
 
+def test_a_name_found_gone_frees_its_room_before_the_store_makes_room(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, 2 * run_bytes(1, PAYLOAD), NS)
+    assert store(disk, [0]) == [] and store(disk, [1]) == []
+    os.unlink(disk.path(key(0)))  # another process evicted run (0): its room is free again
+    assert store(disk, [0]) == []  # written again, in that room: run (1) stays
+    assert disk.location.exists(key(1)) and key(1) in disk
+    assert disk.stats.snapshot()["evictions"] == 0
+    disk.check_integrity()
+
+
 def test_a_name_taken_meanwhile_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a = DiskTier(tmp_path, 1 << 20, NS)
     b = DiskTier(tmp_path, 1 << 20, NS)
