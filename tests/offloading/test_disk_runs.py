@@ -204,6 +204,24 @@ def test_a_file_system_without_hard_links_is_refused(
     assert not list(tmp_path.rglob(".run.*"))
 
 
+def test_a_read_error_fails_the_load_and_keeps_the_entry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = DiskTier(tmp_path, 1 << 20, NS)
+    assert store(disk, [0, 1, 2]) == []
+    real = os.preadv
+
+    def failing(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(disk_read.os, "preadv", failing)
+    assert load(disk, [0, 1, 2])[0] == [0, 1, 2]  # counted failed, and maybe transient:
+    assert all(disk.location.exists(key(i)) and key(i) in disk for i in (0, 1, 2))
+    monkeypatch.setattr(disk_read.os, "preadv", real)
+    assert load(disk, [0, 1, 2])[0] == []  # ... the next load reads them
+    assert disk.stats.snapshot()["failures"] == 3
+    disk.check_integrity()
+
+
 def test_write_errors_leave_nothing_and_count(tmp_path: Path) -> None:
     disk = FaultyDisk(tmp_path, 1 << 20, NS)
     disk.write_errno = errno.EIO

@@ -263,6 +263,7 @@ class DiskTier:
         start = time.perf_counter()
         payload_bytes = outs[0].nbytes
         runs: dict[RunId, OpenRun] = {}  # the runs this job reads, in use until it ends
+        bad: set[RunId] = set()  # runs of this job whose header is bad: not read again
         plan: dict[RunId, list[tuple[int, int, int]]] = {}  # run -> (position, index, xxh3)
         done = [False] * len(keys)
         known = self.index.runs_of(keys)
@@ -271,7 +272,7 @@ class DiskTier:
                 digest = key_digest(key)
                 run = self._known_run(known[i], runs)
                 if run is None or digest not in run.header.entries:
-                    run = self._open(key, payload_bytes, runs)
+                    run = self._open(key, payload_bytes, runs, bad)
                     if run is None:
                         continue
                     if digest not in run.header.entries:  # a renamed or foreign file
@@ -285,11 +286,11 @@ class DiskTier:
                 for (_, i, _), problem in zip(entries, why):
                     if problem is None:
                         done[i] = True
-                    elif problem.startswith("read failed"):  # maybe transient: the name stays
-                        logger.warning("disk tier load of %s failed: %s", keys[i].hex()[:16],
-                                       problem)
+                    elif problem.bad:
+                        self._reject(keys[i], problem.why)
                     else:
-                        self._reject(keys[i], problem)
+                        logger.warning("disk tier load of %s failed: %s", keys[i].hex()[:16],
+                                       problem.why)
         finally:
             self.files.release(runs.values())
         num_loaded = sum(done)
@@ -313,7 +314,8 @@ class DiskTier:
                 runs[run_id] = run
         return run
 
-    def _open(self, key: bytes, payload_bytes: int, runs: dict[RunId, OpenRun]) -> OpenRun | None:
+    def _open(self, key: bytes, payload_bytes: int, runs: dict[RunId, OpenRun],
+              bad: set[RunId]) -> OpenRun | None:
         """The run key's name links to, with its header read (once: kept open in `files`), in
         use by this job; None if the name is gone (dropped from the index), unreadable or its run
         bad (name removed)."""
@@ -334,13 +336,15 @@ class DiskTier:
                 os.close(fd)
                 runs[run_id] = run
                 return run
-            header = read_run_header(fd, self.namespace_digest, payload_bytes)
+            header = (None if run_id in bad else
+                      read_run_header(fd, self.namespace_digest, payload_bytes))
         except OSError as exc:
             os.close(fd)
             logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
             return None
         if header is None:
             os.close(fd)
+            bad.add(run_id)
             self._reject(key, "bad run header")
             return None
         run = runs[run_id] = self.files.add(OpenRun(run_id, fd, st.st_size, header))

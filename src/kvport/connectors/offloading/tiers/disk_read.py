@@ -38,6 +38,15 @@ RunId = tuple[int, int]  # (inode, mtime ns): one run file, shared by its names
 Entry = tuple[int, memoryview, int]  # (position in the run, destination slot, payload xxh3)
 
 
+@dataclass(frozen=True)
+class ReadProblem:
+    """Why an entry was not loaded. `bad`: the entry itself is (short or corrupt), so its name
+    goes; otherwise the read failed (an I/O error, maybe transient) and the entry stays."""
+
+    why: str
+    bad: bool
+
+
 @dataclass
 class OpenRun:
     """An open run file and what its header says."""
@@ -88,16 +97,13 @@ class RunFiles:
 
     def add(self, run: OpenRun) -> OpenRun:
         """Keep a run the caller opened (in use by it). If another job added the same run
-        meanwhile, the caller's descriptor is closed and that one handed out instead; if that
-        one was dropped (a race with an eviction), the caller's stays its own, closed at
-        release."""
+        meanwhile, the caller's descriptor is closed and that one handed out instead (still
+        readable if it was dropped since: it closes with its last job)."""
         with self._lock:
             cached = self._runs.get(run.run_id)
             if cached is None:
                 self._runs[run.run_id] = _Cached(run, users=1)
                 self._trim_locked()
-                return run
-            if cached.dropped:
                 return run
             os.close(run.fd)
             cached.users += 1
@@ -107,10 +113,8 @@ class RunFiles:
     def release(self, runs: Iterable[OpenRun]) -> None:
         with self._lock:
             for run in runs:
-                cached = self._runs.get(run.run_id)
-                if cached is None or cached.run is not run:  # never kept: the caller's own
-                    os.close(run.fd)
-                    continue
+                cached = self._runs[run.run_id]  # kept until its last job released it
+                assert cached.run is run and cached.users > 0, "a run released twice"
                 cached.users -= 1
                 if cached.dropped and cached.users == 0:
                     del self._runs[run.run_id]
@@ -153,9 +157,9 @@ def _close_all(runs: OrderedDict[RunId, _Cached]) -> None:
     runs.clear()
 
 
-def read_entries(run: OpenRun, entries: Sequence[Entry]) -> list[str | None]:
+def read_entries(run: OpenRun, entries: Sequence[Entry]) -> list[ReadProblem | None]:
     """Fill each entry's slot (entries sorted by position): per entry None if read and intact,
-    else why not (short file, checksum mismatch, I/O error)."""
+    else why not."""
     payload = run.header.payload_bytes
     extents: list[list[int]] = []  # indices into entries, consecutive positions each
     for k, (position, out, _) in enumerate(entries):
@@ -164,14 +168,14 @@ def read_entries(run: OpenRun, entries: Sequence[Entry]) -> list[str | None]:
             extents[-1].append(k)
         else:
             extents.append([k])
-    why: list[str | None] = [None] * len(entries)
+    why: list[ReadProblem | None] = [None] * len(entries)
     for extent in extents:
         _read_pieces(run, entries, extent, why)
     return why
 
 
 def _read_pieces(run: OpenRun, entries: Sequence[Entry], extent: list[int],
-                 why: list[str | None]) -> None:
+                 why: list[ReadProblem | None]) -> None:
     """The extent with blocking `preadv`s in file order, each piece checked as it lands."""
     payload = run.header.payload_bytes
     per_piece = max(1, min(IOV_MAX, PIECE_BYTES // payload))
@@ -182,13 +186,13 @@ def _read_pieces(run: OpenRun, entries: Sequence[Entry], extent: list[int],
             got = _read_fully(run.fd, views, run.header.offset(entries[piece[0]][0]))
         except OSError as exc:
             for k in piece:
-                why[k] = f"read failed: {exc}"
+                why[k] = ReadProblem(f"read failed: {exc}", bad=False)
             continue
         for j, k in enumerate(piece):
             if (j + 1) * payload > got:
-                why[k] = "the run file is shorter than its header says"
+                why[k] = ReadProblem("the run file is shorter than its header says", bad=True)
             elif checksum(views[j]) != entries[k][2]:
-                why[k] = "checksum mismatch"
+                why[k] = ReadProblem("checksum mismatch", bad=True)
 
 
 def _read_fully(fd: int, views: list[memoryview], offset: int) -> int:
