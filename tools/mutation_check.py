@@ -518,11 +518,20 @@ MUTANTS: list[Mutant] = [
          "test_a_name_found_gone_frees_its_room_before_the_store_makes_room",),
         "a key whose name another process removed no longer holds room or a run in the index"),
     Mutant(
-        "disk-run-files-closed-when-gone", f"{OFFLOADING}/tiers/disk_read.py",
-        "                gone = os.fstat(cached.run.fd).st_nlink == 0\n",
-        "                gone = False\n",
-        (f"{TESTS}/test_disk_runs.py::test_runs_stay_open_between_jobs_and_close_when_evicted",),
-        "a kept run file whose every name another process removed is closed, not read"),
+        "disk-run-files-reopened-when-changed", f"{OFFLOADING}/tiers/disk_read.py",
+        "                changed = file_stamp(os.fstat(cached.run.fd)) != cached.run.stamp\n",
+        "                changed = False\n",
+        (f"{TESTS}/test_disk_runs.py::test_runs_stay_open_between_jobs_and_close_when_evicted",
+         f"{TESTS}/test_disk_runs.py::test_an_entry_is_hashed_once_until_its_file_changes"),
+        "a kept run file another process changed (written, names removed) is reopened and its "
+        "entries checked again; one whose every name is gone is closed, not read"),
+    Mutant(
+        "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk.py",
+        "            names_known[run.run_id] = run.links == self.index.num_keys(run.run_id)\n",
+        "            names_known[run.run_id] = True\n",
+        (f"{TESTS}/test_disk_runs.py::"
+         "test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone",),
+        "a key whose name is gone is a miss even while its run is open through another name"),
 ]
 
 

@@ -84,7 +84,7 @@ class FaultyDisk(DiskTier):
     write_errno: int | None = None
 
     def _write_file(self, tmp: str, keys: Sequence[bytes], header: bytes,
-                    payloads: Sequence[memoryview]) -> tuple[int, int]:
+                    payloads: Sequence[memoryview]) -> int:
         if self.write_errno is None:
             return super()._write_file(tmp, keys, header, payloads)
         with open(tmp, "wb") as f:
@@ -114,8 +114,17 @@ class FaultyDisk(DiskTier):
 
     @staticmethod
     def _flip(path: Path, pos: int) -> None:
-        with open(path, "r+b") as f:
-            f.seek(pos)
-            byte = f.read(1)
-            f.seek(pos)
-            f.write(bytes([byte[0] ^ 0xFF]))
+        flip_byte(path, pos)
+
+
+def flip_byte(path: Path, pos: int) -> None:
+    """Flip one byte of a file in place, as a foreign writer would. Its mtime then moves on by
+    1 ns: the write shows in the file's stamp even within one tick of the kernel's coarse clock
+    (a checked entry is hashed again only once its file's stamp changed: disk_read)."""
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_tiers import FaultyDisk, drop_page_cache
+from fault_tiers import FaultyDisk, drop_page_cache, flip_byte
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import disk_read
 from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_read import OpenRun, RunFiles
+from kvport.connectors.offloading.tiers.disk_read import OpenRun, RunFiles, file_stamp
 from kvport.connectors.offloading.tiers.disk_runs import run_bytes
 from kvport.connectors.offloading.tiers.host import HostTier
 
@@ -255,11 +255,39 @@ def test_runs_stay_open_between_jobs_and_close_when_evicted(tmp_path: Path) -> N
     disk.check_integrity()
 
 
+def test_an_entry_is_hashed_once_until_its_file_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checked entry is not hashed again through its open run; a write into the file, or a
+    name of it removed, makes the next load reopen it and check every entry again."""
+    hashed: list[int] = []
+
+    def counting(data: memoryview) -> int:
+        hashed.append(data.nbytes)
+        return real(data)
+
+    real = disk_read.checksum
+    monkeypatch.setattr(disk_read, "checksum", counting)
+    disk = FaultyDisk(tmp_path, 1 << 20, NS)
+    assert store(disk, [0, 1, 2, 3]) == []
+    assert load(disk, [0, 1, 2])[0] == [] and len(hashed) == 3
+    assert load(disk, [2, 1, 0, 3])[0] == [] and len(hashed) == 4  # only 3 was new
+    assert load(disk, [0, 1, 2, 3])[0] == [] and len(hashed) == 4
+    drop_page_cache(disk.path(key(0)))  # cold is no change of the file: still checked
+    assert load(disk, [3, 0])[0] == [] and len(hashed) == 4
+    disk.corrupt_payload(key(1), offset=7)  # another writer: the file's stamp changes
+    assert load(disk, [0, 1, 2, 3])[0] == [1] and len(hashed) == 8
+    assert not disk.path(key(1)).exists()  # removed: a name gone changes the stamp again
+    assert load(disk, [0, 2, 3])[0] == [] and len(hashed) == 11
+    assert load(disk, [0, 2, 3])[0] == [] and len(hashed) == 11
+    disk.close()
+    disk.check_integrity()
+
+
 def run_file(tmp_path: Path, name: str) -> OpenRun:
     path = tmp_path / name
     path.write_bytes(b"x")
     st = path.stat()
-    return OpenRun((st.st_ino, st.st_mtime_ns), os.open(path, os.O_RDONLY), 1, None)  # type: ignore[arg-type]
+    return OpenRun(st.st_ino, os.open(path, os.O_RDONLY), file_stamp(st), None)  # type: ignore[arg-type]
 
 
 def is_open(fd: int) -> bool:
@@ -279,7 +307,7 @@ def test_run_files_close_what_no_job_reads_beyond_capacity_and_when_dropped(
     files.release([a, b, c])
     assert len(files) == 2 and not is_open(a.fd)  # the least recently used one went
     # Adding a run open already hands out the kept one and closes the caller's descriptor.
-    twin = OpenRun(b.run_id, os.open(tmp_path / "b", os.O_RDONLY), 1, None)  # type: ignore[arg-type]
+    twin = OpenRun(b.run_id, os.open(tmp_path / "b", os.O_RDONLY), b.stamp, None)  # type: ignore[arg-type]
     assert files.add(twin) is b and not is_open(twin.fd)
     files.drop([b.run_id])
     assert is_open(b.fd)  # still read by a job
@@ -307,6 +335,7 @@ class DiskRuns(RuleBasedStateMachine):
         self.max_bytes = 3 * run_bytes(4, PAYLOAD)
         self.disk = DiskTier(self.root, self.max_bytes, NS)
         self.held: set[int] = set()
+        self.damaged: set[int] = set()  # held keys whose entry another writer damaged
 
     def teardown(self) -> None:
         self.disk.close()
@@ -314,6 +343,7 @@ class DiskRuns(RuleBasedStateMachine):
 
     def _sync_model(self) -> None:
         self.held = {i for i in range(12) if self.disk.location.exists(key(i))}
+        self.damaged &= self.held
 
     @rule(ids=st.lists(st.integers(0, 11), min_size=1, max_size=6, unique=True))
     def store(self, ids: list[int]) -> None:
@@ -328,7 +358,10 @@ class DiskRuns(RuleBasedStateMachine):
     @rule(ids=st.lists(st.integers(0, 11), min_size=1, max_size=8))
     def load(self, ids: list[int]) -> None:
         failed, _ = load(self.disk, ids)  # checks every loaded slot's bytes
-        assert failed == [p for p, i in enumerate(ids) if i not in self.held]
+        assert failed == [p for p, i in enumerate(ids)
+                          if i not in self.held or i in self.damaged]
+        self._sync_model()  # damaged entries lost their names
+        assert not self.damaged & set(ids)
 
     @precondition(lambda self: bool(self.held))
     @rule(data=st.data())
@@ -340,6 +373,18 @@ class DiskRuns(RuleBasedStateMachine):
             if self.disk.path(key(j)).stat().st_ino == run:
                 os.unlink(self.disk.path(key(j)))
                 self.held.discard(j)
+                self.damaged.discard(j)
+
+    @precondition(lambda self: bool(self.held - self.damaged))
+    @rule(data=st.data())
+    def another_writer_damages(self, data: st.DataObject) -> None:
+        """A payload byte of key i's entry is flipped in place, whether or not it was loaded (and
+        checked) before: its next load fails and removes its name."""
+        i = data.draw(st.sampled_from(sorted(self.held - self.damaged)))
+        path = self.disk.path(key(i))
+        flip_byte(path, FaultyDisk.entry_offset(self.disk, key(i)) + data.draw(
+            st.integers(0, PAYLOAD - 1)))  # type: ignore[arg-type]
+        self.damaged.add(i)
 
     @rule()
     def restart(self) -> None:

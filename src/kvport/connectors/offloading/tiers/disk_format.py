@@ -25,6 +25,7 @@ import os
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
@@ -90,6 +91,16 @@ def unlink_quietly(path: str | os.PathLike[str]) -> None:
         logger.warning("disk tier could not remove %s", path, exc_info=True)
 
 
+@dataclass(frozen=True)
+class ScannedName:
+    """A key's name found on disk, and the run file it links to."""
+
+    key: bytes
+    inode: int  # the run file's: shared by the names of one run
+    size: int
+    mtime_ns: int
+
+
 class DiskLocation:
     """Where a disk tier's entries live: `<root>/<namespace digest hex[:16]>/<key hex[:2]>/<key
     hex>.kvb`, each a hard link to the run file holding the key's entry. The scheduler half uses it
@@ -120,13 +131,12 @@ class DiskLocation:
     def exists(self, key: bytes) -> bool:
         return os.path.isfile(self.path_str(key))
 
-    def scan(self, stale_temp_seconds: float) -> list[tuple[tuple[int, int], int, bytes]]:
-        """(run id, file size, key) of every name under the directory, by name and stat alone
-        (no file is read); the run id is (inode, mtime ns), shared by a run's names. Temp files
-        older than `stale_temp_seconds` (torn writes of dead processes: live writers finish far
-        sooner) are removed."""
+    def scan(self, stale_temp_seconds: float) -> list[ScannedName]:
+        """Every key's name under the directory, by name and stat alone (no file is read).
+        Temp files older than `stale_temp_seconds` (torn writes of dead processes: live writers
+        finish far sooner) are removed."""
         now = time.time()
-        found: list[tuple[tuple[int, int], int, bytes]] = []
+        found: list[ScannedName] = []
         for entry in os.scandir(self._dir):
             if entry.is_dir(follow_symlinks=False):
                 for name in os.scandir(entry.path):
@@ -137,7 +147,7 @@ class DiskLocation:
 
 
 def _scan_name(entry: os.DirEntry[str], now: float, stale_temp_seconds: float,
-               found: list[tuple[tuple[int, int], int, bytes]]) -> None:
+               found: list[ScannedName]) -> None:
     try:
         st = entry.stat(follow_symlinks=False)
         if entry.name.endswith(TEMP_SUFFIX):
@@ -145,6 +155,6 @@ def _scan_name(entry: os.DirEntry[str], now: float, stale_temp_seconds: float,
                 os.unlink(entry.path)
         elif entry.name.endswith(SUFFIX):
             key = bytes.fromhex(entry.name[:-len(SUFFIX)])
-            found.append(((st.st_ino, st.st_mtime_ns), st.st_size, key))
+            found.append(ScannedName(key, st.st_ino, st.st_size, st.st_mtime_ns))
     except (OSError, ValueError):
         pass  # removed meanwhile, or a foreign name: not ours

@@ -52,12 +52,19 @@ class RunIndex:
         with self._lock:
             return len(self._key_run), self._used
 
+    def num_keys(self, run_id: RunId) -> int:
+        """Keys indexed under the run (0 if unknown)."""
+        with self._lock:
+            run = self._runs.get(run_id)
+            return len(run.keys) if run is not None else 0
+
     def runs_of(self, keys: Sequence[bytes]) -> list[RunId | None]:
         with self._lock:
             return [self._key_run.get(key) for key in keys]
 
     def add(self, run_id: RunId, size: int, keys: Iterable[bytes]) -> None:
-        """Index keys under their run (a new run is counted; a known one refreshed)."""
+        """Index keys under their run of `size` bytes now (a new run is counted; a known one
+        refreshed, its size updated: another writer may have cut it short)."""
         with self._lock:
             run = self._runs.get(run_id)
             if run is None:
@@ -65,6 +72,8 @@ class RunIndex:
                 self._used += size
             else:
                 self._runs.move_to_end(run_id)
+                self._used += size - run.size
+                run.size = size
             for key in keys:
                 if self._key_run.get(key, run_id) != run_id:
                     self._remove_key(key)  # its name links to another run now

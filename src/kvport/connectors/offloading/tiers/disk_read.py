@@ -1,15 +1,22 @@
 """Reading load jobs' entries out of run files into host slots, each checked against its
-record's xxh3; the run files stay open between jobs.
+record's xxh3 the first time this process reads it; the run files stay open between jobs.
 
 A job's entries of one run are read extent by extent (runs of consecutive positions), with
 blocking `preadv`s in file order in pieces of PIECE_BYTES, each piece hashed right after it
 lands, while it is still in the cache. Cold, the kernel's sequential readahead streams the
 extent in large device requests, as it does one sequential file; queueing the extent with
 POSIX_FADV_WILLNEED first measured 0.80-0.83x of one file, the plain reads 0.95-1.02x (64 MiB of
-720 KiB entries, a 2-vCPU VM's virtio disk). Warm, the read is the kernel's copy out of the page
-cache plus the hash (tried and dropped: hashing in a mapping of the file and copying with
-streaming stores; as fast in the benchmark's rounds, and a mapped page the device fails to read
-is a SIGBUS).
+720 KiB entries, a 2-vCPU VM's virtio disk).
+
+What the check is for: a run file is never written once its names exist, so an entry can only be
+bad from before this process opened it: torn by a crash (no fsync), cut short, or a foreign or
+damaged file. An entry checked once through an open run is therefore not hashed again while its
+file is unchanged: `RunFiles.acquire` compares the file's size, mtime and ctime with those at
+open, and a file written since (or a name of it removed) is reopened and every entry checked
+anew. That makes a warm re-read the kernel's copy alone (hashing each read: 0.66-0.74x of one
+sequential file; the same file read and hashed, 0.78-0.93x, was the ceiling). Tried and dropped
+for the hash itself: hashing in a mapping of the file and copying with streaming stores (as fast,
+and a mapped page the device fails to read is a SIGBUS), a helper thread hashing each piece.
 
 `RunFiles` keeps each run's file open (and its parsed header) between jobs, at most `capacity`
 of them: consecutive jobs over a run then read one open file, whose readahead state sees one
@@ -24,7 +31,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvport.connectors.offloading.tiers.disk_format import checksum
 from kvport.connectors.offloading.tiers.disk_runs import IOV_MAX, RunHeader
@@ -34,7 +41,9 @@ from kvport.connectors.offloading.tiers.disk_runs import IOV_MAX, RunHeader
 # more than this.
 PIECE_BYTES = 1 << 20
 
-RunId = tuple[int, int]  # (inode, mtime ns): one run file, shared by its names
+# A run file's inode, shared by its names: the file's identity while any name or descriptor of it
+# lives (a write into it changes its stamp, not its identity).
+RunId = int
 Entry = tuple[int, memoryview, int]  # (position in the run, destination slot, payload xxh3)
 
 
@@ -47,14 +56,31 @@ class ReadProblem:
     bad: bool
 
 
+Stamp = tuple[int, int, int]  # (size, mtime ns, ctime ns): a write or an unlink changes it
+
+
+def file_stamp(st: os.stat_result) -> Stamp:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 @dataclass
 class OpenRun:
-    """An open run file and what its header says."""
+    """An open run file, what its header says, and which of its entries were checked."""
 
     run_id: RunId
     fd: int
-    size: int  # file bytes (fstat at open)
+    stamp: Stamp  # the file's at open
     header: RunHeader
+    links: int = 1  # its names at open (unchanged while the stamp is: an unlink moves ctime)
+    # checked[position]: the entry was read through this descriptor and matched its xxh3.
+    checked: bytearray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checked = bytearray(self.header.num_entries if self.header is not None else 0)
+
+    @property
+    def size(self) -> int:
+        return self.stamp[0]
 
 
 @dataclass
@@ -78,17 +104,20 @@ class RunFiles:
         self._finalizer = weakref.finalize(self, _close_all, self._runs)
 
     def acquire(self, run_id: RunId) -> OpenRun | None:
-        """The open run, in use by the caller, unless it is not open here or every name of it
-        is gone (another process evicted it: closed now)."""
+        """The open run, in use by the caller, unless it is not open here, every name of it is
+        gone (another process evicted it: closed now) or the file changed since it was opened
+        (written, or a name removed: dropped, its entries unchecked, so that the caller reopens
+        it by name and reads its header again)."""
         with self._lock:
             cached = self._runs.get(run_id)
             if cached is None or cached.dropped:
                 return None
-            try:
-                gone = os.fstat(cached.run.fd).st_nlink == 0
+            try:  # every name gone (evicted by another process) is a change too: ctime moved
+                changed = file_stamp(os.fstat(cached.run.fd)) != cached.run.stamp
             except OSError:
-                gone = True
-            if gone:
+                changed = True
+            if changed:
+                cached.run.checked[:] = bytes(len(cached.run.checked))
                 self._drop_locked(run_id)
                 return None
             cached.users += 1
@@ -176,7 +205,8 @@ def read_entries(run: OpenRun, entries: Sequence[Entry]) -> list[ReadProblem | N
 
 def _read_pieces(run: OpenRun, entries: Sequence[Entry], extent: list[int],
                  why: list[ReadProblem | None]) -> None:
-    """The extent with blocking `preadv`s in file order, each piece checked as it lands."""
+    """The extent with blocking `preadv`s in file order, each piece checked as it lands (if
+    not checked before)."""
     payload = run.header.payload_bytes
     per_piece = max(1, min(IOV_MAX, PIECE_BYTES // payload))
     for p in range(0, len(extent), per_piece):
@@ -189,10 +219,15 @@ def _read_pieces(run: OpenRun, entries: Sequence[Entry], extent: list[int],
                 why[k] = ReadProblem(f"read failed: {exc}", bad=False)
             continue
         for j, k in enumerate(piece):
+            position = entries[k][0]
             if (j + 1) * payload > got:
                 why[k] = ReadProblem("the run file is shorter than its header says", bad=True)
+            elif run.checked[position]:
+                continue  # matched before, and the file has not changed since (docstring)
             elif checksum(views[j]) != entries[k][2]:
                 why[k] = ReadProblem("checksum mismatch", bad=True)
+            else:
+                run.checked[position] = 1
 
 
 def _read_fully(fd: int, views: list[memoryview], offset: int) -> int:

@@ -69,6 +69,7 @@ class RunHeader:
 
     header_size: int
     payload_bytes: int
+    num_entries: int
     entries: dict[bytes, tuple[int, int]]  # key digest -> (position, payload xxh3)
 
     def offset(self, position: int) -> int:
@@ -92,7 +93,7 @@ def read_run_header(fd: int, namespace_digest: bytes, payload_bytes: int) -> Run
     for i in range(n):
         digest, xxh = RECORD.unpack_from(raw, RUN_FIXED.size + i * RECORD.size)
         entries.setdefault(digest, (i, xxh))
-    return RunHeader(h, size, entries)
+    return RunHeader(h, size, n, entries)
 
 
 def write_run(fd: int, header: bytes, payloads: Sequence[memoryview]) -> None:
