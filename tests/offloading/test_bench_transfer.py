@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 from kvport.bench.cli import main
 from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
-from kvport.bench.transfer_common import paired_rounds
+from kvport.bench.transfer_common import HelperThread, paired_rounds
 
 
 def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
@@ -34,6 +35,8 @@ def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
     for row in result["disk"]:
         assert row["tier_stats"]["failures"] == 0
         assert row["warm"]["tier_gib_s"] > 0 and row["cold"]["one_file_gib_s"] > 0
+        for extra in ("checked_file", "main_thread_file"):  # reported beside the baseline
+            assert row["warm"][f"{extra}_gib_s"] > 0 and row["warm"][f"ratio_to_{extra}"] > 0
     assert result["disk"][0]["store"]["tier_gib_s"] > 0
     # issue 13's targets: consecutive host rows (2 job sizes x 2 strategies x store/load) and
     # every disk row (cold and warm), each with its limit
@@ -47,6 +50,7 @@ def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
     text = format_transfer(result)
     assert "disk    32768 B x 32, jobs of 4" in text and "tiny-llama/kvport" in text
     assert "target disk 32768 B, jobs of 4, warm load vs one file: " in text
+    assert "warm one file read on the main thread" in text
     assert f"targets met: {sum(t['met'] for t in targets.values())} of 12" in text
     assert list(tmp_path.iterdir()) == []  # the bench cleans up its files
 
@@ -75,6 +79,24 @@ def test_paired_rounds_rotate_the_order() -> None:
     assert [len(t) for t in times.values()] == [3, 3]
     assert [o for o in order if not o.startswith("before")] == ["a", "b", "b", "a", "a", "b"]
     assert order[:2] == ["before a", "a"]
+
+
+def test_helper_thread_runs_each_function_on_its_own_thread_and_reraises() -> None:
+    helper = HelperThread()
+    seen: list[str] = []
+    helper.run(lambda: seen.append(threading.current_thread().name))
+    helper.wrap(lambda: seen.append(threading.current_thread().name))()
+    assert seen == ["kvport-bench-helper"] * 2
+
+    def fails() -> None:
+        raise OSError("injected")
+
+    with pytest.raises(OSError, match="injected"):
+        helper.run(fails)
+    helper.run(lambda: seen.append("after"))  # the thread survives a failure
+    assert seen[-1] == "after"
+    helper.close()
+    assert not helper._thread.is_alive()
 
 
 def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

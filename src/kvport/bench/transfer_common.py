@@ -10,7 +10,9 @@ transfer_redis, transfer_format) imports this one and nothing else of the bench.
 from __future__ import annotations
 
 import importlib.util
+import queue
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -162,3 +164,39 @@ def ratio_stats(side: list[float], base: list[float]) -> dict[str, float]:
     ratios = [b / s for s, b in zip(side, base)]
     return {"ratio": statistics.median(ratios), "ratio_min": min(ratios),
             "ratio_max": max(ratios)}
+
+
+class HelperThread:
+    """Runs functions on one thread of its own, as the transfer worker runs a tier's jobs, so
+    that a baseline is timed in the same conditions as the tier: on the 2-vCPU VM of
+    BENCHMARKS.md the same `readinto` of 128 MiB ran 5-13 % slower on a waiting helper thread
+    than on the main thread (paired, 30 rounds). `run(fn)` blocks until fn returned and
+    re-raises what it raised."""
+
+    def __init__(self, name: str = "kvport-bench-helper") -> None:
+        self._todo: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while (fn := self._todo.get()) is not None:
+            try:
+                fn()
+            except BaseException as exc:  # handed to the caller, which raises it
+                self._done.put(exc)
+            else:
+                self._done.put(None)
+
+    def run(self, fn: Callable[[], object]) -> None:
+        self._todo.put(fn)
+        exc = self._done.get()
+        if exc is not None:
+            raise exc
+
+    def wrap(self, fn: Callable[[], object]) -> Callable[[], None]:
+        return lambda: self.run(fn)
+
+    def close(self) -> None:
+        self._todo.put(None)
+        self._thread.join()

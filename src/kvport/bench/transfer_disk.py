@@ -8,12 +8,15 @@ synced, untimed, before every side). The last round's entries are then loaded ba
 slots (DISK->HOST jobs of consecutive slots: one large job of `total_mib` MiB per worker thread
 at a time, or small jobs of `small_job_blocks` entries), warm (the page cache holds the files)
 and cold (every file fsynced and dropped with POSIX_FADV_DONTNEED before each side), next to
-`readinto` of the one file. Warm rounds also read the one file checked (`readinto` in the tier's
-pieces, each entry's bytes hashed with xxh3 as they land, as the tier checks every entry): what a
-verified sequential read costs on this machine, the tier's ceiling. Sides alternate within each
-round (paired_rounds); ratios are per round. Cold rounds also record the block device's read requests and their mean size (from
-/sys/dev/block), which tells whether the reads of neighbouring entries were merged. The loaded
-slots must equal the stored ones, else the row fails.
+`readinto` of the one file. The one file is written and read on a helper thread
+(transfer_common.HelperThread), as the worker's thread runs the tier's jobs: the same read runs
+slower there than on the main thread on some machines, and both sides pay it. Warm rounds also
+read the one file on the main thread, and checked (`readinto` in the tier's pieces, each entry's
+bytes hashed with xxh3 as they land: what the tier's first read of an entry costs at best).
+Sides alternate within each round (paired_rounds); ratios are per round. Cold rounds also record
+the block device's read requests and their mean size (from /sys/dev/block), which tells whether
+the reads of neighbouring entries were merged. The loaded slots must equal the stored ones, else
+the row fails.
 """
 
 from __future__ import annotations
@@ -27,17 +30,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvport.bench.transfer_common import MIB, TransferBenchConfig, gib_s, paired_rounds, ratio_stats
+from kvport.bench.transfer_common import (
+    MIB,
+    HelperThread,
+    TransferBenchConfig,
+    gib_s,
+    paired_rounds,
+    ratio_stats,
+)
 
 
 def bench_disk(cfg: TransferBenchConfig, root: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for size in cfg.sizes():
-        rows += _size_rows(cfg, size, root / f"s{size}")
+    helper = HelperThread()
+    try:
+        for size in cfg.sizes():
+            rows += _size_rows(cfg, size, root / f"s{size}", helper)
+    finally:
+        helper.close()
     return rows
 
 
-def _size_rows(cfg: TransferBenchConfig, size: int, root: Path) -> list[dict[str, Any]]:
+def _size_rows(cfg: TransferBenchConfig, size: int, root: Path,
+               helper: HelperThread) -> list[dict[str, Any]]:
     import torch
 
     from kvport.connectors.offloading.mediums import DISK, DiskBlocks, HostBlocks
@@ -98,8 +113,8 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path) -> list[dict[str
             files.pop(0).unlink()
         os.sync()
 
-    times = paired_rounds({"tier": store_tier, "one_file": store_file}, cfg.repeats,
-                          before=lambda _: keep_last(), warm_up=False)
+    times = paired_rounds({"tier": store_tier, "one_file": helper.wrap(store_file)},
+                          cfg.repeats, before=lambda _: keep_last(), warm_up=False)
     store = _side_stats(num_bytes, times)
     keep_last()
     (disk, worker), one = tiers[0], files[0]
@@ -123,13 +138,14 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path) -> list[dict[str
             row: dict[str, Any] = {"offload_block_bytes": size, "num_entries": n,
                                    "job_blocks": job, "bytes_per_transfer": num_bytes,
                                    "store": store if job == big else None}
-            sides: dict[str, Callable[[], object]] = {"tier": load_tier, "one_file": read_file}
-            warm = paired_rounds({**sides, "checked_file": read_file_checked}, cfg.repeats)
+            sides: dict[str, Callable[[], object]] = {"tier": load_tier,
+                                                      "one_file": helper.wrap(read_file)}
+            warm = paired_rounds({**sides, "checked_file": helper.wrap(read_file_checked),
+                                  "main_thread_file": read_file}, cfg.repeats)
             row["warm"] = _side_stats(num_bytes, warm)
-            row["warm"]["checked_file_gib_s"] = gib_s(num_bytes,
-                                                      statistics.median(warm["checked_file"]))
-            row["warm"]["ratio_to_checked"] = ratio_stats(warm["tier"],
-                                                          warm["checked_file"])["ratio"]
+            for extra in ("checked_file", "main_thread_file"):
+                row["warm"][f"{extra}_gib_s"] = gib_s(num_bytes, statistics.median(warm[extra]))
+                row["warm"][f"ratio_to_{extra}"] = ratio_stats(warm["tier"], warm[extra])["ratio"]
             requests: dict[str, list[tuple[int, int]]] = {"tier": [], "one_file": []}
             counted = {name: _count_requests(device, fn, requests[name])
                        for name, fn in sides.items()}

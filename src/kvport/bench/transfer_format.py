@@ -30,17 +30,19 @@ def format_transfer(result: dict[str, Any]) -> str:
                      f"{r['job_blocks']:>4} x {r['num_jobs']:<4} {r['slots']:<11} copy "
                      f"{r['torch_copy_gib_s']:.2f}  " + " | ".join(cells))
     if result.get("disk"):
-        lines.append("disk tier, GiB/s (ratio to one file of the same bytes): loads warm and "
-                     "cold (page cache dropped), stores (first row of each size)")
+        lines.append("disk tier, GiB/s (ratio to one file of the same bytes, read or written on "
+                     "a helper thread as the tier's jobs run): loads warm and cold (page cache "
+                     "dropped), stores (first row of each size)")
     for r in result.get("disk", []):
         cells = [f"{t} tier {r[t]['tier_gib_s']:.2f} vs one file {r[t]['one_file_gib_s']:.2f} "
                  f"({_ratio(r[t])})" for t in ("warm", "cold")]
         lines.append(f"disk {r['offload_block_bytes']:>8} B x {r['num_entries']}, jobs of "
                      f"{r['job_blocks']}: " + "  ".join(cells))
-        if "checked_file_gib_s" in r["warm"]:
-            lines.append(f"  warm one file read and hashed per entry "
-                         f"{r['warm']['checked_file_gib_s']:.2f}: tier / that "
-                         f"{r['warm']['ratio_to_checked']:.2f}")
+        for extra, what in (("checked_file", "one file read and hashed per entry"),
+                            ("main_thread_file", "one file read on the main thread")):
+            if f"{extra}_gib_s" in r["warm"]:
+                lines.append(f"  warm {what} {r['warm'][f'{extra}_gib_s']:.2f}: tier / that "
+                             f"{r['warm'][f'ratio_to_{extra}']:.2f}")
         for side, d in r["cold"].get("device_requests", {}).items():
             lines.append(f"  cold {side}: {d['requests']:.0f} device reads of "
                          f"{d['mean_kib']:.0f} KiB on average")

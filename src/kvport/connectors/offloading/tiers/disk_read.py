@@ -13,11 +13,12 @@ bad from before this process opened it: torn by a crash (no fsync), cut short, o
 damaged file. An entry checked once through an open run is therefore not hashed again while its
 file is unchanged: `RunFiles.acquire` compares the file's size, mtime and ctime with those at
 open, and a file written since (or a name of it removed) is reopened and every entry checked
-anew (the trade: a device that later returns other bytes than it stored, without an I/O error,
-goes unnoticed until the run is reopened: at the latest when the process restarts). That makes a warm re-read the kernel's copy alone (hashing each read: 0.66-0.74x of one
-sequential file; the same file read and hashed, 0.78-0.93x, was the ceiling). Tried and dropped
-for the hash itself: hashing in a mapping of the file and copying with streaming stores (as fast,
-and a mapped page the device fails to read is a SIGBUS), a helper thread hashing each piece.
+anew (the trade: a device that later returns other bytes than it stored, without an I/O
+error, goes unnoticed until the run is reopened: at the latest when the process restarts). That
+makes a warm re-read the kernel's copy alone (hashing each read: 0.66-0.74x of one sequential
+file; the same file read and hashed, 0.78-0.93x, was the ceiling). Tried and dropped for the hash
+itself: hashing in a mapping of the file and copying with streaming stores (as fast, and a mapped
+page the device fails to read is a SIGBUS), a helper thread hashing each piece.
 
 `RunFiles` keeps each run's file open (and its parsed header) between jobs, at most `capacity`
 of them: consecutive jobs over a run then read one open file, whose readahead state sees one
@@ -177,7 +178,9 @@ class RunFiles:
     def _trim_locked(self) -> None:
         """Close the least recently used runs no job reads, down to `capacity`."""
         excess = len(self._runs) - self.capacity
-        for run_id in [k for k, c in self._runs.items() if c.users == 0][:max(0, excess)]:
+        if excess <= 0:  # the common case: no scan of every run at each job's release
+            return
+        for run_id in [k for k, c in self._runs.items() if c.users == 0][:excess]:
             os.close(self._runs.pop(run_id).run.fd)
 
 
