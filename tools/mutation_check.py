@@ -519,12 +519,19 @@ MUTANTS: list[Mutant] = [
         "a key whose name another process removed no longer holds room or a run in the index"),
     Mutant(
         "disk-run-files-reopened-when-changed", f"{OFFLOADING}/tiers/disk_read.py",
-        "                changed = file_stamp(os.fstat(cached.run.fd)) != cached.run.stamp\n",
-        "                changed = False\n",
+        "            if _changed_since_open(cached.run):\n",
+        "            if False:\n",
         (f"{TESTS}/test_disk_runs.py::test_runs_stay_open_between_jobs_and_close_when_evicted",
          f"{TESTS}/test_disk_runs.py::test_an_entry_is_hashed_once_until_its_file_changes"),
         "a kept run file another process changed (written, names removed) is reopened and its "
         "entries checked again; one whose every name is gone is closed, not read"),
+    Mutant(
+        "disk-hashes-what-changed-while-read", f"{OFFLOADING}/tiers/disk_read.py",
+        "    if unhashed and _changed_since_open(run):\n",
+        "    if False:\n",
+        (f"{TESTS}/test_disk_runs.py::"
+         "test_a_run_written_while_a_job_reads_it_is_hashed_after_all",),
+        "entries read unhashed from a run file another writer changed during the job are hashed"),
     Mutant(
         "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk.py",
         "            names_known[run.run_id] = run.links == self.index.num_keys(run.run_id)\n",

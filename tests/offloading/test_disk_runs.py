@@ -283,6 +283,32 @@ def test_an_entry_is_hashed_once_until_its_file_changes(
     disk.check_integrity()
 
 
+def test_a_run_written_while_a_job_reads_it_is_hashed_after_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job found the run unchanged when it began, and another writer changes it while the job
+    reads: the entries read without a hash are hashed from the slots after all."""
+    disk = FaultyDisk(tmp_path, 1 << 20, NS)
+    assert store(disk, [0, 1, 2, 3]) == []
+    assert load(disk, [0, 1, 2, 3])[0] == []  # every entry checked once
+    real = disk_read._read_fully
+    calls = 0
+
+    def writer_meanwhile(fd: int, views: list[memoryview], offset: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # after the job's start, before its reads
+            disk.corrupt_payload(key(2), offset=11)
+        return real(fd, views, offset)
+
+    monkeypatch.setattr(disk_read, "_read_fully", writer_meanwhile)
+    assert load(disk, [0, 1, 2, 3])[0] == [2]  # load() checks the others' bytes
+    assert not disk.path(key(2)).exists()
+    monkeypatch.setattr(disk_read, "_read_fully", real)
+    assert load(disk, [0, 1, 3])[0] == []
+    disk.close()
+    disk.check_integrity()
+
+
 def run_file(tmp_path: Path, name: str) -> OpenRun:
     path = tmp_path / name
     path.write_bytes(b"x")
