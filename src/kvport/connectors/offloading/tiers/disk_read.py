@@ -14,9 +14,9 @@ damaged file. An entry checked once through an open run is therefore not hashed 
 file is unchanged: `RunFiles.acquire` compares the file's size, mtime and ctime with those at
 open, and a file written since (or a name of it removed) is reopened and every entry checked
 anew; a file that changed while a job read it (compared again after the reads) has that job's
-unhashed entries hashed from their slots after all (the trade: a device that later returns other bytes than it stored, without an I/O
-error, goes unnoticed until the run is reopened: at the latest when the process restarts). That
-makes a warm re-read the kernel's copy alone (hashing each read: 0.66-0.74x of one sequential
+unhashed entries hashed from their slots after all. The trade: a device that later returns other
+bytes than it stored, without an I/O error, goes unnoticed until the run is reopened (at the
+latest when the process restarts). That makes a warm re-read the kernel's copy alone (hashing each read: 0.66-0.74x of one sequential
 file; the same file read and hashed, 0.78-0.93x, was the ceiling). Tried and dropped for the hash
 itself: hashing in a mapping of the file and copying with streaming stores (as fast, and a mapped
 page the device fails to read is a SIGBUS), a helper thread hashing each piece.
