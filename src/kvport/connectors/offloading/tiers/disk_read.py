@@ -16,10 +16,11 @@ open, and a file written since (or a name of it removed) is reopened and every e
 anew; a file that changed while a job read it (compared again after the reads) has that job's
 unhashed entries hashed from their slots after all. The trade: a device that later returns other
 bytes than it stored, without an I/O error, goes unnoticed until the run is reopened (at the
-latest when the process restarts). That makes a warm re-read the kernel's copy alone (hashing each read: 0.66-0.74x of one sequential
-file; the same file read and hashed, 0.78-0.93x, was the ceiling). Tried and dropped for the hash
-itself: hashing in a mapping of the file and copying with streaming stores (as fast, and a mapped
-page the device fails to read is a SIGBUS), a helper thread hashing each piece.
+latest when the process restarts). That makes a warm re-read the kernel's copy alone (hashing
+each read: 0.66-0.74x of one sequential file; the same file read and hashed, 0.78-0.93x, was the
+ceiling). Tried and dropped for the hash itself: hashing in a mapping of the file and copying
+with streaming stores (as fast, and a mapped page the device fails to read is a SIGBUS), a
+helper thread hashing each piece.
 
 `RunFiles` keeps each run's file open (and its parsed header) between jobs, at most `capacity`
 of them: consecutive jobs over a run then read one open file, whose readahead state sees one
