@@ -191,19 +191,24 @@ def _close_all(runs: OrderedDict[RunId, _Cached]) -> None:
 
 def read_entries(run: OpenRun, entries: Sequence[Entry]) -> list[ReadProblem | None]:
     """Fill each entry's slot (entries sorted by position): per entry None if read and intact,
-    else why not."""
+    else why not. Consecutive positions are read together, in pieces of at most PIECE_BYTES
+    (whole entries; one entry if larger), in one pass: at 720 KiB entries the Python per entry
+    showed (a pass grouping extents first and then cutting pieces cost 2.7 us an entry, 5 %)."""
     payload = run.header.payload_bytes
-    extents: list[list[int]] = []  # indices into entries, consecutive positions each
-    for k, (position, out, _) in enumerate(entries):
-        assert out.nbytes == payload, f"a slot of {out.nbytes} bytes for a payload of {payload}"
-        if extents and position == entries[extents[-1][-1]][0] + 1:
-            extents[-1].append(k)
-        else:
-            extents.append([k])
+    per_piece = max(1, min(IOV_MAX, PIECE_BYTES // payload))
     why: list[ReadProblem | None] = [None] * len(entries)
     unhashed: list[int] = []  # entries read without a hash: checked before
-    for extent in extents:
-        _read_pieces(run, entries, extent, why, unhashed)
+    piece: list[int] = []  # indices into entries: consecutive positions
+    last = -2
+    for k, (position, out, _) in enumerate(entries):
+        assert out.nbytes == payload, f"a slot of {out.nbytes} bytes for a payload of {payload}"
+        if piece and (position != last + 1 or len(piece) == per_piece):
+            _read_piece(run, entries, piece, why, unhashed)
+            piece = []
+        piece.append(k)
+        last = position
+    if piece:
+        _read_piece(run, entries, piece, why, unhashed)
     if unhashed and _changed_since_open(run):
         # Written while this job read it (acquire saw it unchanged): what the slots got may be
         # torn, so those entries are hashed after all, from the slots.
@@ -221,31 +226,28 @@ def _changed_since_open(run: OpenRun) -> bool:
         return True
 
 
-def _read_pieces(run: OpenRun, entries: Sequence[Entry], extent: list[int],
-                 why: list[ReadProblem | None], unhashed: list[int]) -> None:
-    """The extent with blocking `preadv`s in file order, each piece checked as it lands, but
-    for the entries checked before (listed in `unhashed`)."""
+def _read_piece(run: OpenRun, entries: Sequence[Entry], piece: list[int],
+                why: list[ReadProblem | None], unhashed: list[int]) -> None:
+    """One piece with blocking `preadv`s, each entry checked as it lands, but for those checked
+    before (listed in `unhashed`)."""
     payload = run.header.payload_bytes
-    per_piece = max(1, min(IOV_MAX, PIECE_BYTES // payload))
-    for p in range(0, len(extent), per_piece):
-        piece = extent[p:p + per_piece]
-        views = [entries[k][1] for k in piece]
-        try:
-            got = _read_fully(run.fd, views, run.header.offset(entries[piece[0]][0]))
-        except OSError as exc:
-            for k in piece:
-                why[k] = ReadProblem(f"read failed: {exc}", bad=False)
-            continue
-        for j, k in enumerate(piece):
-            position = entries[k][0]
-            if (j + 1) * payload > got:
-                why[k] = ReadProblem("the run file is shorter than its header says", bad=True)
-            elif run.checked[position]:
-                unhashed.append(k)  # matched before, and the file unchanged since (docstring)
-            elif checksum(views[j]) != entries[k][2]:
-                why[k] = ReadProblem("checksum mismatch", bad=True)
-            else:
-                run.checked[position] = 1
+    views = [entries[k][1] for k in piece]
+    try:
+        got = _read_fully(run.fd, views, run.header.offset(entries[piece[0]][0]))
+    except OSError as exc:
+        for k in piece:
+            why[k] = ReadProblem(f"read failed: {exc}", bad=False)
+        return
+    for j, k in enumerate(piece):
+        position = entries[k][0]
+        if (j + 1) * payload > got:
+            why[k] = ReadProblem("the run file is shorter than its header says", bad=True)
+        elif run.checked[position]:
+            unhashed.append(k)  # matched before, and the file unchanged since (docstring)
+        elif checksum(views[j]) != entries[k][2]:
+            why[k] = ReadProblem("checksum mismatch", bad=True)
+        else:
+            run.checked[position] = 1
 
 
 def _read_fully(fd: int, views: list[memoryview], offset: int) -> int:
@@ -254,6 +256,10 @@ def _read_fully(fd: int, views: list[memoryview], offset: int) -> int:
     large entry (5.6 MiB entries cold: 0.79-0.87x of one file, 0.67-0.75x read whole)."""
     total = sum(v.nbytes for v in views)
     done = 0
+    if total <= PIECE_BYTES:  # the common case, one call (no _span: its Python shows per entry)
+        done = os.preadv(fd, views, offset)
+        if done <= 0 or done == total:
+            return max(done, 0)
     while done < total:
         want = min(PIECE_BYTES, total - done)
         got = os.preadv(fd, _span(views, done, want), offset + done)
