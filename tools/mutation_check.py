@@ -533,6 +533,21 @@ MUTANTS: list[Mutant] = [
          "test_a_run_written_while_a_job_reads_it_is_hashed_after_all",),
         "entries read unhashed from a run file another writer changed during the job are hashed"),
     Mutant(
+        "disk-reads-in-one-call-only-what-is-cached", f"{OFFLOADING}/tiers/disk_read.py",
+        "            or not holds_whole(run.fd, run.header.offset(first), "
+        "len(entries) * payload)):\n",
+        "            ):\n",
+        (f"{TESTS}/test_disk_runs.py::test_checked_entries_the_cache_holds_are_read_in_one_call",),
+        "a cold extent is read in pieces the kernel's readahead streams, not in one call"),
+    Mutant(
+        "disk-reads-in-one-call-only-what-was-checked", f"{OFFLOADING}/tiers/disk_read.py",
+        "            or not all(run.checked[position] for position, _, _ in entries)\n",
+        "",
+        (f"{TESTS}/test_disk_runs.py::"
+         "test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone",
+         f"{TESTS}/test_disk_tier.py::test_corrupt_entry_is_a_miss_and_removed"),
+        "an entry never checked is hashed, however fast the cache could hand it out"),
+    Mutant(
         "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk.py",
         "            names_known[run.run_id] = run.links == self.index.num_keys(run.run_id)\n",
         "            names_known[run.run_id] = True\n",

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
-from kvport.connectors.offloading.tiers import disk_read
+from kvport.connectors.offloading.tiers import disk_read, page_cache
 from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.disk_read import OpenRun, RunFiles, file_stamp
 from kvport.connectors.offloading.tiers.disk_runs import run_bytes
@@ -290,21 +290,54 @@ def test_a_run_written_while_a_job_reads_it_is_hashed_after_all(
     disk = FaultyDisk(tmp_path, 1 << 20, NS)
     assert store(disk, [0, 1, 2, 3]) == []
     assert load(disk, [0, 1, 2, 3])[0] == []  # every entry checked once
-    real = disk_read._read_fully
+    real = os.preadv
     calls = 0
 
-    def writer_meanwhile(fd: int, views: list[memoryview], offset: int) -> int:
+    def writer_meanwhile(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
         nonlocal calls
         calls += 1
         if calls == 1:  # after the job's start, before its reads
             disk.corrupt_payload(key(2), offset=11)
-        return real(fd, views, offset)
+        return real(fd, buffers, offset, *flags)
 
-    monkeypatch.setattr(disk_read, "_read_fully", writer_meanwhile)
+    monkeypatch.setattr(os, "preadv", writer_meanwhile)
     assert load(disk, [0, 1, 2, 3])[0] == [2]  # load() checks the others' bytes
     assert not disk.path(key(2)).exists()
-    monkeypatch.setattr(disk_read, "_read_fully", real)
+    monkeypatch.setattr(os, "preadv", real)
     assert load(disk, [0, 1, 3])[0] == []
+    disk.close()
+    disk.check_integrity()
+
+
+def test_checked_entries_the_cache_holds_are_read_in_one_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries checked before, at consecutive positions, whose pages the cache holds: one
+    `preadv` for the job. Cold, first read, or with a gap: a call per entry (PIECE_BYTES is
+    one entry here), so that cold reads stream."""
+    monkeypatch.setattr(disk_read, "PIECE_BYTES", PAYLOAD)
+    calls: list[int] = []
+    real = os.preadv
+
+    def counting(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
+        calls.append(len(buffers))
+        return real(fd, buffers, offset, *flags)
+
+    disk = DiskTier(tmp_path, 1 << 20, NS)
+    assert store(disk, [0, 1, 2, 3, 4]) == []
+    monkeypatch.setattr(os, "preadv", counting)
+    assert load(disk, [0, 1, 2, 3])[0] == [] and calls == [1, 1, 1, 1]  # first read: checked
+    calls.clear()
+    assert load(disk, [0, 1, 2, 3])[0] == []
+    assert calls == ([4] if page_cache.available() else [1, 1, 1, 1])
+    calls.clear()
+    assert load(disk, [0, 1, 3])[0] == [] and calls == [1, 1, 1]  # a gap: not one extent
+    calls.clear()
+    assert load(disk, [1, 2, 3, 4])[0] == [] and calls == [1, 1, 1, 1]  # 4 not checked yet
+    monkeypatch.setattr(os, "preadv", real)
+    drop_page_cache(disk.path(key(0)))
+    monkeypatch.setattr(os, "preadv", counting)
+    calls.clear()
+    assert load(disk, [0, 1, 2, 3])[0] == [] and calls == [1, 1, 1, 1]  # cold: streamed
     disk.close()
     disk.check_integrity()
 
