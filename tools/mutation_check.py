@@ -549,8 +549,9 @@ MUTANTS: list[Mutant] = [
         "an entry never checked is hashed, however fast the cache could hand it out"),
     Mutant(
         "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk.py",
-        "            names_known[run.run_id] = run.links == self.index.num_keys(run.run_id)\n",
-        "            names_known[run.run_id] = True\n",
+        "            known = names_known[run.run_id] = run.links == "
+        "self.index.num_keys(run.run_id)\n",
+        "            known = names_known[run.run_id] = True\n",
         (f"{TESTS}/test_disk_runs.py::"
          "test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone",),
         "a key whose name is gone is a miss even while its run is open through another name"),

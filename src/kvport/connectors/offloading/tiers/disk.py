@@ -272,19 +272,22 @@ class DiskTier:
         names_known: dict[RunId, bool] = {}  # run -> the index knows each of its names
         try:
             for i, key in enumerate(keys):
-                digest = key_digest(key)
-                run = self._known_run(known[i], runs)
-                if run is not None and not self._name_linked(key, run, names_known):
-                    continue
-                if run is None or digest not in run.header.entries:
+                run_id = known[i]
+                run = None if run_id is None else runs.get(run_id) or self._known_run(run_id, runs)
+                entry = None
+                if run is not None:
+                    if not self._name_linked(key, run, names_known):
+                        continue
+                    entry = run.entry(key)
+                if entry is None:
                     run = self._open(key, payload_bytes, runs, bad)
                     if run is None:
                         continue
-                    if digest not in run.header.entries:  # a renamed or foreign file
+                    entry = run.entry(key)
+                    if entry is None:  # a renamed or foreign file
                         self._reject(key, "its run file does not hold the key")
                         continue
-                position, xxh = run.header.entries[digest]
-                plan.setdefault(run.run_id, []).append((position, i, xxh))
+                plan.setdefault(run.run_id, []).append((entry[0], i, entry[1]))
             for run_id, entries in plan.items():
                 entries.sort()
                 why = read_entries(runs[run_id], [(p, outs[i], x) for p, i, x in entries])
@@ -314,22 +317,20 @@ class DiskTier:
         the index lists for it (another process removed some, or shares the run): removing a
         name changes the file's stamp, so a run open since then is reopened (RunFiles.acquire)
         and counted again."""
-        if run.run_id not in names_known:
-            names_known[run.run_id] = run.links == self.index.num_keys(run.run_id)
-        if names_known[run.run_id] or os.path.exists(self.location.path_str(key)):
+        known = names_known.get(run.run_id)
+        if known is None:
+            known = names_known[run.run_id] = run.links == self.index.num_keys(run.run_id)
+        if known or os.path.exists(self.location.path_str(key)):
             return True
         self._forget(key)
         return False
 
-    def _known_run(self, run_id: RunId | None, runs: dict[RunId, OpenRun]) -> OpenRun | None:
-        """The run the index says holds a key, if this job or the open files have it."""
-        if run_id is None:
-            return None
-        run = runs.get(run_id)
-        if run is None:
-            run = self.files.acquire(run_id)
-            if run is not None:
-                runs[run_id] = run
+    def _known_run(self, run_id: RunId, runs: dict[RunId, OpenRun]) -> OpenRun | None:
+        """The run the index says holds a key, if the open files have it (in use by this job
+        from now on); the caller looked in `runs` first."""
+        run = self.files.acquire(run_id)
+        if run is not None:
+            runs[run_id] = run
         return run
 
     def _open(self, key: bytes, payload_bytes: int, runs: dict[RunId, OpenRun],

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvport.connectors.offloading.tiers.disk_format import checksum
+from kvport.connectors.offloading.tiers.disk_format import checksum, key_digest
 from kvport.connectors.offloading.tiers.disk_runs import IOV_MAX, RunHeader
 from kvport.connectors.offloading.tiers.page_cache import holds_whole
 
@@ -79,9 +79,20 @@ class OpenRun:
     links: int = 1  # its names at open (unchanged while the stamp is: an unlink moves ctime)
     # checked[position]: the entry was read through this descriptor and matched its xxh3.
     checked: bytearray = field(init=False)
+    # key -> (position, payload xxh3), filled as keys are looked up: a key's digest once a run
+    _by_key: dict[bytes, tuple[int, int]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.checked = bytearray(self.header.num_entries if self.header is not None else 0)
+
+    def entry(self, key: bytes) -> tuple[int, int] | None:
+        """Where key's entry lies in the run and its xxh3; None if the run does not hold it."""
+        found = self._by_key.get(key)
+        if found is None:
+            found = self.header.entries.get(key_digest(key))
+            if found is not None:
+                self._by_key[key] = found
+        return found
 
     @property
     def size(self) -> int:
