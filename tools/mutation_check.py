@@ -518,8 +518,8 @@ MUTANTS: list[Mutant] = [
          "test_a_name_found_gone_frees_its_room_before_the_store_makes_room",),
         "a key whose name another process removed no longer holds room or a run in the index"),
     Mutant(
-        "disk-run-files-reopened-when-changed", f"{OFFLOADING}/tiers/disk_read.py",
-        "            if _changed_since_open(cached.run):\n",
+        "disk-run-files-reopened-when-changed", f"{OFFLOADING}/tiers/disk_files.py",
+        "            if changed_since_open(cached.run):\n",
         "            if False:\n",
         (f"{TESTS}/test_disk_runs.py::test_runs_stay_open_between_jobs_and_close_when_evicted",
          f"{TESTS}/test_disk_runs.py::test_an_entry_is_hashed_once_until_its_file_changes"),
@@ -527,7 +527,7 @@ MUTANTS: list[Mutant] = [
         "entries checked again; one whose every name is gone is closed, not read"),
     Mutant(
         "disk-hashes-what-changed-while-read", f"{OFFLOADING}/tiers/disk_read.py",
-        "    if unhashed and _changed_since_open(run):\n",
+        "    if unhashed and changed_since_open(run):\n",
         "    if False:\n",
         (f"{TESTS}/test_disk_runs.py::"
          "test_a_run_written_while_a_job_reads_it_is_hashed_after_all",),

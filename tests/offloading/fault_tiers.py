@@ -120,7 +120,7 @@ class FaultyDisk(DiskTier):
 def flip_byte(path: Path, pos: int) -> None:
     """Flip one byte of a file in place, as a foreign writer would. Its mtime then moves on by
     1 ns: the write shows in the file's stamp even within one tick of the kernel's coarse clock
-    (a checked entry is hashed again only once its file's stamp changed: disk_read)."""
+    (a checked entry is hashed again only once its file's stamp changed: disk_files)."""
     with open(path, "r+b") as f:
         f.seek(pos)
         byte = f.read(1)

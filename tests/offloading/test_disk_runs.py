@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import disk_read, page_cache
 from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_read import OpenRun, RunFiles, file_stamp
+from kvport.connectors.offloading.tiers.disk_files import OpenRun, RunFiles, file_stamp
 from kvport.connectors.offloading.tiers.disk_runs import run_bytes
 from kvport.connectors.offloading.tiers.host import HostTier
 

@@ -12,7 +12,7 @@ dead weight. No fsync (entries must survive the process, not a power cut); a tor
 entry is a miss and its name removed.
 
 Load (a DISK -> HOST job): the runs holding the job's keys (the index says which; a key it does
-not know is opened by name), each kept open with its parsed header between jobs (disk_read's
+not know is opened by name), each kept open with its parsed header between jobs (disk_files'
 RunFiles), then each extent of consecutive entries is read with sequential `preadv`s straight
 into the host slots and checked piece by piece (disk_read): an entry once, while its file is
 unchanged, since run files are never written once named. Cold, the kernel's readahead turns
@@ -44,10 +44,9 @@ from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
     DiskLocation, ScannedName, check_pairs, checksum, disk_namespace, key_digest, unlink_quietly,
 )
+from kvport.connectors.offloading.tiers.disk_files import OpenRun, RunFiles, RunId, file_stamp
 from kvport.connectors.offloading.tiers.disk_index import RunIndex
-from kvport.connectors.offloading.tiers.disk_read import (
-    OpenRun, RunFiles, RunId, file_stamp, read_entries,
-)
+from kvport.connectors.offloading.tiers.disk_read import read_entries
 from kvport.connectors.offloading.tiers.disk_runs import (
     pack_run_header, read_run_header, run_bytes, write_run,
 )

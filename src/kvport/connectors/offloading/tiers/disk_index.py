@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvport.connectors.offloading.tiers.disk_read import RunId
+from kvport.connectors.offloading.tiers.disk_files import RunId
 
 
 @dataclass
