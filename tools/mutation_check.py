@@ -541,12 +541,18 @@ MUTANTS: list[Mutant] = [
         "a cold extent is read in pieces the kernel's readahead streams, not in one call"),
     Mutant(
         "disk-reads-in-one-call-only-what-was-checked", f"{OFFLOADING}/tiers/disk_read.py",
-        "            or not all(run.checked[position] for position, _, _ in entries)\n",
-        "",
+        "    if (not all(position == first + i and run.checked[position]\n",
+        "    if (not all(position == first + i\n",
         (f"{TESTS}/test_disk_runs.py::"
          "test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone",
          f"{TESTS}/test_disk_tier.py::test_corrupt_entry_is_a_miss_and_removed"),
         "an entry never checked is hashed, however fast the cache could hand it out"),
+    Mutant(
+        "disk-reads-in-one-call-only-an-extent", f"{OFFLOADING}/tiers/disk_read.py",
+        "    if (not all(position == first + i and run.checked[position]\n",
+        "    if (not all(run.checked[position]\n",
+        (f"{TESTS}/test_disk_runs.py::test_checked_entries_the_cache_holds_are_read_in_one_call",),
+        "one call fills the slots of consecutive positions only (no gap, no key asked twice)"),
     Mutant(
         "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk.py",
         "            known = names_known[run.run_id] = run.links == "

@@ -332,6 +332,8 @@ def test_checked_entries_the_cache_holds_are_read_in_one_call(
     calls.clear()
     assert load(disk, [0, 1, 3])[0] == [] and calls == [1, 1, 1]  # a gap: not one extent
     calls.clear()
+    assert load(disk, [0, 2, 2])[0] == [] and calls == [1, 1, 1]  # as many as 0..2: no extent
+    calls.clear()
     assert load(disk, [1, 2, 3, 4])[0] == [] and calls == [1, 1, 1, 1]  # 4 not checked yet
     monkeypatch.setattr(os, "preadv", real)
     drop_page_cache(disk.path(key(0)))
