@@ -31,12 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvport.bench.transfer_common import (
-    MIB,
-    HelperThread,
-    TransferBenchConfig,
-    gib_s,
-    paired_rounds,
-    ratio_stats,
+    MIB, HelperThread, TransferBenchConfig, gib_s, paired_rounds, ratio_stats,
 )
 
 

@@ -272,7 +272,8 @@ class DiskTier:
         try:
             for i, key in enumerate(keys):
                 run_id = known[i]
-                run = None if run_id is None else runs.get(run_id) or self._known_run(run_id, runs)
+                run = (None if run_id is None else
+                       runs.get(run_id) or self._known_run(run_id, runs))
                 entry = None
                 if run is not None:
                     if not self._name_linked(key, run, names_known):
