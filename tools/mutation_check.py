@@ -526,6 +526,13 @@ MUTANTS: list[Mutant] = [
         "a kept run file another process changed (written, names removed) is reopened and its "
         "entries checked again; one whose every name is gone is closed, not read"),
     Mutant(
+        "disk-changed-run-unchecked", f"{OFFLOADING}/tiers/disk_files.py",
+        "                cached.run.checked[:] = bytes(len(cached.run.checked))\n",
+        "",
+        (f"{TESTS}/test_disk_runs.py::"
+         "test_a_changed_run_another_job_still_reads_is_handed_out_unchecked",),
+        "a run found changed is handed to the next job (two disk threads) with nothing checked"),
+    Mutant(
         "disk-hashes-what-changed-while-read", f"{OFFLOADING}/tiers/disk_read.py",
         "    if unhashed and changed_since_open(run):\n",
         "    if False:\n",

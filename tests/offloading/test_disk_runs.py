@@ -390,6 +390,29 @@ def test_run_files_close_what_no_job_reads_beyond_capacity_and_when_dropped(
     assert not is_open(c.fd) and len(files) == 0
 
 
+def test_a_changed_run_another_job_still_reads_is_handed_out_unchecked(tmp_path: Path) -> None:
+    """Two disk threads: job 1 reads a run while another writer changes the file; job 2 finds
+    it changed and opens it again, and `add` hands it job 1's descriptor (one per run file).
+    Its entries must be unchecked then, so job 2 hashes what it reads."""
+    disk = FaultyDisk(tmp_path, 1 << 20, NS)
+    assert store(disk, [0, 1]) == [] and load(disk, [0, 1])[0] == []  # both checked
+    (inode,) = {disk.path(key(i)).stat().st_ino for i in (0, 1)}
+    job1 = disk.files.acquire(inode)
+    assert job1 is not None and bytes(job1.checked) == b"\x01\x01"
+    disk.corrupt_payload(key(1), offset=5)
+    assert disk.files.acquire(inode) is None  # job 2 finds it changed
+    twin = OpenRun(inode, os.open(disk.path(key(0)), os.O_RDONLY),
+                   file_stamp(disk.path(key(0)).stat()), job1.header)
+    job2 = disk.files.add(twin)
+    assert job2 is job1 and bytes(job2.checked) == b"\x00\x00"
+    why = disk_read.read_entries(job2, [(p, memoryview(bytearray(PAYLOAD)), x) for p, x in
+                                        sorted(job2.header.entries.values())])
+    assert [w is not None and w.bad for w in why] == [False, True]  # 1 hashed: found bad
+    disk.files.release([job1, job2])
+    assert len(disk.files) == 0  # dropped: closed with its last job
+    disk.close()
+
+
 # ---- a state machine: stores, loads, another process's evictions, restarts ----------------------
 
 class DiskRuns(RuleBasedStateMachine):

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import sys
 import tempfile
 from typing import Any
 
-PAGE = 4096
+PAGE = mmap.PAGESIZE  # cachestat counts the kernel's pages (16 or 64 KiB on some arm64)
 _SYS_CACHESTAT = 451  # one number on every Linux architecture (the unified syscall table)
 
 
