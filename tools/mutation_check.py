@@ -468,7 +468,7 @@ MUTANTS: list[Mutant] = [
         (f"{RACES}::test_a_late_sync_loads_blocks_wait_for_it_before_another_request_gets_them",),
         "blocks a synchronous load writes are fenced until it ends (a late part may copy)"),
     Mutant(
-        "late-sync-parts-write-nothing", f"{OFFLOADING}/transfers.py",
+        "late-sync-parts-write-nothing", f"{OFFLOADING}/tier_wiring.py",
         "    if dst.deadline is not None and time.monotonic() > dst.deadline:\n",
         "    if False:\n",
         (f"{SYNC}::test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy",),
@@ -562,12 +562,44 @@ MUTANTS: list[Mutant] = [
         "one call fills the slots of consecutive positions only (no gap, no key asked twice)"),
     Mutant(
         "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk.py",
-        "            known = names_known[run.run_id] = run.links == "
-        "self.index.num_keys(run.run_id)\n",
-        "            known = names_known[run.run_id] = True\n",
-        (f"{TESTS}/test_disk_runs.py::"
-         "test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone",),
+        "                    linked = run.links == self.index.num_keys(run_id)\n",
+        "                    linked = True\n",
+        (f"{TESTS}/test_disk_runs.py::test_a_name_removed_before_its_run_was_opened_is_a_miss",),
         "a key whose name is gone is a miss even while its run is open through another name"),
+    # ---- transfer handlers: jobs run together ------------------------------------------------
+    Mutant(
+        "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfers.py",
+        "            if blocks + len(task.dst) > self._max_batch_blocks:\n"
+        "                return tasks, task\n",
+        "",
+        (f"{TESTS}/test_transfers.py::test_queued_jobs_run_as_one_batch_and_are_reported_alone",),
+        "a batch holds at most max_batch_blocks positions (what a job waits for the others)"),
+    Mutant(
+        "transfer-batch-leaves-shutdowns-marker", f"{OFFLOADING}/transfers.py",
+        "                self._queue.put(None)\n",
+        "",
+        (f"{TESTS}/test_transfers.py::test_shutdown_ends_every_batching_thread",),
+        "a thread that takes shutdown's end marker while taking a batch leaves it for another"),
+    Mutant(
+        "transfer-cancelled-jobs-left-out", f"{OFFLOADING}/transfers.py",
+        "            started = [t for t in tasks if t.state is _QUEUED]\n",
+        "            started = list(tasks)\n",
+        (f"{TESTS}/test_transfers.py::test_a_job_cancelled_while_queued_is_left_out_of_its_batch",
+         f"{TESTS}/test_transfers.py::test_shutdown_with_a_never_completing_job_does_not_hang"),
+        "a job cancelled while queued never runs: its destination stays untouched"),
+    Mutant(
+        "transfer-waiter-woken-when-all-ended", f"{OFFLOADING}/transfers.py",
+        "            if not waiter.pending:\n",
+        "            if True:\n",
+        (f"{TESTS}/test_transfers.py::test_wait_returns_when_the_last_of_its_jobs_ends",),
+        "wait returns only once every job it names ended"),
+    Mutant(
+        "disk-batch-outcomes-per-job", f"{OFFLOADING}/tiers/disk.py",
+        "            first += len(src.keys)\n",
+        "",
+        (f"{TESTS}/test_disk_runs.py::"
+         "test_a_batch_of_jobs_is_read_as_one_and_each_job_fails_alone",),
+        "each job of a batch gets the outcome of its own entries"),
 ]
 
 

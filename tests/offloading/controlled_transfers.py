@@ -43,14 +43,13 @@ from kvport.connectors.offloading.mediums import (
     LoadStoreSpec,
 )
 from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.tier_wiring import LowerTier, tier_routes
 from kvport.connectors.offloading.transfers import (
-    LowerTier,
     OffloadingWorker,
     TransferFn,
     TransferHandler,
     TransferResult,
     failed_result,
-    tier_routes,
 )
 from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 

@@ -12,9 +12,8 @@ from fault_tiers import FaultyTransfer
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
 from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.transfers import (
-    LowerTier, OffloadingWorker, ThreadPoolHandler, tier_routes,
-)
+from kvport.connectors.offloading.tier_wiring import LowerTier, tier_routes
+from kvport.connectors.offloading.transfers import OffloadingWorker, ThreadPoolHandler
 from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 
 FAULTS: dict[tuple[str, str], dict[str, Any]] = {}

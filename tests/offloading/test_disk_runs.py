@@ -111,6 +111,21 @@ def test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone(
     disk.check_integrity()
 
 
+def test_a_name_removed_before_its_run_was_opened_is_a_miss(tmp_path: Path) -> None:
+    """Another process removed a key's name before this one opened the run (through another
+    key): the run, open and unchanged since, still holds the entry, but the key is a miss, as
+    the scheduler's lookup by name says, and it is forgotten."""
+    disk = DiskTier(tmp_path, 1 << 22, NS)
+    assert store(disk, list(range(8))) == []
+    os.unlink(disk.path(key(2)))
+    assert load(disk, [0, 1])[0] == []  # opens the run: 7 names, 8 keys indexed
+    assert load(disk, [1, 2, 3])[0] == [1]
+    assert key(2) not in disk
+    assert load(disk, [0, 1, 3])[0] == []  # the others still load from the open run
+    disk.close()
+    disk.check_integrity()
+
+
 def test_eviction_takes_the_least_recently_used_run_whole(tmp_path: Path) -> None:
     room = 2 * run_bytes(3, PAYLOAD)
     disk = DiskTier(tmp_path, room, NS)
@@ -348,6 +363,46 @@ def test_checked_entries_the_cache_holds_are_read_in_one_call(
     monkeypatch.setattr(os, "preadv", counting)
     calls.clear()
     assert load(disk, [0, 1, 2, 3])[0] == [] and calls == [1, 1, 1, 1]  # cold: streamed
+    disk.close()
+    disk.check_integrity()
+
+
+def test_a_batch_of_jobs_is_read_as_one_and_each_job_fails_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs the transfer thread took together (load_batch_to_host): their entries of a run,
+    consecutive across jobs, are read as one extent (here one call); each
+    job gets its own outcome: a corrupt entry, a key never stored, fail in their job only."""
+    disk = FaultyDisk(tmp_path, 1 << 20, NS)
+    assert store(disk, [0, 1, 2, 3, 4, 5]) == []
+    assert load(disk, [0, 1, 2, 3, 4, 5])[0] == []  # checked once
+    calls: list[int] = []
+    real = os.preadv
+
+    def counting(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
+        calls.append(len(buffers))
+        return real(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(os, "preadv", counting)
+    host = HostTier(8, PAYLOAD)
+    jobs = [(DiskBlocks([key(0), key(1)]), HostBlocks([7, 6])),
+            (DiskBlocks([key(2), key(3), key(4)]), HostBlocks([0, 1, 2]))]
+    outs = disk.load_batch_to_host(host, jobs)
+    assert [(o.num_bytes, o.failed_indices) for o in outs] == [(2 * PAYLOAD, []),
+                                                             (3 * PAYLOAD, [])]
+    assert calls == [5]  # one extent, positions 0..4 (cached or not: one piece of 1 MiB)
+    for slot, i in [(7, 0), (6, 1), (0, 2), (1, 3), (2, 4)]:
+        assert torch.equal(host.slot(slot), payload(i)), i
+    monkeypatch.setattr(os, "preadv", real)
+    disk.close()  # reopened: every entry is checked again, so the damage is seen
+    disk.corrupt_payload(key(3))
+    jobs = [(DiskBlocks([key(0), key(1)]), HostBlocks([0, 1])),
+            (DiskBlocks([key(2), key(3), key(99)]), HostBlocks([2, 3, 4])),
+            (DiskBlocks([key(5)]), HostBlocks([5]))]
+    outs = disk.load_batch_to_host(host, jobs)
+    assert [o.failed_indices for o in outs] == [[], [1, 2], []]
+    assert [o.num_bytes for o in outs] == [2 * PAYLOAD, PAYLOAD, PAYLOAD]
+    assert not disk.path(key(3)).exists() and key(3) not in disk
+    assert disk.load_batch_to_host(host, []) == []
     disk.close()
     disk.check_integrity()
 

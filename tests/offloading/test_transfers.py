@@ -7,12 +7,12 @@ import errno
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import torch
-from fault_tiers import FaultyDisk, FaultyTransfer, wait_until
+from fault_tiers import DEADLINE_S, FaultyDisk, FaultyTransfer, wait_until
 
 from kvport.connectors.offloading.mediums import (
     DISK,
@@ -21,13 +21,16 @@ from kvport.connectors.offloading.mediums import (
     DiskBlocks,
     EngineBlocks,
     HostBlocks,
+    LoadStoreSpec,
 )
+from kvport.connectors.offloading.tiers import TransferOutcome
+from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.tier_wiring import build_tier_worker
 from kvport.connectors.offloading.transfers import (
     OffloadingWorker,
     ThreadPoolHandler,
     TransferResult,
-    build_tier_worker,
 )
 
 
@@ -167,3 +170,142 @@ def test_shutdown_ends_the_idle_threads() -> None:
     handler.wait([1])
     handler.shutdown(0.0)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("kvport-join-test")]
+
+
+class RecordingBatch:
+    """A batch function: records the destination sizes of each call's jobs; a job of
+    `fail_size` positions fails its first one; `raises`: every call raises."""
+
+    def __init__(self, fail_size: int = 0, raises: bool = False) -> None:
+        self.calls: list[list[int]] = []
+        self.fail_size = fail_size
+        self.raises = raises
+
+    def __call__(self, jobs: Sequence[tuple[LoadStoreSpec, LoadStoreSpec]]
+                 ) -> list[TransferOutcome]:
+        self.calls.append([len(dst) for _, dst in jobs])
+        if self.raises:
+            raise OSError(errno.EIO, "injected failure of a batch")
+        return [TransferOutcome(len(dst), [0] if len(dst) == self.fail_size else [])
+                for _, dst in jobs]
+
+
+def batched_worker(workers: list[OffloadingWorker], fn: FaultyTransfer, batch: RecordingBatch,
+                   max_batch_blocks: int, num_threads: int = 1,
+                   name: str = "transfer") -> ThreadPoolHandler:
+    handler = ThreadPoolHandler(fn, num_threads, name, batch=batch,
+                                max_batch_blocks=max_batch_blocks)
+    worker = OffloadingWorker()
+    workers.append(worker)
+    worker.register_handler(DISK, HOST, handler)
+    return handler
+
+
+def submit_held(handler: ThreadPoolHandler, fn: FaultyTransfer, sizes: list[int]) -> None:
+    """Job 1 runs alone and is held (fn's call 1); jobs 2, 3, ... of `sizes` queue behind it."""
+    handler.submit(1, DiskBlocks([b"k"]), HostBlocks([0]))
+    wait_until(lambda: 1 in fn.started)
+    for job, size in enumerate(sizes, start=2):
+        handler.submit(job, DiskBlocks([b"k"] * size), HostBlocks(list(range(size))))
+
+
+def test_queued_jobs_run_as_one_batch_and_are_reported_alone(
+        workers: list[OffloadingWorker]) -> None:
+    """The jobs queued while the thread was busy run in batches of at most max_batch_blocks
+    positions, in submission order (a job that does not fit starts the next batch); each job
+    is reported alone, with its own outcome; a job alone in the queue runs alone."""
+    fn, batch = FaultyTransfer(hold_on={1}), RecordingBatch(fail_size=3)
+    handler = batched_worker(workers, fn, batch, max_batch_blocks=6)
+    submit_held(handler, fn, [2, 3, 4, 1, 6, 7])
+    fn.release(1)
+    assert handler.wait(range(1, 8), timeout=DEADLINE_S)
+    assert batch.calls == [[2, 3], [4, 1]]  # then 6 and 7 alone: each fills a batch
+    assert fn.num_calls == 3  # job 1, then the jobs of 6 and 7 positions
+    got = handler.get_finished()
+    assert [(r.job_id, r.success, r.failed_indices) for r in got] == [
+        (1, True, []), (2, True, []), (3, False, [0]), (4, True, []), (5, True, []),
+        (6, True, []), (7, True, [])]
+    assert [r.num_bytes for r in got] == [1, 2, 3, 4, 1, 6, 7]
+    assert all(r.transfer_type == (DISK, HOST) for r in got)
+
+
+def test_a_batch_that_raises_runs_job_by_job_and_a_bad_job_fails_alone(
+        workers: list[OffloadingWorker]) -> None:
+    fn, batch = FaultyTransfer(hold_on={1}, fail_on={3}), RecordingBatch(raises=True)
+    handler = batched_worker(workers, fn, batch, max_batch_blocks=100)
+    submit_held(handler, fn, [1, 2, 3])  # jobs 2, 3, 4: fn's calls 2, 3, 4 after the batch
+    fn.release(1)
+    assert handler.wait(range(1, 5), timeout=DEADLINE_S)
+    assert batch.calls == [[1, 2, 3]]
+    got = handler.get_finished()
+    assert [(r.job_id, r.success, r.failed_indices) for r in got] == [
+        (1, True, []), (2, True, []), (3, False, [0, 1]), (4, True, [])]
+
+
+def test_a_job_cancelled_while_queued_is_left_out_of_its_batch(
+        workers: list[OffloadingWorker]) -> None:
+    fn, batch = FaultyTransfer(hold_on={1}), RecordingBatch()
+    handler = batched_worker(workers, fn, batch, max_batch_blocks=100)
+    submit_held(handler, fn, [1, 2, 3])
+    handler.cancel([3])
+    fn.release(1)
+    assert handler.wait(range(1, 5), timeout=DEADLINE_S)
+    assert batch.calls == [[1, 3]]
+    got = handler.get_finished()
+    assert [(r.job_id, r.success, r.failed_indices) for r in got] == [
+        (1, True, []), (2, True, []), (3, False, [0, 1]), (4, True, [])]
+
+
+def test_shutdown_ends_every_batching_thread(workers: list[OffloadingWorker]) -> None:
+    """A thread that meets shutdown's end marker while it takes a batch leaves it for the
+    others: each of the threads takes one and ends."""
+    fn, batch = FaultyTransfer(hold_on={1, 2}), RecordingBatch()
+    handler = batched_worker(workers, fn, batch, max_batch_blocks=100, num_threads=2,
+                             name="batch-join")
+    for job in (1, 2):  # one at a time: the second thread takes job 2, both are busy
+        handler.submit(job, DiskBlocks([b"k"]), HostBlocks([0]))
+        wait_until(lambda: job in fn.started)
+    handler.submit(3, DiskBlocks([b"k"]), HostBlocks([0]))
+    handler.submit(4, DiskBlocks([b"k"]), HostBlocks([0]))
+    handler.shutdown(timeout=0.0)  # 3 and 4 cancelled; an end marker per thread queued last
+    fn.release_all()
+    wait_until(lambda: not [t for t in threading.enumerate()
+                            if t.name.startswith("kvport-batch-join")])
+    assert batch.calls == [] and fn.num_calls == 2
+    got = handler.get_finished()
+    assert [(r.job_id, r.success) for r in got] == [(1, True), (2, True), (3, False), (4, False)]
+
+
+def test_the_standard_wiring_batches_disk_promotions_only(tmp_path: Path,
+                                                          workers: list[OffloadingWorker]
+                                                          ) -> None:
+    host = HostTier(4, 4096)
+    worker = build_tier_worker(host, {DISK: DiskTier(tmp_path, 1 << 20, b"ns")})
+    workers.append(worker)
+    batching = {kind for kind, h in worker._handlers.items()
+                if isinstance(h, ThreadPoolHandler) and h._batch is not None}
+    assert batching == {(DISK, HOST)}
+
+
+def test_wait_returns_when_the_last_of_its_jobs_ends(workers: list[OffloadingWorker]) -> None:
+    """A waiter is woken once, by the end of the last job it waits for, not by each one."""
+    fn = FaultyTransfer(hold_on={1, 2})
+    handler = ThreadPoolHandler(fn, num_threads=2)
+    worker = OffloadingWorker()
+    workers.append(worker)
+    worker.register_handler(HOST, ENGINE, handler)
+    worker.submit(1, HostBlocks([0]), EngineBlocks([0]))
+    worker.submit(2, HostBlocks([1]), EngineBlocks([1]))
+    wait_until(lambda: fn.started == {1, 2})
+    returned = threading.Event()
+    waiting = threading.Thread(target=lambda: worker.wait([1, 2], DEADLINE_S) and returned.set())
+    waiting.start()
+    wait_until(lambda: bool(handler._waiters))  # registered before either job ends
+    fn.release(1)
+    wait_until(lambda: 1 in fn.finished)
+    assert not returned.wait(0.2)  # job 2 still runs
+    fn.release(2)
+    waiting.join(DEADLINE_S)
+    assert returned.is_set()
+    assert [r.job_id for r in worker.get_finished()] == [1, 2]
+    assert handler._waiters == []

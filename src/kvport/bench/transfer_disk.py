@@ -53,7 +53,7 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path,
     from kvport.connectors.offloading.mediums import DISK, DiskBlocks, HostBlocks
     from kvport.connectors.offloading.tiers.disk import DiskTier
     from kvport.connectors.offloading.tiers.host import HostTier
-    from kvport.connectors.offloading.transfers import build_tier_worker
+    from kvport.connectors.offloading.tier_wiring import build_tier_worker
 
     root.mkdir()
     n = max(1, cfg.disk_mib * MIB // size)

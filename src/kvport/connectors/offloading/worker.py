@@ -44,9 +44,8 @@ from kvport.connectors.offloading.metadata import (
 from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.transfers import (
-    LowerTier, OffloadingWorker, TransferResult, build_tier_worker,
-)
+from kvport.connectors.offloading.tier_wiring import LowerTier, build_tier_worker
+from kvport.connectors.offloading.transfers import OffloadingWorker, TransferResult
 
 logger = logging.getLogger(__name__)
 

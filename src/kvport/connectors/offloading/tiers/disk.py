@@ -36,6 +36,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -252,9 +253,28 @@ class DiskTier:
     def load_to_host(self, host: HostTier, src: DiskBlocks, dst: HostBlocks) -> TransferOutcome:
         """DISK -> HOST (promotion): entry src.keys[i] fills slot dst.slot_ids[i]."""
         check_pairs(src.keys, dst.slot_ids)
-        done = self._load(src.keys, _slot_views(host, dst.slot_ids))
-        failed = [i for i, ok in enumerate(done) if not ok]
-        return TransferOutcome((len(src.keys) - len(failed)) * host.slot_bytes, failed)
+        return self.load_batch_to_host(host, [(src, dst)])[0]
+
+    def load_batch_to_host(self, host: HostTier,
+                           jobs: Sequence[tuple[DiskBlocks, HostBlocks]]) -> list[TransferOutcome]:
+        """Several DISK -> HOST jobs read as one (the transfer thread takes the jobs queued
+        together: tier_wiring): consecutive entries of a run are read with one call even where
+        they belong to different jobs. Each job's outcome, in order."""
+        keys: list[bytes] = []
+        slots: list[int] = []
+        for src, dst in jobs:
+            check_pairs(src.keys, dst.slot_ids)
+            keys += src.keys
+            slots += dst.slot_ids
+        done = self._load(keys, _slot_views(host, slots))
+        outcomes = []
+        first = 0
+        for src, _ in jobs:
+            failed = [i for i, ok in enumerate(done[first:first + len(src.keys)]) if not ok]
+            outcomes.append(TransferOutcome((len(src.keys) - len(failed)) * host.slot_bytes,
+                                            failed))
+            first += len(src.keys)
+        return outcomes
 
     def _load(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
         """Read every key's entry into its buffer (module docstring): True where read and
@@ -267,27 +287,23 @@ class DiskTier:
         bad: set[RunId] = set()  # runs of this job whose header is bad: not read again
         plan: dict[RunId, list[tuple[int, int, int]]] = {}  # run -> (position, index, xxh3)
         done = [False] * len(keys)
-        known = self.index.runs_of(keys)
-        names_known: dict[RunId, bool] = {}  # run -> the index knows each of its names
         try:
-            for i, key in enumerate(keys):
-                run_id = known[i]
+            for run_id, indices in _by_run(self.index.runs_of(keys)).items():
                 run = (None if run_id is None else
                        runs.get(run_id) or self._known_run(run_id, runs))
-                entry = None
+                linked = True  # whether the index knows every name of run (see _planned)
                 if run is not None:
-                    if not self._name_linked(key, run, names_known):
+                    linked = run.links == self.index.num_keys(run_id)
+                    found = run.entries([keys[i] for i in indices])
+                    if linked and None not in found:  # the common case: no name to look up
+                        plan.setdefault(run_id, []).extend(
+                            (entry[0], i, entry[1])
+                            for i, entry in zip(indices, cast(list[tuple[int, int]], found)))
                         continue
-                    entry = run.entry(key)
-                if entry is None:
-                    run = self._open(key, payload_bytes, runs, bad)
-                    if run is None:
-                        continue
-                    entry = run.entry(key)
-                    if entry is None:  # a renamed or foreign file
-                        self._reject(key, "its run file does not hold the key")
-                        continue
-                plan.setdefault(run.run_id, []).append((entry[0], i, entry[1]))
+                for i in indices:  # one by one: names to stat, keys to open by name
+                    got = self._planned(keys[i], run, linked, payload_bytes, runs, bad)
+                    if got is not None:
+                        plan.setdefault(got[0].run_id, []).append((got[1][0], i, got[1][1]))
             for run_id, entries in plan.items():
                 entries.sort()
                 why = read_entries(runs[run_id], [(p, outs[i], x) for p, i, x in entries])
@@ -311,19 +327,31 @@ class DiskTier:
                        failures=len(keys) - num_loaded, load_seconds=time.perf_counter() - start)
         return done
 
-    def _name_linked(self, key: bytes, run: OpenRun, names_known: dict[RunId, bool]) -> bool:
-        """Whether key's name (which the index says links to run) still exists; forgotten if
-        not. Asked of the file system only when the run's names differ in number from the keys
-        the index lists for it (another process removed some, or shares the run): removing a
-        name changes the file's stamp, so a run open since then is reopened (RunFiles.acquire)
-        and counted again."""
-        known = names_known.get(run.run_id)
-        if known is None:
-            known = names_known[run.run_id] = run.links == self.index.num_keys(run.run_id)
-        if known or os.path.exists(self.location.path_str(key)):
-            return True
-        self._forget(key)
-        return False
+    def _planned(self, key: bytes, run: OpenRun | None, linked: bool, payload_bytes: int,
+                 runs: dict[RunId, OpenRun],
+                 bad: set[RunId]) -> tuple[OpenRun, tuple[int, int]] | None:
+        """The run and entry key is read from: in `run` (the one the index says, open) if its
+        name still links there, else the run its name links to; None if none (the name gone:
+        forgotten; a run that does not hold it: the name removed).
+
+        `linked`: the index knows every name of `run`. If not (another process removed some,
+        or shares the run) the name is stat'ed: removing a name changes the file's stamp, so a
+        run open since then is reopened (RunFiles.acquire) and counted again."""
+        if run is not None:
+            if not linked and not os.path.exists(self.location.path_str(key)):
+                self._forget(key)
+                return None
+            entry = run.entry(key)
+            if entry is not None:
+                return run, entry
+        run = self._open(key, payload_bytes, runs, bad)
+        if run is None:
+            return None
+        entry = run.entry(key)
+        if entry is None:  # a renamed or foreign file
+            self._reject(key, "its run file does not hold the key")
+            return None
+        return run, entry
 
     def _known_run(self, run_id: RunId, runs: dict[RunId, OpenRun]) -> OpenRun | None:
         """The run the index says holds a key, if the open files have it (in use by this job
@@ -380,6 +408,17 @@ class DiskTier:
     def _forget(self, key: bytes) -> None:
         self.index.remove(key)
         self._update_occupancy()
+
+
+def _by_run(known: list[RunId | None]) -> dict[RunId | None, list[int]]:
+    """The positions of a job's keys per run the index says holds them (None: not indexed), in
+    job order; without a loop when they share one run (a job's keys are usually one store's)."""
+    if known.count(known[0]) == len(known):
+        return {known[0]: list(range(len(known)))}
+    groups: dict[RunId | None, list[int]] = {}
+    for i, run_id in enumerate(known):
+        groups.setdefault(run_id, []).append(i)
+    return groups
 
 
 def _slot_views(host: HostTier, slot_ids: Sequence[int]) -> list[memoryview]:

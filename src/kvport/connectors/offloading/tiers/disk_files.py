@@ -59,6 +59,14 @@ class OpenRun:
                 self._by_key[key] = found
         return found
 
+    def entries(self, keys: list[bytes]) -> list[tuple[int, int] | None]:
+        """entry(key) of each key (one lookup each for keys looked up before)."""
+        get = self._by_key.get
+        found = [get(key) for key in keys]
+        if None in found:
+            found = [f if f is not None else self.entry(k) for k, f in zip(keys, found)]
+        return found
+
     @property
     def size(self) -> int:
         return self.stamp[0]

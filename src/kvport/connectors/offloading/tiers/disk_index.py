@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvport.connectors.offloading.tiers.disk_files import RunId
@@ -62,7 +62,7 @@ class RunIndex:
         with self._lock:
             return [self._key_run.get(key) for key in keys]
 
-    def add(self, run_id: RunId, size: int, keys: Iterable[bytes]) -> None:
+    def add(self, run_id: RunId, size: int, keys: Sequence[bytes]) -> None:
         """Index keys under their run of `size` bytes now (a new run is counted; a known one
         refreshed, its size updated: another writer may have cut it short)."""
         with self._lock:
@@ -74,6 +74,8 @@ class RunIndex:
                 self._runs.move_to_end(run_id)
                 self._used += size - run.size
                 run.size = size
+            if run.keys.issuperset(keys):  # a load of keys indexed here: only a refresh
+                return
             for key in keys:
                 if self._key_run.get(key, run_id) != run_id:
                     self._remove_key(key)  # its name links to another run now
