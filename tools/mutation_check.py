@@ -566,6 +566,18 @@ MUTANTS: list[Mutant] = [
         "                    linked = True\n",
         (f"{TESTS}/test_disk_runs.py::test_a_name_removed_before_its_run_was_opened_is_a_miss",),
         "a key whose name is gone is a miss even while its run is open through another name"),
+    Mutant(
+        "disk-reads-ahead-only-holes", f"{OFFLOADING}/tiers/page_cache.py",
+        "    return prefix is None or prefix[0] != held[0]\n",
+        "    return True\n",
+        (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
+        "a span cached as a prefix (a sequential read's readahead) is not asked for again"),
+    Mutant(
+        "disk-reads-ahead-holes", f"{OFFLOADING}/tiers/disk_read.py",
+        "        _read_ahead_holes(run, entries)\n",
+        "",
+        (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
+        "a span cached with holes is asked for at once, not one miss at a time"),
     # ---- transfer handlers: jobs run together ------------------------------------------------
     Mutant(
         "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfers.py",

@@ -407,6 +407,48 @@ def test_a_batch_of_jobs_is_read_as_one_and_each_job_fails_alone(
     disk.check_integrity()
 
 
+def test_a_span_cached_with_holes_is_read_ahead_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages missing between cached ones: the job's span is asked for at once
+    (POSIX_FADV_WILLNEED). Not when cold, held whole, or held as a prefix (a sequential
+    reader's readahead), and the entries load the same either way."""
+    disk = DiskTier(tmp_path, 1 << 22, NS)
+    ids = list(range(24))
+    assert store(disk, ids) == []
+    path = disk.path(key(0))
+    asked: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def recording(fd: int, offset: int, size: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            asked.append((offset, size))
+        real(fd, offset, size, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    span = run_bytes(24, PAYLOAD)  # the whole file: header and entries
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def cache_all_but(first: int, size: int) -> None:
+            os.pread(fd, span, 0)
+            real(fd, first, size, os.POSIX_FADV_DONTNEED)
+
+        drop_page_cache(path)
+        assert load(disk, ids)[0] == [] and asked == []  # cold
+        assert load(disk, ids)[0] == [] and asked == []  # held whole
+        cache_all_but(span // 2, span)
+        assert load(disk, ids)[0] == [] and asked == []  # a prefix
+        cache_all_but(span // 3, span // 3)
+        assert load(disk, ids)[0] == []
+        if page_cache.available():
+            assert len(asked) == 1 and asked[0][1] == 24 * PAYLOAD  # the job's entries
+        else:
+            assert asked == []  # a kernel without cachestat: read as if cold
+    finally:
+        os.close(fd)
+    disk.close()
+    disk.check_integrity()
+
+
 def run_file(tmp_path: Path, name: str) -> OpenRun:
     path = tmp_path / name
     path.write_bytes(b"x")

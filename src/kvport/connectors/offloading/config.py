@@ -139,7 +139,8 @@ class OffloadingConfig:
             raise ValueError(f"OffloadingConnector: cpu_bytes_to_use must be a positive number of "
                              f"bytes, got {self.cpu_bytes_to_use!r}")
         if self.block_size is not None and self.block_size <= 0:
-            raise ValueError(f"OffloadingConnector: block_size must be positive, got {self.block_size}")
+            raise ValueError(f"OffloadingConnector: block_size must be positive, got "
+                             f"{self.block_size}")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise ValueError(f"OffloadingConnector: eviction_policy must be one of "
                              f"{EVICTION_POLICIES}, got {self.eviction_policy!r}")

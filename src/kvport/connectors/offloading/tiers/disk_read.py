@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from kvport.connectors.offloading.tiers.disk_files import OpenRun, changed_since_open
 from kvport.connectors.offloading.tiers.disk_format import checksum
 from kvport.connectors.offloading.tiers.disk_runs import IOV_MAX
-from kvport.connectors.offloading.tiers.page_cache import holds_whole
+from kvport.connectors.offloading.tiers.page_cache import has_holes, holds_whole
 
 # Entries are read in pieces of whole entries up to this size (one entry if larger), and each is
 # hashed right after its piece landed, while it is still in the cache; no read call asks for
@@ -63,6 +63,7 @@ def read_entries(run: OpenRun, entries: Sequence[Entry]) -> list[ReadProblem | N
     if _read_held(run, entries):
         unhashed = list(range(len(entries)))
     else:
+        _read_ahead_holes(run, entries)
         per_piece = max(1, min(IOV_MAX, PIECE_BYTES // payload))
         piece: list[int] = []  # indices into entries: consecutive positions
         last = -2
@@ -107,6 +108,26 @@ def _read_held(run: OpenRun, entries: Sequence[Entry]) -> bool:
         if got != len(batch) * payload:
             return False
     return True
+
+
+def _read_ahead_holes(run: OpenRun, entries: Sequence[Entry]) -> None:
+    """Where the page cache holds the job's span with holes (pages dropped here and there, as
+    this VM's DAMON `pageout` does to idle files: `page_cache.has_holes`), ask the kernel for
+    all its missing pages at once (POSIX_FADV_WILLNEED reads only those), before the reads
+    wait for them one miss at a time: 90 MiB with every other 4 MiB dropped, in one job, read
+    in 27-32 ms instead of 55 (one file with the same holes: 56-59 ms), every other 1 MiB 20-23
+    instead of 30. Not where the cached pages are a prefix of the span: that is what the
+    kernel's readahead for the previous job of a sequential read leaves, and asking then
+    broke its stream (cold jobs of 8 entries: 53 against 46 ms). Nor for a span much larger
+    than the job's entries (a job with gaps)."""
+    payload = run.header.payload_bytes
+    start = run.header.offset(entries[0][0])
+    size = run.header.offset(entries[-1][0]) + payload - start
+    if size <= 2 * len(entries) * payload and has_holes(run.fd, start, size):
+        try:
+            os.posix_fadvise(run.fd, start, size, os.POSIX_FADV_WILLNEED)
+        except OSError:  # a hint only: the reads find the pages either way
+            pass
 
 
 def _read_piece(run: OpenRun, entries: Sequence[Entry], piece: list[int],

@@ -44,17 +44,36 @@ _call = _syscall()
 def holds_whole(fd: int, offset: int, size: int) -> bool:
     """Whether every page of [offset, offset + size) of the file open at fd is in the page
     cache; False where the kernel cannot tell."""
+    held = _cached_pages(fd, offset, size)
+    return held is not None and held[0] == held[1]
+
+
+def has_holes(fd: int, offset: int, size: int) -> bool:
+    """Whether the page cache holds some of [offset, offset + size) of the file open at fd, but
+    not as one run from its start: pages missing between cached ones, or at its start. False
+    for a range held whole, not at all, or only as a prefix (what a sequential reader's
+    readahead leaves), and where the kernel cannot tell."""
+    held = _cached_pages(fd, offset, size)
+    if held is None or held[0] in (0, held[1]):
+        return False
+    prefix = _cached_pages(fd, offset, held[0] * PAGE - offset % PAGE)
+    return prefix is None or prefix[0] != held[0]
+
+
+def _cached_pages(fd: int, offset: int, size: int) -> tuple[int, int] | None:
+    """(pages of the range in the page cache, pages the range spans); None where the kernel
+    cannot tell."""
     global _call
     if _call is None or size <= 0:
-        return False
+        return None
     first, last = offset // PAGE, (offset + size - 1) // PAGE
     span = _Range(first * PAGE, (last - first + 1) * PAGE)
     stat = _Stat()
     if _call(_SYS_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(stat), 0) != 0:
         if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):
             _call = None  # not on this kernel: never asked again
-        return False
-    return stat.nr_cache >= last - first + 1
+        return None
+    return stat.nr_cache, last - first + 1
 
 
 def available() -> bool:
