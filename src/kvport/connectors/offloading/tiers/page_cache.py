@@ -45,7 +45,7 @@ def holds_whole(fd: int, offset: int, size: int) -> bool:
     """Whether every page of [offset, offset + size) of the file open at fd is in the page
     cache; False where the kernel cannot tell."""
     held = _cached_pages(fd, offset, size)
-    return held is not None and held[0] == held[1]
+    return held is not None and held[0] >= held[1]
 
 
 def has_holes(fd: int, offset: int, size: int) -> bool:
@@ -54,7 +54,7 @@ def has_holes(fd: int, offset: int, size: int) -> bool:
     for a range held whole, not at all, or only as a prefix (what a sequential reader's
     readahead leaves), and where the kernel cannot tell."""
     held = _cached_pages(fd, offset, size)
-    if held is None or held[0] in (0, held[1]):
+    if held is None or held[0] == 0 or held[0] >= held[1]:
         return False
     prefix = _cached_pages(fd, offset, held[0] * PAGE - offset % PAGE)
     return prefix is None or prefix[0] != held[0]
