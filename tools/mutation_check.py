@@ -580,27 +580,27 @@ MUTANTS: list[Mutant] = [
         "a span cached with holes is asked for at once, not one miss at a time"),
     # ---- transfer handlers: jobs run together ------------------------------------------------
     Mutant(
-        "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfers.py",
+        "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfer_threads.py",
         "            if blocks + len(task.dst) > self._max_batch_blocks:\n"
         "                return tasks, task\n",
         "",
         (f"{TESTS}/test_transfers.py::test_queued_jobs_run_as_one_batch_and_are_reported_alone",),
         "a batch holds at most max_batch_blocks positions (what a job waits for the others)"),
     Mutant(
-        "transfer-batch-leaves-shutdowns-marker", f"{OFFLOADING}/transfers.py",
+        "transfer-batch-leaves-shutdowns-marker", f"{OFFLOADING}/transfer_threads.py",
         "                self._queue.put(None)\n",
         "",
         (f"{TESTS}/test_transfers.py::test_shutdown_ends_every_batching_thread",),
         "a thread that takes shutdown's end marker while taking a batch leaves it for another"),
     Mutant(
-        "transfer-cancelled-jobs-left-out", f"{OFFLOADING}/transfers.py",
+        "transfer-cancelled-jobs-left-out", f"{OFFLOADING}/transfer_threads.py",
         "            started = [t for t in tasks if t.state is _QUEUED]\n",
         "            started = list(tasks)\n",
         (f"{TESTS}/test_transfers.py::test_a_job_cancelled_while_queued_is_left_out_of_its_batch",
          f"{TESTS}/test_transfers.py::test_shutdown_with_a_never_completing_job_does_not_hang"),
         "a job cancelled while queued never runs: its destination stays untouched"),
     Mutant(
-        "transfer-waiter-woken-when-all-ended", f"{OFFLOADING}/transfers.py",
+        "transfer-waiter-woken-when-all-ended", f"{OFFLOADING}/transfer_threads.py",
         "            if not waiter.pending:\n",
         "            if True:\n",
         (f"{TESTS}/test_transfers.py::test_wait_returns_when_the_last_of_its_jobs_ends",),

@@ -13,7 +13,8 @@ from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.tier_wiring import LowerTier, tier_routes
-from kvport.connectors.offloading.transfers import OffloadingWorker, ThreadPoolHandler
+from kvport.connectors.offloading.transfer_threads import ThreadPoolHandler
+from kvport.connectors.offloading.transfers import OffloadingWorker
 from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 
 FAULTS: dict[tuple[str, str], dict[str, Any]] = {}

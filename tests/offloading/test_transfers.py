@@ -27,11 +27,8 @@ from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.tier_wiring import build_tier_worker
-from kvport.connectors.offloading.transfers import (
-    OffloadingWorker,
-    ThreadPoolHandler,
-    TransferResult,
-)
+from kvport.connectors.offloading.transfer_threads import ThreadPoolHandler
+from kvport.connectors.offloading.transfers import OffloadingWorker, TransferResult
 
 
 @pytest.fixture

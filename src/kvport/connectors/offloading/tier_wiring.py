@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
-from kvport.connectors.offloading.transfers import (
-    BatchFn, OffloadingWorker, ThreadPoolHandler, TransferFn,
-)
+from kvport.connectors.offloading.transfer_threads import ThreadPoolHandler
+from kvport.connectors.offloading.transfers import BatchFn, OffloadingWorker, TransferFn
 
 if TYPE_CHECKING:
     from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
