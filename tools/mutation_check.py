@@ -578,6 +578,12 @@ MUTANTS: list[Mutant] = [
         "",
         (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
         "a span cached with holes is asked for at once, not one miss at a time"),
+    Mutant(
+        "disk-reads-ahead-only-its-span", f"{OFFLOADING}/tiers/disk_read.py",
+        "    if size <= 2 * len(entries) * payload and has_holes(run.fd, start, size):\n",
+        "    if has_holes(run.fd, start, size):\n",
+        (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
+        "a job with gaps does not read ahead the entries between its own"),
     # ---- transfer handlers: jobs run together ------------------------------------------------
     Mutant(
         "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfer_threads.py",

@@ -411,7 +411,8 @@ def test_a_span_cached_with_holes_is_read_ahead_at_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pages missing between cached ones: the job's span is asked for at once
     (POSIX_FADV_WILLNEED). Not when cold, held whole, or held as a prefix (a sequential
-    reader's readahead), and the entries load the same either way."""
+    reader's readahead), nor for a job whose span is mostly entries it does not load; the
+    entries load the same either way."""
     disk = DiskTier(tmp_path, 1 << 22, NS)
     ids = list(range(24))
     assert store(disk, ids) == []
@@ -443,6 +444,20 @@ def test_a_span_cached_with_holes_is_read_ahead_at_once(
             assert len(asked) == 1 and asked[0][1] == 24 * PAYLOAD  # the job's entries
         else:
             assert asked == []  # a kernel without cachestat: read as if cold
+        asked.clear()
+        cache_all_but(span // 3, span // 3)
+        assert load(disk, [0, 23])[0] == [] and asked == []  # a gap: the span is not the job's
+
+        def refusing(fd: int, offset: int, size: int, advice: int) -> None:
+            if advice == os.POSIX_FADV_WILLNEED:
+                asked.append((offset, size))
+                raise OSError(errno.EINVAL, "no read-ahead here")
+            real(fd, offset, size, advice)
+
+        monkeypatch.setattr(os, "posix_fadvise", refusing)
+        cache_all_but(span // 3, span // 3)
+        assert load(disk, ids)[0] == []  # a hint refused: the reads find the pages anyway
+        assert len(asked) == (1 if page_cache.available() else 0)
     finally:
         os.close(fd)
     disk.close()

@@ -306,3 +306,8 @@ def test_wait_returns_when_the_last_of_its_jobs_ends(workers: list[OffloadingWor
     assert returned.is_set()
     assert [r.job_id for r in worker.get_finished()] == [1, 2]
     assert handler._waiters == []
+
+
+def test_a_batch_needs_a_size() -> None:
+    with pytest.raises(ValueError, match="max_batch_blocks must be >= 1 with a batch, got 0"):
+        ThreadPoolHandler(FaultyTransfer(), batch=RecordingBatch())
