@@ -561,7 +561,7 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_runs.py::test_checked_entries_the_cache_holds_are_read_in_one_call",),
         "one call fills the slots of consecutive positions only (no gap, no key asked twice)"),
     Mutant(
-        "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk.py",
+        "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk_load.py",
         "                    linked = run.links == self.index.num_keys(run_id)\n",
         "                    linked = True\n",
         (f"{TESTS}/test_disk_runs.py::test_a_name_removed_before_its_run_was_opened_is_a_miss",),
@@ -584,6 +584,19 @@ MUTANTS: list[Mutant] = [
         "    if has_holes(run.fd, start, size):\n",
         (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
         "a job with gaps does not read ahead the entries between its own"),
+    Mutant(
+        "disk-split-read-failures-count", f"{OFFLOADING}/tiers/disk_read.py",
+        "    return mine and all(theirs)\n",
+        "    return mine\n",
+        (f"{TESTS}/test_disk_runs.py::test_a_part_a_helper_failed_to_read_is_read_again",),
+        "a part a helper failed to read makes the job read again, not a slot left unfilled"),
+    Mutant(
+        "disk-split-parts-at-their-offsets", f"{OFFLOADING}/tiers/disk_read.py",
+        "    parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset + lo * payload, "
+        "payload)\n",
+        "    parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset, payload)\n",
+        (f"{TESTS}/test_disk_runs.py::test_a_large_cached_extent_is_read_by_several_threads",),
+        "each part of a split read fills its slots from its own entries"),
     # ---- transfer handlers: jobs run together ------------------------------------------------
     Mutant(
         "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfer_threads.py",

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvport.bench.cli import main
 from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
 from kvport.bench.transfer_common import HelperThread, paired_rounds
+from kvport.bench.transfer_disk import _read_split
 
 
 def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
@@ -35,8 +38,9 @@ def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
     for row in result["disk"]:
         assert row["tier_stats"]["failures"] == 0
         assert row["warm"]["tier_gib_s"] > 0 and row["cold"]["one_file_gib_s"] > 0
-        for extra in ("checked_file", "main_thread_file"):  # reported beside the baseline
+        for extra in ("checked_file", "main_thread_file", "split_file"):  # beside the baseline
             assert row["warm"][f"{extra}_gib_s"] > 0 and row["warm"][f"ratio_to_{extra}"] > 0
+        assert row["warm"]["read_threads"] == torch.get_num_threads()  # the tier's default
     assert result["disk"][0]["store"]["tier_gib_s"] > 0
     # issue 13's targets: consecutive host rows (2 job sizes x 2 strategies x store/load) and
     # every disk row (cold and warm), each with its limit
@@ -51,6 +55,7 @@ def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
     assert "disk    32768 B x 32, jobs of 4" in text and "tiny-llama/kvport" in text
     assert "target disk 32768 B, jobs of 4, warm load vs one file: " in text
     assert "warm one file read on the main thread" in text
+    assert f"warm one file read in {torch.get_num_threads()} parts at once" in text
     assert f"targets met: {sum(t['met'] for t in targets.values())} of 12" in text
     assert list(tmp_path.iterdir()) == []  # the bench cleans up its files
 
@@ -110,3 +115,15 @@ def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         ("tiny-llama/kvport", 32768, 32), ("tiny-llama/kvport", 32768, 16)}
     assert main(["bench", "transfer", "--block-sizes", "1000", "--no-disk"]) == 2
     assert main(["bench", "transfer", "--strategies", "bogus", "--no-disk"]) == 2
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_the_split_baseline_reads_the_whole_file(tmp_path: Path, k: int) -> None:
+    """The split one-file read fills every byte, in whole entries per part (any part count)."""
+    data = bytes(range(256)) * 7 * 5  # 5 entries of 1792 B
+    path = tmp_path / "one.bin"
+    path.write_bytes(data)
+    out = bytearray(len(data))
+    with ThreadPoolExecutor(max(1, k - 1)) as pool:
+        _read_split(path, memoryview(out), 1792, pool, k)
+    assert bytes(out) == data

@@ -7,11 +7,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import pytest
 import torch
-from fault_tiers import FaultyDisk, drop_page_cache, flip_byte
+from fault_tiers import FaultyDisk, drop_page_cache, flip_byte, wait_until
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -403,6 +404,73 @@ def test_a_batch_of_jobs_is_read_as_one_and_each_job_fails_alone(
     assert [o.num_bytes for o in outs] == [2 * PAYLOAD, PAYLOAD, PAYLOAD]
     assert not disk.path(key(3)).exists() and key(3) not in disk
     assert disk.load_batch_to_host(host, []) == []
+    disk.close()
+    disk.check_integrity()
+
+
+def split_reads(monkeypatch: pytest.MonkeyPatch,
+                fail_in_helper: bool = False) -> list[tuple[str, int, int]]:
+    """Make every checked extent of 2 entries or more count as cached and large enough to split;
+    record each `preadv` as (thread name, entries asked, first entry's offset). With
+    `fail_in_helper` the first call on a helper thread raises."""
+    monkeypatch.setattr(disk_read, "SPLIT_BYTES", 2 * PAYLOAD)
+    monkeypatch.setattr(disk_read, "holds_whole", lambda fd, offset, size: True)
+    calls: list[tuple[str, int, int]] = []
+    real = os.preadv
+
+    def recording(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
+        name = threading.current_thread().name
+        calls.append((name, len(buffers), offset))
+        if fail_in_helper and name.startswith("kvport-disk-read") and \
+                sum(c[0].startswith("kvport-disk-read") for c in calls) == 1:
+            raise OSError(errno.EIO, "injected")
+        return real(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(disk_read.os, "preadv", recording)
+    return calls
+
+
+def test_a_large_cached_extent_is_read_by_several_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From SPLIT_BYTES on, an extent the page cache holds is cut into one part per thread (the
+    caller's and the helpers'), each read at once into its own slots."""
+    disk = DiskTier(tmp_path, 1 << 20, NS, num_threads=3)
+    assert store(disk, list(range(7))) == []
+    calls = split_reads(monkeypatch)
+    assert load(disk, list(range(7)))[0] == []  # first read: checked, entry by entry
+    assert {c[0] for c in calls} == {threading.current_thread().name}
+    calls.clear()
+    assert load(disk, list(range(7)))[0] == []  # the slots hold the payloads (load checks)
+    parts = sorted((offset, n) for _, n, offset in calls)
+    first = parts[0][0]
+    assert [((o - first) // PAYLOAD, n) for o, n in parts] == [(0, 2), (2, 2), (4, 3)]
+    assert sum(name.startswith("kvport-disk-read") for name, _, _ in calls) == 2
+    calls.clear()
+    assert load(disk, [3])[0] == [] and len(calls) == 1  # one entry: nothing to split
+    disk.close()
+    wait_until(lambda: not [t for t in threading.enumerate()
+                            if t.name.startswith("kvport-disk-read")])
+    disk.check_integrity()
+    one = DiskTier(tmp_path, 1 << 20, NS, num_threads=1)  # no helper: one call
+    assert load(one, list(range(7)))[0] == []
+    calls.clear()
+    assert load(one, list(range(7)))[0] == [] and [c[1] for c in calls] == [7]
+    one.close()
+    one.check_integrity()
+
+
+def test_a_part_a_helper_failed_to_read_is_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper's part that fails leaves its slots unfilled: the job is then read again by the
+    piece reads, and every slot gets its payload."""
+    disk = DiskTier(tmp_path, 1 << 20, NS, num_threads=2)
+    assert store(disk, list(range(6))) == []
+    assert load(disk, list(range(6)))[0] == []  # checked
+    calls = split_reads(monkeypatch, fail_in_helper=True)
+    assert load(disk, list(range(6)))[0] == []  # the payloads are all there (load checks)
+    # two halves at once, then the piece reads (one piece of PIECE_BYTES holds all six)
+    assert sorted(c[1] for c in calls[:2]) == [3, 3] and [c[1] for c in calls[2:]] == [6]
+    assert disk.stats.snapshot()["failures"] == 0
     disk.close()
     disk.check_integrity()
 

@@ -11,8 +11,10 @@ and cold (every file fsynced and dropped with POSIX_FADV_DONTNEED before each si
 `readinto` of the one file. The one file is written and read on a helper thread
 (transfer_common.HelperThread), as the worker's thread runs the tier's jobs: the same read runs
 slower there than on the main thread on some machines, and both sides pay it. Warm rounds also
-read the one file on the main thread, and checked (`readinto` in the tier's pieces, each entry's
-bytes hashed with xxh3 as they land: what the tier's first read of an entry costs at best).
+read the one file on the main thread, checked (`readinto` in the tier's pieces, each entry's
+bytes hashed with xxh3 as they land: what the tier's first read of an entry costs at best), and
+split (read in one part per thread the tier reads a large cached extent with, at once: the
+best plain read of the file with the tier's threads).
 Sides alternate within each round (paired_rounds); ratios are per round. Cold rounds also record
 the block device's read requests and their mean size (from /sys/dev/block), which tells whether
 the reads of neighbouring entries were merged. The loaded slots must equal the stored ones, else
@@ -27,6 +29,7 @@ import os
 import shutil
 import statistics
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +116,8 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path,
     store = _side_stats(num_bytes, times)
     keep_last()
     (disk, worker), one = tiers[0], files[0]
+    # the tier reads a large cached extent with its helpers: so does the split baseline
+    splitters = ThreadPoolExecutor(max(1, disk.loader.num_helpers), "kvport-bench-split")
     drops = {"tier": [disk.path(k) for k in keys], "one_file": [one]}
     device = _block_device_stat(root)
     rows = []
@@ -130,15 +135,21 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path,
             def read_file_checked() -> None:
                 _read_checked(one, host.buffer.numpy().reshape(-1).data, size)
 
+            def read_file_split() -> None:
+                _read_split(one, host.buffer.numpy().reshape(-1).data, size, splitters,
+                            disk.loader.num_helpers + 1)
+
             row: dict[str, Any] = {"offload_block_bytes": size, "num_entries": n,
                                    "job_blocks": job, "bytes_per_transfer": num_bytes,
                                    "store": store if job == big else None}
             sides: dict[str, Callable[[], object]] = {"tier": load_tier,
                                                       "one_file": helper.wrap(read_file)}
             warm = paired_rounds({**sides, "checked_file": helper.wrap(read_file_checked),
-                                  "main_thread_file": read_file}, cfg.repeats)
+                                  "main_thread_file": read_file,
+                                  "split_file": helper.wrap(read_file_split)}, cfg.repeats)
             row["warm"] = _side_stats(num_bytes, warm)
-            for extra in ("checked_file", "main_thread_file"):
+            row["warm"]["read_threads"] = disk.loader.num_helpers + 1
+            for extra in ("checked_file", "main_thread_file", "split_file"):
                 row["warm"][f"{extra}_gib_s"] = gib_s(num_bytes, statistics.median(warm[extra]))
                 row["warm"][f"ratio_to_{extra}"] = ratio_stats(warm["tier"], warm[extra])["ratio"]
             requests: dict[str, list[tuple[int, int]]] = {"tier": [], "one_file": []}
@@ -160,6 +171,7 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path,
             rows.append(row)
     finally:
         worker.shutdown()
+        splitters.shutdown()
     return rows
 
 
@@ -182,6 +194,24 @@ def _read_checked(path: Path, out: memoryview, entry_bytes: int) -> None:
             fh.readinto(view)
             for e in range(0, view.nbytes, entry_bytes):
                 checksum(view[e:e + entry_bytes])
+
+
+def _read_split(path: Path, out: memoryview, entry_bytes: int, pool: ThreadPoolExecutor,
+                k: int) -> None:
+    """`preadv` of the file into out, cut at whole entries into k parts read at once: k - 1 on
+    the pool's threads, one on the caller's (what the tier does with an extent held in the page
+    cache: disk_read.SPLIT_BYTES)."""
+    entries = len(out) // entry_bytes
+    bounds = [entries * g // k * entry_bytes for g in range(k)] + [len(out)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        parts = [pool.submit(os.preadv, fd, [out[lo:hi]], lo)
+                 for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        os.preadv(fd, [out[:bounds[1]]], 0)
+        for part in parts:
+            part.result()
+    finally:
+        os.close(fd)
 
 
 def _drop_cache(paths: list[Path]) -> None:

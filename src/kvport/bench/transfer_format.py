@@ -38,8 +38,10 @@ def format_transfer(result: dict[str, Any]) -> str:
                  f"({_ratio(r[t])})" for t in ("warm", "cold")]
         lines.append(f"disk {r['offload_block_bytes']:>8} B x {r['num_entries']}, jobs of "
                      f"{r['job_blocks']}: " + "  ".join(cells))
+        threads = r["warm"].get("read_threads", 1)
         for extra, what in (("checked_file", "one file read and hashed per entry"),
-                            ("main_thread_file", "one file read on the main thread")):
+                            ("main_thread_file", "one file read on the main thread"),
+                            ("split_file", f"one file read in {threads} parts at once")):
             if f"{extra}_gib_s" in r["warm"]:
                 lines.append(f"  warm {what} {r['warm'][f'{extra}_gib_s']:.2f}: tier / that "
                              f"{r['warm'][f'ratio_to_{extra}']:.2f}")

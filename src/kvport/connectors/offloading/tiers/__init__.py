@@ -45,6 +45,12 @@ class TierStats:
             for name, value in deltas.items():
                 setattr(self, name, getattr(self, name) + value)
 
+    def set(self, **values: float) -> None:
+        """Counters that are levels, not sums (occupancy), set at once."""
+        with self._lock:
+            for name, value in values.items():
+                setattr(self, name, value)
+
     def snapshot(self) -> dict[str, float]:
         with self._lock:
             # Not dataclasses.asdict: it would deep-copy the lock.

@@ -11,13 +11,14 @@ name that appeared meanwhile (another writer of the same key) is kept; that entr
 dead weight. No fsync (entries must survive the process, not a power cut); a torn or corrupt
 entry is a miss and its name removed.
 
-Load (a DISK -> HOST job): the runs holding the job's keys (the index says which; a key it does
-not know is opened by name), each kept open with its parsed header between jobs (disk_files'
-RunFiles), then each extent of consecutive entries is read with sequential `preadv`s straight
-into the host slots and checked piece by piece (disk_read): an entry once, while its file is
-unchanged, since run files are never written once named. Cold, the kernel's readahead turns
-these into large device requests, as for one sequential file (one file per entry was at most one
-request of the entry's size: 0.47-0.72x of one file cold at 720 KiB, 0.83-1.14x now).
+Load (a DISK -> HOST job; disk_load): the runs holding the job's keys (the index says which; a
+key it does not know is opened by name), each kept open with its parsed header between jobs
+(disk_files' RunFiles), then each extent of consecutive entries is read with sequential
+`preadv`s straight into the host slots and checked piece by piece (disk_read): an entry once,
+while its file is unchanged, since run files are never written once named. Cold, the kernel's
+readahead turns these into large device requests, as for one sequential file (one file per entry
+was at most one request of the entry's size: 0.47-0.72x of one file cold at 720 KiB, 0.83-1.14x
+now).
 
 Index and size limit: runs in LRU order (a load or a store of a key held refreshes its run). The
 limit counts run files (header included) this process knows; the least recently used run is
@@ -36,7 +37,6 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
 import torch
 
@@ -45,12 +45,10 @@ from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
     DiskLocation, ScannedName, check_pairs, checksum, disk_namespace, key_digest, unlink_quietly,
 )
-from kvport.connectors.offloading.tiers.disk_files import OpenRun, RunFiles, RunId, file_stamp
+from kvport.connectors.offloading.tiers.disk_files import RunFiles, RunId
 from kvport.connectors.offloading.tiers.disk_index import RunIndex
-from kvport.connectors.offloading.tiers.disk_read import read_entries
-from kvport.connectors.offloading.tiers.disk_runs import (
-    pack_run_header, read_run_header, run_bytes, write_run,
-)
+from kvport.connectors.offloading.tiers.disk_load import DiskLoader, publish_occupancy
+from kvport.connectors.offloading.tiers.disk_runs import pack_run_header, run_bytes, write_run
 from kvport.connectors.offloading.tiers.host import HostTier
 
 logger = logging.getLogger(__name__)
@@ -60,10 +58,16 @@ _STALE_TEMP_SECONDS = 3600.0  # a temp file this old has no live writer: remove 
 
 
 class DiskTier:
-    """Run files under `root_dir`, at most `max_bytes` of them known to this process."""
+    """Run files under `root_dir`, at most `max_bytes` of them known to this process.
+    `num_threads` (torch's count by default, as the host tier's copies): threads, the caller's
+    included, that read a large extent the page cache holds (disk_read.SPLIT_BYTES)."""
 
-    def __init__(self, root_dir: str | os.PathLike[str], max_bytes: int, namespace: bytes) -> None:
+    def __init__(self, root_dir: str | os.PathLike[str], max_bytes: int, namespace: bytes,
+                 num_threads: int | None = None) -> None:
         self.index = RunIndex(max_bytes)  # checks max_bytes
+        num_threads = torch.get_num_threads() if num_threads is None else num_threads
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         root = Path(root_dir)
         if not root.is_dir():
             raise OSError(errno.ENOENT, f"disk tier root_dir {str(root)!r} is not a directory")
@@ -73,6 +77,8 @@ class DiskTier:
         self.dir.mkdir(exist_ok=True)
         self.stats = TierStats()
         self.files = RunFiles()  # run files kept open between load jobs
+        self.loader = DiskLoader(self.location, self.index, self.files, self.stats,
+                                 num_threads - 1)
         self._check_hard_links()
         self._rebuild_index()
 
@@ -109,16 +115,15 @@ class DiskTier:
         self._make_room(0)  # a restart with a smaller max_bytes trims the oldest runs
 
     def _update_occupancy(self) -> None:
-        blocks, used = self.index.occupancy()
-        with self.stats._lock:
-            self.stats.occupancy_blocks, self.stats.occupancy_bytes = blocks, used
+        publish_occupancy(self.index, self.stats)
 
     def check_integrity(self) -> None:
         """Raise RuntimeError if the accounting is off (tests call it after every scenario)."""
         self.index.check()
 
     def close(self) -> None:
-        """Close the run files kept open (no load may run any more)."""
+        """Close the run files kept open and end the read helpers (no load may run any more)."""
+        self.loader.close()
         self.files.close()
 
     def __contains__(self, key: bytes) -> bool:
@@ -248,7 +253,7 @@ class DiskTier:
     def read_into(self, key: bytes, out: torch.Tensor) -> bool:
         """Fill out ((n,) uint8, contiguous) with key's payload; False (counted; out may be
         garbage) if missing, unreadable or corrupt (its name removed)."""
-        return self._load([key], [out.numpy().data])[0]
+        return self.loader.load([key], [out.numpy().data])[0]
 
     def load_to_host(self, host: HostTier, src: DiskBlocks, dst: HostBlocks) -> TransferOutcome:
         """DISK -> HOST (promotion): entry src.keys[i] fills slot dst.slot_ids[i]."""
@@ -266,7 +271,7 @@ class DiskTier:
             check_pairs(src.keys, dst.slot_ids)
             keys += src.keys
             slots += dst.slot_ids
-        done = self._load(keys, _slot_views(host, slots))
+        done = self.loader.load(keys, _slot_views(host, slots))
         outcomes = []
         first = 0
         for src, _ in jobs:
@@ -275,150 +280,6 @@ class DiskTier:
                                             failed))
             first += len(src.keys)
         return outcomes
-
-    def _load(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
-        """Read every key's entry into its buffer (module docstring): True where read and
-        intact; failures are counted, and a bad entry's name removed."""
-        if not keys:
-            return []
-        start = time.perf_counter()
-        payload_bytes = outs[0].nbytes
-        runs: dict[RunId, OpenRun] = {}  # the runs this job reads, in use until it ends
-        bad: set[RunId] = set()  # runs of this job whose header is bad: not read again
-        plan: dict[RunId, list[tuple[int, int, int]]] = {}  # run -> (position, index, xxh3)
-        done = [False] * len(keys)
-        try:
-            for run_id, indices in _by_run(self.index.runs_of(keys)).items():
-                run = (None if run_id is None else
-                       runs.get(run_id) or self._known_run(run_id, runs))
-                linked = True  # whether the index knows every name of run (see _planned)
-                if run is not None:
-                    linked = run.links == self.index.num_keys(run_id)
-                    found = run.entries([keys[i] for i in indices])
-                    if linked and None not in found:  # the common case: no name to look up
-                        plan.setdefault(run_id, []).extend(
-                            (entry[0], i, entry[1])
-                            for i, entry in zip(indices, cast(list[tuple[int, int]], found)))
-                        continue
-                for i in indices:  # one by one: names to stat, keys to open by name
-                    got = self._planned(keys[i], run, linked, payload_bytes, runs, bad)
-                    if got is not None:
-                        plan.setdefault(got[0].run_id, []).append((got[1][0], i, got[1][1]))
-            for run_id, entries in plan.items():
-                entries.sort()
-                why = read_entries(runs[run_id], [(p, outs[i], x) for p, i, x in entries])
-                for (_, i, _), problem in zip(entries, why):
-                    if problem is None:
-                        done[i] = True
-                    elif problem.bad:
-                        self._reject(keys[i], problem.why)
-                    else:
-                        logger.warning("disk tier load of %s failed: %s", keys[i].hex()[:16],
-                                       problem.why)
-        finally:
-            self.files.release(runs.values())
-        num_loaded = sum(done)
-        for run_id, entries in plan.items():  # index (adopting other processes' runs), refresh
-            got = [keys[i] for _, i, _ in entries if done[i]]
-            if got:
-                self.index.add(run_id, runs[run_id].size, got)
-        self._update_occupancy()
-        self.stats.add(bytes_loaded=num_loaded * payload_bytes, blocks_loaded=num_loaded,
-                       failures=len(keys) - num_loaded, load_seconds=time.perf_counter() - start)
-        return done
-
-    def _planned(self, key: bytes, run: OpenRun | None, linked: bool, payload_bytes: int,
-                 runs: dict[RunId, OpenRun],
-                 bad: set[RunId]) -> tuple[OpenRun, tuple[int, int]] | None:
-        """The run and entry key is read from: in `run` (the one the index says, open) if its
-        name still links there, else the run its name links to; None if none (the name gone:
-        forgotten; a run that does not hold it: the name removed).
-
-        `linked`: the index knows every name of `run`. If not (another process removed some,
-        or shares the run) the name is stat'ed: removing a name changes the file's stamp, so a
-        run open since then is reopened (RunFiles.acquire) and counted again."""
-        if run is not None:
-            if not linked and not os.path.exists(self.location.path_str(key)):
-                self._forget(key)
-                return None
-            entry = run.entry(key)
-            if entry is not None:
-                return run, entry
-        run = self._open(key, payload_bytes, runs, bad)
-        if run is None:
-            return None
-        entry = run.entry(key)
-        if entry is None:  # a renamed or foreign file
-            self._reject(key, "its run file does not hold the key")
-            return None
-        return run, entry
-
-    def _known_run(self, run_id: RunId, runs: dict[RunId, OpenRun]) -> OpenRun | None:
-        """The run the index says holds a key, if the open files have it (in use by this job
-        from now on); the caller looked in `runs` first."""
-        run = self.files.acquire(run_id)
-        if run is not None:
-            runs[run_id] = run
-        return run
-
-    def _open(self, key: bytes, payload_bytes: int, runs: dict[RunId, OpenRun],
-              bad: set[RunId]) -> OpenRun | None:
-        """The run key's name links to, with its header read (once: kept open in `files`), in
-        use by this job; None if the name is gone (dropped from the index), unreadable or its run
-        bad (name removed)."""
-        path = self.location.path_str(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # evicted by another process, or never there
-            self._forget(key)
-            return None
-        except OSError as exc:
-            logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
-            return None
-        try:
-            st = os.fstat(fd)
-            run_id = st.st_ino
-            run = runs.get(run_id) or self.files.acquire(run_id)
-            if run is not None:
-                os.close(fd)
-                runs[run_id] = run
-                return run
-            header = (None if run_id in bad else
-                      read_run_header(fd, self.namespace_digest, payload_bytes))
-        except OSError as exc:
-            os.close(fd)
-            logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
-            return None
-        if header is None:
-            os.close(fd)
-            bad.add(run_id)
-            self._reject(key, "bad run header")
-            return None
-        opened = OpenRun(run_id, fd, file_stamp(st), header, st.st_nlink)
-        run = runs[run_id] = self.files.add(opened)
-        return run
-
-    def _reject(self, key: bytes, why: str) -> None:
-        """A bad entry: its name removed, so no later lookup finds it."""
-        path = self.location.path_str(key)
-        logger.warning("disk tier entry %s rejected (%s); removed", path, why)
-        unlink_quietly(path)
-        self._forget(key)
-
-    def _forget(self, key: bytes) -> None:
-        self.index.remove(key)
-        self._update_occupancy()
-
-
-def _by_run(known: list[RunId | None]) -> dict[RunId | None, list[int]]:
-    """The positions of a job's keys per run the index says holds them (None: not indexed), in
-    job order; without a loop when they share one run (a job's keys are usually one store's)."""
-    if known.count(known[0]) == len(known):
-        return {known[0]: list(range(len(known)))}
-    groups: dict[RunId | None, list[int]] = {}
-    for i, run_id in enumerate(known):
-        groups.setdefault(run_id, []).append(i)
-    return groups
 
 
 def _slot_views(host: HostTier, slot_ids: Sequence[int]) -> list[memoryview]:

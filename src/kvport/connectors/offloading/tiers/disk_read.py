@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kvport.connectors.offloading.tiers.disk_files import OpenRun, changed_since_open
@@ -38,6 +39,12 @@ from kvport.connectors.offloading.tiers.page_cache import has_holes, holds_whole
 # hashed right after its piece landed, while it is still in the cache; no read call asks for
 # more than this.
 PIECE_BYTES = 1 << 20
+# A cached extent this large is read by several threads at once. The kernel's copy out of the
+# page cache ran 10-15 GiB/s on one thread of a 2-vCPU VM, 14-16.5 with the reads of 16-64 MiB
+# split between two (1.0-1.5x; one thread's rate came and went in phases, two threads' held).
+# Below it the hand-off to a helper (~60 us) outweighs the gain. Cold reads are never split: the
+# device, not the copy, sets their pace, and two streams would break the kernel's readahead.
+SPLIT_BYTES = 16 << 20
 
 Entry = tuple[int, memoryview, int]  # (position in the run, destination slot, payload xxh3)
 
@@ -51,16 +58,19 @@ class ReadProblem:
     bad: bool
 
 
-def read_entries(run: OpenRun, entries: Sequence[Entry]) -> list[ReadProblem | None]:
+def read_entries(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecutor | None = None,
+                 num_helpers: int = 0) -> list[ReadProblem | None]:
     """Fill each entry's slot (entries sorted by position): per entry None if read and intact,
     else why not. Consecutive positions are read together, in pieces of at most PIECE_BYTES
     (whole entries; one entry if larger), in one pass: at 720 KiB entries the Python per entry
-    showed (a pass grouping extents first and then cutting pieces cost 2.7 us an entry, 5 %)."""
+    showed (a pass grouping extents first and then cutting pieces cost 2.7 us an entry, 5 %).
+    `helpers` (with `num_helpers` threads) share the reads of a large extent held in the page
+    cache (_read_held)."""
     payload = run.header.payload_bytes
     assert all(out.nbytes == payload for _, out, _ in entries), f"slots not of {payload} B"
     why: list[ReadProblem | None] = [None] * len(entries)
     unhashed: list[int] = []  # entries read without a hash: checked before
-    if _read_held(run, entries):
+    if _read_held(run, entries, helpers, num_helpers):
         unhashed = list(range(len(entries)))
     else:
         _read_ahead_holes(run, entries)
@@ -85,13 +95,15 @@ def read_entries(run: OpenRun, entries: Sequence[Entry]) -> list[ReadProblem | N
     return why
 
 
-def _read_held(run: OpenRun, entries: Sequence[Entry]) -> bool:
+def _read_held(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecutor | None,
+               num_helpers: int) -> bool:
     """Whether the entries, checked before and at consecutive positions, were read whole with
     `preadv`s of up to IOV_MAX entries each: only where the page cache holds every page of them
     (page_cache.holds_whole), since a cold read streams only in calls of PIECE_BYTES. Warm
     720 KiB entries: a job of 91 read so ran 0.91-0.93x of one file's `readinto`, read an entry
-    a call 0.83-0.86x. False (nothing to trust in the slots) if not so, or if a call fell short
-    or failed: the piece reads then read every entry and say why."""
+    a call 0.83-0.86x. From SPLIT_BYTES on, the extent is cut into `num_helpers + 1` parts, read
+    at once by this thread and the helpers. False (nothing to trust in the slots) if not so, or
+    if a call fell short or failed: the piece reads then read every entry and say why."""
     payload = run.header.payload_bytes
     first = entries[0][0]
     # each position the one after the last (a key asked twice in a job is not an extent)
@@ -99,10 +111,27 @@ def _read_held(run: OpenRun, entries: Sequence[Entry]) -> bool:
                 for i, (position, _, _) in enumerate(entries))
             or not holds_whole(run.fd, run.header.offset(first), len(entries) * payload)):
         return False
-    for b in range(0, len(entries), IOV_MAX):
-        batch = entries[b:b + IOV_MAX]
+    views = [out for _, out, _ in entries]
+    offset = run.header.offset(first)
+    k = min(num_helpers + 1, len(entries))
+    if helpers is None or k < 2 or len(entries) * payload < SPLIT_BYTES:
+        return _read_exactly(run.fd, views, offset, payload)
+    bounds = [len(entries) * g // k for g in range(k + 1)]
+    parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset + lo * payload, payload)
+             for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    try:
+        mine = _read_exactly(run.fd, views[:bounds[1]], offset, payload)
+    finally:  # the helpers write into the slots: they are done before the job goes on
+        theirs = [part.result() for part in parts]
+    return mine and all(theirs)
+
+
+def _read_exactly(fd: int, views: Sequence[memoryview], offset: int, payload: int) -> bool:
+    """Whether every view was filled from offset on, with calls of up to IOV_MAX views."""
+    for b in range(0, len(views), IOV_MAX):
+        batch = views[b:b + IOV_MAX]
         try:
-            got = os.preadv(run.fd, [out for _, out, _ in batch], run.header.offset(first + b))
+            got = os.preadv(fd, batch, offset + b * payload)
         except OSError:
             return False
         if got != len(batch) * payload:
