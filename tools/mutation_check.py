@@ -597,6 +597,12 @@ MUTANTS: list[Mutant] = [
         "    parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset, payload)\n",
         (f"{TESTS}/test_disk_runs.py::test_a_large_cached_extent_is_read_by_several_threads",),
         "each part of a split read fills its slots from its own entries"),
+    Mutant(
+        "host-buffer-faulted-in-at-start", f"{OFFLOADING}/tiers/host.py",
+        "        self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8)",
+        "        self.buffer = torch.empty((num_slots, slot_bytes), dtype=torch.uint8)",
+        (f"{TESTS}/test_host_tier.py::test_the_buffer_is_resident_from_the_start",),
+        "the host tier's pages are faulted in when it is made, not by stores beside the forward"),
     # ---- transfer handlers: jobs run together ------------------------------------------------
     Mutant(
         "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfer_threads.py",

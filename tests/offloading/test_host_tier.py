@@ -91,6 +91,23 @@ def test_bad_shapes_name_the_values() -> None:
         HostTier(2, 1024).store(EngineBlocks([0]), HostBlocks([0]))
 
 
+def resident_anon_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_the_buffer_is_resident_from_the_start() -> None:
+    """Every page of the tier is faulted in when it is made, not by the first store into it,
+    which runs beside the engine's forward (docs/offloading.md)."""
+    before = resident_anon_bytes()
+    host = HostTier(64, 1 << 20)
+    grown = resident_anon_bytes() - before
+    assert grown >= 60 << 20, f"64 MiB tier, resident memory grew by {grown >> 20} MiB"
+    assert host.buffer.shape == (64, 1 << 20)
+
+
 def test_stats_count_bytes_and_blocks() -> None:
     pool = make_pool(3)
     host = HostTier.for_pool(pool, num_slots=3, blocks_per_slot=2)
