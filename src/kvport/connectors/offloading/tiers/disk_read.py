@@ -40,7 +40,7 @@ from kvport.connectors.offloading.tiers.page_cache import has_holes, holds_whole
 # more than this.
 PIECE_BYTES = 1 << 20
 # A cached extent this large is read by several threads at once. The kernel's copy out of the
-# page cache ran 10-15 GiB/s on one thread of a 2-vCPU VM, 14-16.5 with the reads of 16-64 MiB
+# page cache ran 10-15 GiB/s on one thread of a 2-vCPU VM, 14-20 with the reads of 16-64 MiB
 # split between two (1.0-1.5x; one thread's rate came and went in phases, two threads' held).
 # Below it the hand-off to a helper (~60 us) outweighs the gain. Cold reads are never split: the
 # device, not the copy, sets their pace, and two streams would break the kernel's readahead.

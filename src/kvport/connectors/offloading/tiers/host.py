@@ -184,7 +184,7 @@ class HostTier:
         self.strategy = strategy
         # NOTE: pin_memory would only help a GPU's DMA engine; the engine pool is host memory.
         # zeros, not empty: every page is faulted in here, once, rather than by the first store
-        # into it, beside the engine's forward (a first write ran 4.4 GiB/s against 33 for a
+        # into it, beside the engine's forward (a first write ran 4.4 GiB/s against 32 for a
         # second on a 2-vCPU VM; in the engine a 90 MiB store into fresh slots took 280-320 ms).
         self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8)  # (slots, slot_bytes)
         # Counts bytes and blocks moved. Occupancy is not tracked here: the scheduler's manager
