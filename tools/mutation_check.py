@@ -591,6 +591,13 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_runs.py::test_a_part_a_helper_failed_to_read_is_read_again",),
         "a part a helper failed to read makes the job read again, not a slot left unfilled"),
     Mutant(
+        "disk-split-parts-of-at-least-half-the-split", f"{OFFLOADING}/tiers/disk_read.py",
+        "    return max(1, min(num_helpers + 1, num_entries, size // (SPLIT_BYTES // 2)))\n",
+        "    return max(1, min(num_helpers + 1, num_entries))\n",
+        (f"{TESTS}/test_disk_runs.py::"
+         "test_a_split_read_has_one_part_per_thread_of_at_least_half_the_split_size",),
+        "many cores do not cut a cached read into parts smaller than half the split size"),
+    Mutant(
         "disk-split-parts-at-their-offsets", f"{OFFLOADING}/tiers/disk_read.py",
         "    parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset + lo * payload, "
         "payload)\n",

@@ -459,6 +459,15 @@ def test_a_large_cached_extent_is_read_by_several_threads(
     one.check_integrity()
 
 
+def test_a_split_read_has_one_part_per_thread_of_at_least_half_the_split_size() -> None:
+    split, mib = disk_read.SPLIT_BYTES, 1 << 20
+    assert disk_read.num_parts(split // mib - 1, mib, 1) == 1  # below SPLIT_BYTES: whole
+    assert disk_read.num_parts(split // mib, mib, 1) == 2
+    assert disk_read.num_parts(split // mib, mib, 0) == 1  # no helper
+    assert disk_read.num_parts(64, mib, 31) == 64 * mib // (split // 2)  # many cores: 8 MiB+
+    assert disk_read.num_parts(1, 64 * mib, 3) == 1  # one entry cannot be cut
+
+
 def test_a_part_a_helper_failed_to_read_is_read_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A helper's part that fails leaves its slots unfilled: the job is then read again by the

@@ -101,8 +101,8 @@ def _read_held(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecut
     `preadv`s of up to IOV_MAX entries each: only where the page cache holds every page of them
     (page_cache.holds_whole), since a cold read streams only in calls of PIECE_BYTES. Warm
     720 KiB entries: a job of 91 read so ran 0.91-0.93x of one file's `readinto`, read an entry
-    a call 0.83-0.86x. From SPLIT_BYTES on, the extent is cut into `num_helpers + 1` parts, read
-    at once by this thread and the helpers. False (nothing to trust in the slots) if not so, or
+    a call 0.83-0.86x. From SPLIT_BYTES on, the extent is cut into parts (num_parts), read at
+    once by this thread and the helpers. False (nothing to trust in the slots) if not so, or
     if a call fell short or failed: the piece reads then read every entry and say why."""
     payload = run.header.payload_bytes
     first = entries[0][0]
@@ -113,8 +113,8 @@ def _read_held(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecut
         return False
     views = [out for _, out, _ in entries]
     offset = run.header.offset(first)
-    k = min(num_helpers + 1, len(entries))
-    if helpers is None or k < 2 or len(entries) * payload < SPLIT_BYTES:
+    k = num_parts(len(entries), payload, num_helpers)
+    if helpers is None or k < 2:
         return _read_exactly(run.fd, views, offset, payload)
     bounds = [len(entries) * g // k for g in range(k + 1)]
     parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset + lo * payload, payload)
@@ -124,6 +124,16 @@ def _read_held(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecut
     finally:  # the helpers write into the slots: they are done before the job goes on
         theirs = [part.result() for part in parts]
     return mine and all(theirs)
+
+
+def num_parts(num_entries: int, payload: int, num_helpers: int) -> int:
+    """Into how many parts a cached extent is cut: one per thread (the caller's and the
+    helpers'), each of whole entries and at least half of SPLIT_BYTES (many cores must not
+    cut a read into pieces that cost more to hand off than to copy); 1 below SPLIT_BYTES."""
+    size = num_entries * payload
+    if size < SPLIT_BYTES:
+        return 1
+    return max(1, min(num_helpers + 1, num_entries, size // (SPLIT_BYTES // 2)))
 
 
 def _read_exactly(fd: int, views: Sequence[memoryview], offset: int, payload: int) -> bool:
