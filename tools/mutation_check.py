@@ -585,9 +585,16 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
         "a job with gaps does not read ahead the entries between its own"),
     Mutant(
+        "parts-all-end-before-the-call-does", f"{OFFLOADING}/tiers/parts.py",
+        "        wait(futures)\n",
+        "        pass\n",
+        (f"{TESTS}/test_parts.py::test_every_part_has_ended_when_the_callers_part_raises",),
+        "a part on a helper never writes after the call ended (a failed copy's blocks are "
+        "recomputed into)"),
+    Mutant(
         "disk-split-read-failures-count", f"{OFFLOADING}/tiers/disk_read.py",
-        "    return mine and all(theirs)\n",
-        "    return mine\n",
+        "    return all(run_in_parts(len(entries), k, lambda lo, hi: _read_exactly(\n",
+        "    return any(run_in_parts(len(entries), k, lambda lo, hi: _read_exactly(\n",
         (f"{TESTS}/test_disk_runs.py::test_a_part_a_helper_failed_to_read_is_read_again",),
         "a part a helper failed to read makes the job read again, not a slot left unfilled"),
     Mutant(
@@ -599,9 +606,8 @@ MUTANTS: list[Mutant] = [
         "many cores do not cut a cached read into parts smaller than half the split size"),
     Mutant(
         "disk-split-parts-at-their-offsets", f"{OFFLOADING}/tiers/disk_read.py",
-        "    parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset + lo * payload, "
-        "payload)\n",
-        "    parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset, payload)\n",
+        "        run.fd, views[lo:hi], offset + lo * payload, payload), helpers))\n",
+        "        run.fd, views[lo:hi], offset, payload), helpers))\n",
         (f"{TESTS}/test_disk_runs.py::test_a_large_cached_extent_is_read_by_several_threads",),
         "each part of a split read fills its slots from its own entries"),
     Mutant(

@@ -12,13 +12,13 @@ import ctypes
 import functools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
 from pathlib import Path
 
 import torch
 
 from kvport import native
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool
+from kvport.connectors.offloading.tiers.parts import run_in_parts
 
 LIBRARY = native.NativeLibrary(
     "block-copy", (Path(__file__).with_name("block_copy.c"),),
@@ -101,12 +101,9 @@ class BlockCopier:
         if not split:
             return
         assert helpers is not None
-        bounds = [n * g // k for g in range(k + 1)]
-        futures = [helpers.submit(self._copy, to_host, r + 8 * lo, b + 8 * lo, hi - lo)
-                   for lo, hi in pairwise(bounds[1:])]
-        self._copy(to_host, r, b, bounds[1])
-        for f in futures:
-            f.result()
+        # ids checked above: each part copies (returns -1)
+        run_in_parts(n, k, lambda lo, hi: self._copy(to_host, r + 8 * lo, b + 8 * lo, hi - lo),
+                     helpers)
 
     def _copy(self, to_host: bool, rows: int, blocks: int, n: int) -> int:
         """n pairs from the id arrays at these addresses; -1, or the first pair out of range."""

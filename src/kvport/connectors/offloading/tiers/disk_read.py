@@ -34,6 +34,7 @@ from kvport.connectors.offloading.tiers.disk_files import OpenRun, changed_since
 from kvport.connectors.offloading.tiers.disk_format import checksum
 from kvport.connectors.offloading.tiers.disk_runs import IOV_MAX
 from kvport.connectors.offloading.tiers.page_cache import has_holes, holds_whole
+from kvport.connectors.offloading.tiers.parts import run_in_parts
 
 # Entries are read in pieces of whole entries up to this size (one entry if larger), and each is
 # hashed right after its piece landed, while it is still in the cache; no read call asks for
@@ -116,14 +117,8 @@ def _read_held(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecut
     k = num_parts(len(entries), payload, num_helpers)
     if helpers is None or k < 2:
         return _read_exactly(run.fd, views, offset, payload)
-    bounds = [len(entries) * g // k for g in range(k + 1)]
-    parts = [helpers.submit(_read_exactly, run.fd, views[lo:hi], offset + lo * payload, payload)
-             for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    try:
-        mine = _read_exactly(run.fd, views[:bounds[1]], offset, payload)
-    finally:  # the helpers write into the slots: they are done before the job goes on
-        theirs = [part.result() for part in parts]
-    return mine and all(theirs)
+    return all(run_in_parts(len(entries), k, lambda lo, hi: _read_exactly(
+        run.fd, views[lo:hi], offset + lo * payload, payload), helpers))
 
 
 def num_parts(num_entries: int, payload: int, num_helpers: int) -> int:

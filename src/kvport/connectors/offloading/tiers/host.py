@@ -30,7 +30,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
 
 import numpy as np
 import torch
@@ -39,6 +38,7 @@ from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.block_copy import BlockCopier
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segments, row_runs
+from kvport.connectors.offloading.tiers.parts import run_in_parts
 
 STRATEGIES = ("native", "numpy", "runs", "gather", "index", "cat")
 DEFAULT_STRATEGY = "native"
@@ -127,13 +127,8 @@ def copy_rows_numpy(src: np.ndarray, dst: np.ndarray, src_rows: list[int], dst_r
         return
     # NOTE: numpy releases the GIL while it copies, so k threads copy in parallel. Unlike
     # torch's OpenMP team, a thread that is descheduled does not stall the others' pieces.
-    k = num_helpers + 1
-    bounds = [len(src_rows) * g // k for g in range(k + 1)]
-    futures = [helpers.submit(_gather_scatter_numpy, src, dst, src_rows[lo:hi], dst_rows[lo:hi])
-               for lo, hi in pairwise(bounds[1:])]
-    _gather_scatter_numpy(src, dst, src_rows[:bounds[1]], dst_rows[:bounds[1]])
-    for f in futures:
-        f.result()
+    run_in_parts(len(src_rows), num_helpers + 1, lambda lo, hi: _gather_scatter_numpy(
+        src, dst, src_rows[lo:hi], dst_rows[lo:hi]), helpers)
 
 
 def _consecutive(rows: list[int]) -> bool:
