@@ -181,8 +181,13 @@ def test_preempted_request_flushes_its_stores_and_loads_them_back() -> None:
         fresh |= {b for n in so.scheduled_new_reqs for b in n.block_ids[n.num_computed_tokens // 4:]}
         expected = {j for rid in so.preempted_req_ids for j in pending.get(rid, ())}
         expected |= half._jobs.readers_of(fresh)
+        # A resumed request's blocks that the connector loads (a hit once its stores are done,
+        # which depends on timing) are handed out fresh too; the scheduler's output does not
+        # say which, so those readers are allowed, and nothing else.
+        handed = {b for n in so.scheduled_new_reqs for b in n.block_ids}
+        allowed = expected | half._jobs.readers_of(fresh | handed)
         meta = build(so)
-        assert meta.jobs_to_flush == expected
+        assert expected <= meta.jobs_to_flush <= allowed
         checked += bool(so.preempted_req_ids and expected)
         return meta
 
