@@ -43,3 +43,31 @@ def test_a_mutant_whose_text_moved_is_reported() -> None:
     assert problems[0].startswith("gone: its old text occurs 0 times")
     assert re.match(r"twice: its old text occurs \d+ times", problems[1])
     assert tool.main(["--only", "no-such-mutant"]) == 2
+
+
+def test_the_zygote_forks_each_run_with_its_own_exit_code_and_the_copys_kvport(
+        tmp_path: Path) -> None:
+    tool = mutation_check()
+    copy = tmp_path / "job0" / "src"
+    (copy / "kvport").mkdir(parents=True)
+    (copy / "kvport" / "__init__.py").write_text("")  # stands for the mutated copy
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_ok.py").write_text(
+        "import kvport\n\ndef test_ok():\n    print('kvport from', kvport.__file__)\n")
+    (tests / "test_bad.py").write_text("def test_bad():\n    assert 1 == 2\n")
+    env = {**tool.os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    zygote = tool.Zygote(env, copy.parent)
+    try:
+        flags = ["-q", "-s", "-p", "no:cacheprovider", "--rootdir", str(tests)]
+        code, out = zygote.pytest([*flags, str(tests / "test_ok.py")])
+        assert code == 0, out
+        assert f"kvport from {copy / 'kvport' / '__init__.py'}" in out
+        code, out = zygote.pytest([*flags, str(tests / "test_bad.py")])
+        assert code == 1 and "assert 1 == 2" in out, out
+        code, out = zygote.pytest([*flags, str(tests / "test_missing.py")])
+        assert code == 4, out
+        assert zygote.pytest([*flags, str(tests / "test_ok.py")])[0] == 0  # still serving
+    finally:
+        zygote.close()
+    assert zygote.proc.returncode == 0

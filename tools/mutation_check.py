@@ -5,9 +5,12 @@ Each `Mutant` replaces one exact piece of source text (`old`, which must occur e
 a refactor that moves or rewrites a guard makes this script fail loudly instead of silently
 checking nothing) with `new`, the code as it would be without the guard. The script copies
 `src/` into a temporary directory, applies one mutant at a time, and runs the mutant's tests
-against the copy (`PYTHONPATH=<tmp>/src`, so spawned worker processes import it too). A mutant is
-killed when its tests fail; it survived when they pass. Exit code 1 if any mutant survived,
-could not be applied, or its test run errored (a collection error is not a kill).
+against the copy (`PYTHONPATH=<tmp>/src`, so spawned worker processes import it too). Each copy
+has a zygote (`--serve`): a process that imported torch, pytest and the other third-party
+modules once and forks a fresh child for every mutant's pytest run, which then imports only
+kvport (from the copy) and the tests. A mutant is killed when its tests fail; it survived when
+they pass. Exit code 1 if any mutant survived, could not be applied, or its test run errored (a
+collection error is not a kill).
 
     python tools/mutation_check.py                 # every mutant
     python tools/mutation_check.py --list          # names and why
@@ -22,6 +25,7 @@ library only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import shutil
@@ -690,27 +694,108 @@ def check_imports(src: Path, env: dict[str, str]) -> None:
                          f"{src}: {out.stdout!r} {out.stderr[-1000:]!r}")
 
 
-def run_mutant(m: Mutant, src: Path, env: dict[str, str]) -> tuple[str, float, str]:
+# Third-party modules the tests import, loaded once in each job's zygote. Without them a
+# mutant's pytest run spends about 7 of its 9 seconds starting up (torch alone, with the
+# torch._dynamo that torch.nn.attention pulls in, is 2-3 s); with them it forks ready.
+PRELOAD = ("numpy", "torch", "torch.nn.functional", "torch.nn.attention.bias", "safetensors.torch",
+           "tokenizers", "xxhash", "redis", "psutil", "pytest", "multiprocessing",
+           "concurrent.futures", "ctypes", "mmap")  # not hypothesis: pytest rewrites its plugin
+
+
+def serve() -> int:
+    """The zygote (`--serve`): import PRELOAD, then for each request line on stdin (JSON:
+    pytest args and a log path) fork a child that runs pytest with stdout and stderr in the log,
+    and answer with its exit code. kvport itself is never imported here: each child imports the
+    copy that holds its mutant (PYTHONPATH)."""
+    import gc
+    import importlib
+    import json
+    import threading
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # the tests that need it fail in the child, as they would without a zygote
+    assert "kvport" not in sys.modules, "the zygote must not import kvport (the copies do)"
+    # torch starts its thread pools at first use, not at import: nothing runs here yet, so a
+    # fork copies a process with one thread.
+    assert threading.active_count() == 1, f"zygote has threads: {threading.enumerate()}"
+    # What is loaded now stays: a child's collections (pytest runs five at its end) skip it.
+    gc.freeze()
+    for line in sys.stdin:
+        request = json.loads(line)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        pid = os.fork()
+        if pid == 0:  # the child: one pytest run, then out without the zygote's cleanup
+            code = 3
+            try:
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                import pytest
+                code = int(pytest.main(request["args"]))
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(log)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
+    return 0
+
+
+class Zygote:
+    """A `--serve` process with one job's environment (its copy on PYTHONPATH)."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.log = log_dir / "pytest.log"
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     cwd=REPO, text=True)
+
+    def pytest(self, args: list[str]) -> tuple[int, str]:
+        """pytest's exit code and output for args, run in a fresh fork."""
+        import json
+
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps({"args": args, "log": str(self.log)}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise SystemExit(f"mutation_check: the zygote {self.proc.pid} died "
+                             f"(exit {self.proc.wait()})")
+        return int(json.loads(answer)["code"]), self.log.read_text(errors="replace")
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def run_mutant(m: Mutant, src: Path, zygote: Zygote) -> tuple[str, float, str]:
     """(outcome, seconds, the failure lines of the test run)."""
     target = src.parent / m.path
     original = target.read_text()
     target.write_text(original.replace(m.old, m.new, 1))
     start = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                               *m.tests], check=False, env=env, cwd=REPO, capture_output=True,
-                              text=True)
+        code, output = zygote.pytest(["-x", "-q", "-p", "no:cacheprovider", *m.tests])
     finally:
         target.write_text(original)
     seconds = time.monotonic() - start
-    lines = (done.stdout + done.stderr).strip().splitlines()
+    lines = output.strip().splitlines()
     failures = "\n".join(f"    {line}" for line in lines if line.startswith(("E ", "FAILED")))
-    if done.returncode == 0:
+    if code == 0:
         return "SURVIVED", seconds, ""
-    if done.returncode == 1:  # tests ran and failed
+    if code == 1:  # tests ran and failed
         return "killed", seconds, failures
     tail = "\n".join(f"    {line}" for line in lines[-8:])
-    return f"ERROR (pytest exit {done.returncode})", seconds, tail
+    return f"ERROR (pytest exit {code})", seconds, tail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -720,7 +805,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--why", action="store_true", help="print how each killed mutant failed")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="mutants tested at once, each in a copy of src/ of its own")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a zygote
     args = parser.parse_args(argv)
+    if args.serve:
+        return serve()
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     mutants = MUTANTS
@@ -741,9 +829,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     results: list[tuple[Mutant, str, float]] = []
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kvport-mutants-") as tmp:
-        # One copy of src/ per job: a copy holds one mutant at a time.
-        copies: queue.SimpleQueue[tuple[Path, dict[str, str]]] = queue.SimpleQueue()
+    with tempfile.TemporaryDirectory(prefix="kvport-mutants-") as tmp, \
+            contextlib.ExitStack() as zygotes:
+        # One copy of src/ per job: a copy holds one mutant at a time, and a zygote forks
+        # the copy's pytest runs.
+        copies: queue.SimpleQueue[tuple[Path, Zygote]] = queue.SimpleQueue()
         for j in range(args.jobs):
             src = Path(tmp) / f"job{j}" / "src"
             shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
@@ -751,14 +841,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.jobs > 1:  # jobs side by side: one thread each, or the cores thrash
                 env["OMP_NUM_THREADS"] = "1"
             check_imports(src, env)
-            copies.put((src, env))
+            zygote = Zygote(env, src.parent)
+            zygotes.callback(zygote.close)
+            copies.put((src, zygote))
 
         def run_in_a_copy(m: Mutant) -> tuple[str, float, str]:
-            src, env = copies.get()
+            src, zygote = copies.get()
             try:
-                return run_mutant(m, src, env)
+                return run_mutant(m, src, zygote)
             finally:
-                copies.put((src, env))
+                copies.put((src, zygote))
 
         with ThreadPoolExecutor(args.jobs) as pool:
             futures = {pool.submit(run_in_a_copy, m): m for m in mutants}
