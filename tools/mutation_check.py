@@ -590,17 +590,31 @@ MUTANTS: list[Mutant] = [
         "a job with gaps does not read ahead the entries between its own"),
     Mutant(
         "parts-all-end-before-the-call-does", f"{OFFLOADING}/tiers/parts.py",
-        "        wait(futures)\n",
+        "        wait([f for f in futures if not f.cancel()])\n",
         "        pass\n",
         (f"{TESTS}/test_parts.py::test_every_part_has_ended_when_the_callers_part_raises",),
         "a part on a helper never writes after the call ended (a failed copy's blocks are "
         "recomputed into)"),
     Mutant(
+        "parts-late-helper-not-waited-for", f"{OFFLOADING}/tiers/parts.py",
+        "        wait([f for f in futures if not f.cancel()])\n",
+        "        wait(futures)\n",
+        (f"{TESTS}/test_parts.py::test_a_helper_that_has_not_started_is_not_waited_for",),
+        "a helper task still queued when the ranges ran out is dropped, not waited for"),
+    Mutant(
+        "parts-no-range-after-a-failure", f"{OFFLOADING}/tiers/parts.py",
+        "        while not failed and (r := next(taken)) < num_ranges:\n",
+        "        while (r := next(taken)) < num_ranges:\n",
+        (f"{TESTS}/test_parts.py::"
+         "test_a_helpers_exception_is_raised_and_no_range_starts_after_it",),
+        "once a range raised, no thread starts another (the call fails anyway)"),
+    Mutant(
         "disk-split-read-failures-count", f"{OFFLOADING}/tiers/disk_read.py",
         "    return all(run_in_parts(len(entries), k, lambda lo, hi: _read_exactly(\n",
         "    return any(run_in_parts(len(entries), k, lambda lo, hi: _read_exactly(\n",
-        (f"{TESTS}/test_disk_runs.py::test_a_part_a_helper_failed_to_read_is_read_again",),
-        "a part a helper failed to read makes the job read again, not a slot left unfilled"),
+        (f"{TESTS}/test_disk_runs.py::test_a_range_that_fails_to_read_makes_the_job_read_again",),
+        "a range of a split read that failed makes the job read again, not a slot left "
+        "unfilled"),
     Mutant(
         "disk-split-parts-of-at-least-half-the-split", f"{OFFLOADING}/tiers/disk_read.py",
         "    return max(1, min(num_helpers + 1, num_entries, size // (SPLIT_BYTES // 2)))\n",

@@ -409,20 +409,18 @@ def test_a_batch_of_jobs_is_read_as_one_and_each_job_fails_alone(
 
 
 def split_reads(monkeypatch: pytest.MonkeyPatch,
-                fail_in_helper: bool = False) -> list[tuple[str, int, int]]:
+                fail_call: int | None = None) -> list[tuple[str, int, int]]:
     """Make every checked extent of 2 entries or more count as cached and large enough to split;
     record each `preadv` as (thread name, entries asked, first entry's offset). With
-    `fail_in_helper` the first call on a helper thread raises."""
+    `fail_call` the call with that index raises, on whichever thread makes it."""
     monkeypatch.setattr(disk_read, "SPLIT_BYTES", 2 * PAYLOAD)
     monkeypatch.setattr(disk_read, "holds_whole", lambda fd, offset, size: True)
     calls: list[tuple[str, int, int]] = []
     real = os.preadv
 
     def recording(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
-        name = threading.current_thread().name
-        calls.append((name, len(buffers), offset))
-        if fail_in_helper and name.startswith("kvport-disk-read") and \
-                sum(c[0].startswith("kvport-disk-read") for c in calls) == 1:
+        calls.append((threading.current_thread().name, len(buffers), offset))
+        if len(calls) - 1 == fail_call:
             raise OSError(errno.EIO, "injected")
         return real(fd, buffers, offset, *flags)
 
@@ -430,26 +428,37 @@ def split_reads(monkeypatch: pytest.MonkeyPatch,
     return calls
 
 
+def disk_helpers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("kvport-disk-read")]
+
+
 def test_a_large_cached_extent_is_read_by_several_threads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """From SPLIT_BYTES on, an extent the page cache holds is cut into one part per thread (the
-    caller's and the helpers'), each read at once into its own slots."""
+    """From SPLIT_BYTES on, an extent the page cache holds is cut into ranges that the caller and
+    its helpers read at once (parts.run_in_parts: which thread reads which range is a race),
+    each into its own slots."""
     disk = DiskTier(tmp_path, 1 << 20, NS, num_threads=3)
     assert store(disk, list(range(7))) == []
     calls = split_reads(monkeypatch)
+    pool = disk.loader._helpers
+    assert pool is not None
+    tasks: list[object] = []
+    submit = pool.submit
+    monkeypatch.setattr(pool, "submit", lambda fn, *a: tasks.append(fn) or submit(fn, *a))
     assert load(disk, list(range(7)))[0] == []  # first read: checked, entry by entry
     assert {c[0] for c in calls} == {threading.current_thread().name}
     calls.clear()
     assert load(disk, list(range(7)))[0] == []  # the slots hold the payloads (load checks)
     parts = sorted((offset, n) for _, n, offset in calls)
     first = parts[0][0]
-    assert [((o - first) // PAYLOAD, n) for o, n in parts] == [(0, 2), (2, 2), (4, 3)]
-    assert sum(name.startswith("kvport-disk-read") for name, _, _ in calls) == 2
+    assert [((o - first) // PAYLOAD, n) for o, n in parts] == [(e, 1) for e in range(7)]
+    assert {name for name, _, _ in calls} <= {threading.current_thread().name,
+                                               *(t.name for t in disk_helpers())}
+    assert len(tasks) == 2  # a task for each helper
     calls.clear()
     assert load(disk, [3])[0] == [] and len(calls) == 1  # one entry: nothing to split
     disk.close()
-    wait_until(lambda: not [t for t in threading.enumerate()
-                            if t.name.startswith("kvport-disk-read")])
+    wait_until(lambda: not disk_helpers())
     disk.check_integrity()
     one = DiskTier(tmp_path, 1 << 20, NS, num_threads=1)  # no helper: one call
     assert load(one, list(range(7)))[0] == []
@@ -468,17 +477,18 @@ def test_a_split_read_has_one_part_per_thread_of_at_least_half_the_split_size() 
     assert disk_read.num_parts(1, 64 * mib, 3) == 1  # one entry cannot be cut
 
 
-def test_a_part_a_helper_failed_to_read_is_read_again(
+def test_a_range_that_fails_to_read_makes_the_job_read_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A helper's part that fails leaves its slots unfilled: the job is then read again by the
-    piece reads, and every slot gets its payload."""
+    """A range of a split read that fails (on the caller or a helper) leaves its slots
+    unfilled: the job is then read again by the piece reads, and every slot gets its
+    payload."""
     disk = DiskTier(tmp_path, 1 << 20, NS, num_threads=2)
     assert store(disk, list(range(6))) == []
     assert load(disk, list(range(6)))[0] == []  # checked
-    calls = split_reads(monkeypatch, fail_in_helper=True)
+    calls = split_reads(monkeypatch, fail_call=3)
     assert load(disk, list(range(6)))[0] == []  # the payloads are all there (load checks)
-    # two halves at once, then the piece reads (one piece of PIECE_BYTES holds all six)
-    assert sorted(c[1] for c in calls[:2]) == [3, 3] and [c[1] for c in calls[2:]] == [6]
+    # six ranges of one entry at once, then the piece reads (one piece holds all six)
+    assert sorted(c[1] for c in calls[:6]) == [1] * 6 and [c[1] for c in calls[6:]] == [6]
     assert disk.stats.snapshot()["failures"] == 0
     disk.close()
     disk.check_integrity()

@@ -102,8 +102,8 @@ def _read_held(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecut
     `preadv`s of up to IOV_MAX entries each: only where the page cache holds every page of them
     (page_cache.holds_whole), since a cold read streams only in calls of PIECE_BYTES. Warm
     720 KiB entries: a job of 91 read so ran 0.91-0.93x of one file's `readinto`, read an entry
-    a call 0.83-0.86x. From SPLIT_BYTES on, the extent is cut into parts (num_parts), read at
-    once by this thread and the helpers. False (nothing to trust in the slots) if not so, or
+    a call 0.83-0.86x. From SPLIT_BYTES on, this thread and up to num_parts - 1 helpers read it at
+    once, range by range (parts.run_in_parts). False (nothing to trust in the slots) if not so, or
     if a call fell short or failed: the piece reads then read every entry and say why."""
     payload = run.header.payload_bytes
     first = entries[0][0]
@@ -122,9 +122,9 @@ def _read_held(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecut
 
 
 def num_parts(num_entries: int, payload: int, num_helpers: int) -> int:
-    """Into how many parts a cached extent is cut: one per thread (the caller's and the
-    helpers'), each of whole entries and at least half of SPLIT_BYTES (many cores must not
-    cut a read into pieces that cost more to hand off than to copy); 1 below SPLIT_BYTES."""
+    """How many threads (the caller and helpers) read a cached extent at once: one per half of
+    SPLIT_BYTES at most (many cores must not share a read in pieces that cost more to hand
+    off than to copy); 1 below SPLIT_BYTES."""
     size = num_entries * payload
     if size < SPLIT_BYTES:
         return 1
