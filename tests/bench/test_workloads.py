@@ -301,6 +301,8 @@ def test_tiny_workload_runs_every_configuration(workload: str, spec: Any, tmp_pa
         assert per_config["host"]["connector_hit_rate"] > 0
         assert per_config["disk-cold-host"]["resets_unsupported"] == 0
         assert "disk-cold-host" in format_result(result)
+    assert result["other_load_cores"] >= 0.0 and result["steal_cores"] >= 0.0
+    assert f"(hypervisor steal {result['steal_cores']:.2f})" in format_result(result)
     assert result["ideal"]["engine_evicted_blocks"] == 0  # every prefix stayed in its cache
     assert all(r["num_preemptions"] == 0 and r["queued_steps"] == 0
                for c in [*per_config.values(), result["ideal"]] for r in c["per_request"])

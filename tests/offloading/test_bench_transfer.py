@@ -57,6 +57,9 @@ def test_run_transfer_reports_host_and_disk_rows(tmp_path: Path) -> None:
     assert "warm one file read on the main thread" in text
     assert f"warm one file read in {torch.get_num_threads()} parts at once" in text
     assert f"targets met: {sum(t['met'] for t in targets.values())} of 12" in text
+    assert result["other_load_cores"] >= 0.0 and result["steal_cores"] >= 0.0
+    assert (f"other load during the run {result['other_load_cores']:.2f} cores, of which "
+            f"hypervisor steal {result['steal_cores']:.2f}") in text
     assert list(tmp_path.iterdir()) == []  # the bench cleans up its files
 
 

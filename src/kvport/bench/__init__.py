@@ -196,10 +196,14 @@ class OtherLoadMeter:
     Busy CPU time of the whole machine (/proc/stat) minus that of this process and its children
     (a vLLM server included), divided by wall time. On a shared 2-core machine a timed round with
     other load near 1 is worth little; the JSON records it per round so readers can tell.
+    `steal_cores` (after `stop`) is the part of it the hypervisor took: time our virtual CPUs
+    were ready but not run. On the 2-vCPU VMs of BENCHMARKS.md it went from 0 to 0.3 of each
+    core within a day, and runs with it are slower and noisier across the board.
     """
 
     def __init__(self) -> None:
-        self._start: tuple[float, float, float] | None = None
+        self._start: tuple[float, float, float, float] | None = None
+        self.steal_cores: float | None = None
 
     def start(self) -> None:
         self._start = self._sample()
@@ -209,19 +213,25 @@ class OtherLoadMeter:
         if begin is None or begin[0] < 0 or end[0] < 0:
             return None
         wall = end[2] - begin[2]
+        if wall <= 0:
+            return None
+        self.steal_cores = max(0.0, (end[3] - begin[3]) / wall)
         other = (end[0] - begin[0]) - (end[1] - begin[1])
-        return max(0.0, other / wall) if wall > 0 else None
+        return max(0.0, other / wall)
 
     @staticmethod
-    def _sample() -> tuple[float, float, float]:
-        """(machine busy CPU s, our process tree's CPU s, wall s); -1 s when /proc is missing."""
+    def _sample() -> tuple[float, float, float, float]:
+        """(machine busy CPU s, our process tree's CPU s, wall s, stolen CPU s); -1 s when
+        /proc is missing."""
         try:
             fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         except OSError:
-            return (-1.0, 0.0, time.monotonic())
+            return (-1.0, 0.0, time.monotonic(), 0.0)
         ticks = os.sysconf("SC_CLK_TCK")
         busy = sum(int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4))  # not idle/iowait
-        return (busy / ticks, _tree_cpu_ticks(os.getpid()) / ticks, time.monotonic())
+        steal = int(fields[7]) if len(fields) > 7 else 0
+        return (busy / ticks, _tree_cpu_ticks(os.getpid()) / ticks, time.monotonic(),
+                steal / ticks)
 
 
 def _tree_cpu_ticks(root: int) -> int:

@@ -235,7 +235,8 @@ def format_result(result: dict[str, Any]) -> str:
              f"concurrency {p['concurrency']}, pool {p['plan']['num_kv_blocks']} blocks "
              f"({p['plan']['effective_pool_fraction']:.2f} of the working set); seconds, "
              f"x = ratio to {BASELINE}; "
-             f"other load {_f(result.get('other_load_cores'), '{:.2f}')} cores")
+             f"other load {_f(result.get('other_load_cores'), '{:.2f}')} cores "
+             f"(hypervisor steal {_f(result.get('steal_cores'), '{:.2f}')})")
     # first: a run of the fallback model must not pass for the demo
     lines = [f"NOTE: {result['model_fallback']}"] if result.get("model_fallback") else []
     lines += [title]

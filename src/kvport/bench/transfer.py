@@ -30,9 +30,11 @@ __all__ = ["TransferBenchConfig", "_redis_client", "check_redis", "format_transf
 
 
 def run_transfer(cfg: TransferBenchConfig) -> dict[str, Any]:
-    from kvport.bench import machine_info
+    from kvport.bench import OtherLoadMeter, machine_info
     from kvport.bench.transfer_host import bench_host
 
+    load = OtherLoadMeter()
+    load.start()
     result: dict[str, Any] = {"config": asdict(cfg), "machine": machine_info(),
                               "cases": [{"case": c.name, "engine_block_bytes":
                                          c.engine_block_bytes} for c in cfg.cases()]}
@@ -49,5 +51,7 @@ def run_transfer(cfg: TransferBenchConfig) -> dict[str, Any]:
         from kvport.bench.transfer_redis import bench_redis
 
         result["redis"] = bench_redis(cfg)
+    result["other_load_cores"] = load.stop()
+    result["steal_cores"] = load.steal_cores  # of other load, what the hypervisor took
     result["targets"] = evaluate_targets(result)
     return result

@@ -65,4 +65,7 @@ def format_transfer(result: dict[str, Any]) -> str:
             lines.append(f"redis {r['offload_block_bytes']:>8} B x {r['num_values']}: "
                          + "  ".join(cells))
     lines += format_targets(result.get("targets", []))
+    if result.get("other_load_cores") is not None:  # noisy numbers are marked as such
+        lines.append(f"other load during the run {result['other_load_cores']:.2f} cores, of "
+                     f"which hypervisor steal {result.get('steal_cores') or 0.0:.2f}")
     return "\n".join(lines)

@@ -436,6 +436,7 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
     result["model_fallback"] = cfg.model_fallback_note
     # cores other processes kept busy during the run: well above 0 means noisy numbers
     result["other_load_cores"] = other_load
+    result["steal_cores"] = load.steal_cores  # of other load, what the hypervisor took
     result["failed"] = failed  # configuration -> why its engine process stopped
     # Redis keys of this run deleted afterwards; None: none to delete or not known (a vLLM
     # engine's), so they stay under the run's tenant salt until Redis evicts them
