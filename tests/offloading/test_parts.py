@@ -40,13 +40,14 @@ def test_the_caller_and_a_helper_run_ranges_at_once() -> None:
 
 
 def test_a_helper_that_has_not_started_is_not_waited_for() -> None:
-    """The only helper thread is busy (another call's work) for HOLD_S: the caller takes every
-    range itself and returns before the helper is free; the queued task is dropped."""
-    busy, order = threading.Event(), []
+    """The only helper thread is busy (another call's work) until the test, after the call,
+    frees it, or for 2 s: the caller takes every range itself and returns while the helper is
+    still busy; the queued task is dropped. A call that waited for it would end after it."""
+    busy, released, order = threading.Event(), threading.Event(), []
 
     def other_work() -> None:
         busy.set()
-        threading.Event().wait(HOLD_S)
+        released.wait(2.0)
         order.append("helper free")
 
     with ThreadPoolExecutor(1) as helpers:
@@ -56,6 +57,7 @@ def test_a_helper_that_has_not_started_is_not_waited_for() -> None:
         got = run_in_parts(4, 2, lambda lo, hi: ran_on.append(threading.current_thread().name),
                            helpers)
         order.append("call ended")
+        released.set()
     assert order == ["call ended", "helper free"]
     assert len(got) == 4 and set(ran_on) == {threading.current_thread().name}
 
