@@ -5,6 +5,7 @@ instead of silently checking nothing (running the mutants themselves is the scri
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -56,7 +57,7 @@ def test_the_zygote_forks_each_run_with_its_own_exit_code_and_the_copys_kvport(
     (tests / "test_ok.py").write_text(
         "import kvport\n\ndef test_ok():\n    print('kvport from', kvport.__file__)\n")
     (tests / "test_bad.py").write_text("def test_bad():\n    assert 1 == 2\n")
-    env = {**tool.os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
     zygote = tool.Zygote(env, copy.parent)
     try:
         flags = ["-q", "-s", "-p", "no:cacheprovider", "--rootdir", str(tests)]

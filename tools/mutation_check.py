@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
+import importlib
+import json
 import os
 import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -721,11 +725,6 @@ def serve() -> int:
     pytest args and a log path) fork a child that runs pytest with stdout and stderr in the log,
     and answer with its exit code. kvport itself is never imported here: each child imports the
     copy that holds its mutant (PYTHONPATH)."""
-    import gc
-    import importlib
-    import json
-    import threading
-
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -774,8 +773,6 @@ class Zygote:
 
     def pytest(self, args: list[str]) -> tuple[int, str]:
         """pytest's exit code and output for args, run in a fresh fork."""
-        import json
-
         assert self.proc.stdin and self.proc.stdout
         self.proc.stdin.write(json.dumps({"args": args, "log": str(self.log)}) + "\n")
         self.proc.stdin.flush()

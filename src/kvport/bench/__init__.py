@@ -207,6 +207,7 @@ class OtherLoadMeter:
 
     def start(self) -> None:
         self._start = self._sample()
+        self.steal_cores = None
 
     def stop(self) -> float | None:
         begin, end = self._start, self._sample()

@@ -67,5 +67,5 @@ def format_transfer(result: dict[str, Any]) -> str:
     lines += format_targets(result.get("targets", []))
     if result.get("other_load_cores") is not None:  # noisy numbers are marked as such
         lines.append(f"other load during the run {result['other_load_cores']:.2f} cores, of "
-                     f"which hypervisor steal {result.get('steal_cores') or 0.0:.2f}")
+                     f"which hypervisor steal {result['steal_cores']:.2f}")
     return "\n".join(lines)
