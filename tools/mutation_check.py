@@ -641,11 +641,26 @@ MUTANTS: list[Mutant] = [
     # ---- transfer handlers: jobs run together ------------------------------------------------
     Mutant(
         "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfer_threads.py",
-        "            if blocks + len(task.dst) > self._max_batch_blocks:\n"
+        "            if blocks + len(task.dst) > limit:\n"
         "                return tasks, task\n",
         "",
         (f"{TESTS}/test_transfers.py::test_queued_jobs_run_as_one_batch_and_are_reported_alone",),
-        "a batch holds at most max_batch_blocks positions (what a job waits for the others)"),
+        "a batch holds at most its size in positions (what a job waits for the others)"),
+    Mutant(
+        "transfer-batch-sized-by-the-last-rate", f"{OFFLOADING}/transfer_threads.py",
+        "        self._batch_blocks = max(1, min(self._max_batch_blocks, fit, "
+        "2 * self._batch_blocks))\n",
+        "        self._batch_blocks = max(1, min(self._max_batch_blocks, "
+        "2 * self._batch_blocks))\n",
+        (f"{TESTS}/test_transfers.py::test_a_batch_is_what_the_last_call_moved_in_batch_seconds",),
+        "a slow call shrinks the next batch to what its rate moves in batch_seconds"),
+    Mutant(
+        "transfer-batch-grows-at-most-twofold", f"{OFFLOADING}/transfer_threads.py",
+        "        self._batch_blocks = max(1, min(self._max_batch_blocks, fit, "
+        "2 * self._batch_blocks))\n",
+        "        self._batch_blocks = max(1, min(self._max_batch_blocks, fit))\n",
+        (f"{TESTS}/test_transfers.py::test_a_batch_is_what_the_last_call_moved_in_batch_seconds",),
+        "one fast call (bytes read ahead) at most doubles the next batch"),
     Mutant(
         "transfer-batch-leaves-shutdowns-marker", f"{OFFLOADING}/transfer_threads.py",
         "                self._queue.put(None)\n",

@@ -27,6 +27,7 @@ from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.tier_wiring import build_tier_worker
+from kvport.connectors.offloading import transfer_threads
 from kvport.connectors.offloading.transfer_threads import ThreadPoolHandler
 from kvport.connectors.offloading.transfers import OffloadingWorker, TransferResult
 
@@ -169,17 +170,34 @@ def test_shutdown_ends_the_idle_threads() -> None:
     assert not [t.name for t in threading.enumerate() if t.name.startswith("kvport-join-test")]
 
 
+class FakeClock:
+    """perf_counter for transfer_threads: moves only when a test's transfer says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 class RecordingBatch:
     """A batch function: records the destination sizes of each call's jobs; a job of
-    `fail_size` positions fails its first one; `raises`: every call raises."""
+    `fail_size` positions fails its first one; `raises`: every call raises. With a `clock`,
+    call i takes `seconds_per_block[i]` per destination position on it."""
 
-    def __init__(self, fail_size: int = 0, raises: bool = False) -> None:
+    def __init__(self, fail_size: int = 0, raises: bool = False, clock: FakeClock | None = None,
+                 seconds_per_block: Sequence[float] = ()) -> None:
         self.calls: list[list[int]] = []
         self.fail_size = fail_size
         self.raises = raises
+        self.clock = clock
+        self.seconds_per_block = seconds_per_block
 
     def __call__(self, jobs: Sequence[tuple[LoadStoreSpec, LoadStoreSpec]]
                  ) -> list[TransferOutcome]:
+        if self.clock is not None:
+            self.clock.now += (self.seconds_per_block[len(self.calls)]
+                               * sum(len(dst) for _, dst in jobs))
         self.calls.append([len(dst) for _, dst in jobs])
         if self.raises:
             raise OSError(errno.EIO, "injected failure of a batch")
@@ -224,6 +242,35 @@ def test_queued_jobs_run_as_one_batch_and_are_reported_alone(
         (6, True, []), (7, True, [])]
     assert [r.num_bytes for r in got] == [1, 2, 3, 4, 1, 6, 7]
     assert all(r.transfer_type == (DISK, HOST) for r in got)
+
+
+def test_a_batch_is_what_the_last_call_moved_in_batch_seconds(
+        workers: list[OffloadingWorker], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With batch_seconds, the next batch is what the last call's rate moves in that long:
+    grown at most twofold a call, shrunk at once by a slow call, never over max_batch_blocks;
+    first_batch_blocks until a call was timed."""
+    clock = FakeClock()
+    monkeypatch.setattr(transfer_threads, "time", clock)
+    fn = FaultyTransfer(hold_on={1})  # takes no time on the clock: its rate is unbounded
+    tick = 2 ** -7  # seconds a block; binary fractions keep the clock's sums exact
+    batch = RecordingBatch(clock=clock, seconds_per_block=[tick, tick, 4 * tick])
+    handler = ThreadPoolHandler(fn, batch=batch, max_batch_blocks=12, batch_seconds=10 * tick,
+                                first_batch_blocks=4)
+    worker = OffloadingWorker()
+    workers.append(worker)
+    worker.register_handler(DISK, HOST, handler)
+    submit_held(handler, fn, [2] * 16)
+    fn.release(1)
+    assert handler.wait(range(1, 18), timeout=DEADLINE_S)
+    # job 1 in no time: 8 (twice the first 4, not its unbounded rate); 8 blocks in 8 ticks:
+    # 10 (under twice 8); 10 in 10 ticks: 10 (not 12); 10 in 40 ticks: 2, one job each
+    assert batch.calls == [[2] * 4, [2] * 5, [2] * 5]
+    assert fn.num_calls == 3
+    assert all(r.success for r in handler.get_finished())
+    handler._size_next_batch(10, 10 * tick / 100)  # 100 times faster: twice 10, but at most 12
+    assert handler._batch_blocks == 12
+    with pytest.raises(ValueError, match="must be >= 0, got -1.0 and 0"):
+        ThreadPoolHandler(fn, batch=batch, max_batch_blocks=1, batch_seconds=-1.0)
 
 
 def test_a_batch_that_raises_runs_job_by_job_and_a_bad_job_fails_alone(

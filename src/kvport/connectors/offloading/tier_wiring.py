@@ -81,12 +81,18 @@ def batch_routes(host: HostTier, lower: Mapping[str, LowerTier]) -> dict[tuple[s
 # memory either way). Redis: two, so that one job's round trip overlaps another's.
 LOWER_THREADS = {DISK: 1, REDIS: 2}
 
-# At most this many bytes of promotions run in one batch call. It bounds what the first job of
-# a batch waits for the others: 3 ms warm, 15 ms cold at the disk rates of BENCHMARKS.md (an
-# engine step of SmolLM2 takes 20-150 ms). Warm disk loads of 720 KiB entries, a call per job
-# of 8: 0.93x of one file, per job of 32 or more 0.95x (and the hand-off of each job to the
-# thread, 14 us, is paid once a batch).
+# A batch of promotions is what the tier's last call moved in BATCH_SECONDS at its rate,
+# between one job and BATCH_MAX_BYTES (BATCH_BYTES before the first call): its jobs are reported
+# together when it ends, so this bounds what the first job waits for the others, about 15 ms
+# (an engine step of SmolLM2 takes 20-150 ms). Cold, at the device's 1.5-2 GiB/s, that is
+# 20-30 MiB; warm, at the page cache's 10-14 GiB/s, every job queued up to BATCH_MAX_BYTES
+# (10 ms warm; cold, the most one stale rate lets a batch take: 70 ms). Warm loads of 23 jobs of
+# 8 SmolLM2 entries (128 MiB) against one file: 0.87x in calls of 32 MiB, 0.90-0.93x of 64,
+# 0.94-1.01x of 128 (the calls' fixed cost: the hand-off to the thread, the tier's plan, and
+# its read helper waking late for each call's large extent).
+BATCH_SECONDS = 0.015
 BATCH_BYTES = 32 << 20
+BATCH_MAX_BYTES = 128 << 20
 
 
 def build_tier_worker(host: HostTier, lower: Mapping[str, LowerTier] | None = None,
@@ -99,13 +105,16 @@ def build_tier_worker(host: HostTier, lower: Mapping[str, LowerTier] | None = No
     bandwidth (tiers/block_copy.c)."""
     worker = OffloadingWorker()
     batches = batch_routes(host, lower or {})
-    max_batch_blocks = max(1, BATCH_BYTES // host.slot_bytes)
+    first_blocks, max_blocks = (max(1, size // host.slot_bytes)
+                                for size in (BATCH_BYTES, BATCH_MAX_BYTES))
     for (src, dst), fn in tier_routes(host, lower or {}).items():
         medium = dst if src == HOST else src
         threads = (host_threads if ENGINE in (src, dst) else
                    lower_threads or LOWER_THREADS.get(medium, 2))
         batch = batches.get((src, dst))
+        sizes = ({} if batch is None else
+                 {"max_batch_blocks": max_blocks, "batch_seconds": BATCH_SECONDS,
+                  "first_batch_blocks": first_blocks})
         worker.register_handler(src, dst, ThreadPoolHandler(
-            fn, threads, f"{src.lower()}-{dst.lower()}", batch=batch,
-            max_batch_blocks=max_batch_blocks if batch is not None else 0))
+            fn, threads, f"{src.lower()}-{dst.lower()}", batch=batch, **sizes))
     return worker

@@ -27,24 +27,39 @@ class ThreadPoolHandler(TransferHandler):
     """Runs `transfer(src, dst)` for each job on a pool of `num_threads` threads. A transfer that
     raises becomes a failed result listing every destination position.
 
-    With `batch`, a thread that takes a job also takes the jobs queued behind it, up to
-    `max_batch_blocks` destination positions in all (one job alone may be larger), and runs them
-    in one `batch([(src, dst), ...])` call, which returns each job's outcome; each job is
-    still reported on its own. This is for tiers whose fixed cost per call shows at small jobs
-    (a disk load of 8 entries: the thread hand-off and the tier's per-call work are 10 % of it).
+    With `batch`, a thread that takes a job also takes the jobs queued behind it, up to a
+    batch size in destination positions (one job alone may be larger), and runs them in one
+    `batch([(src, dst), ...])` call, which returns each job's outcome; each job is still
+    reported on its own. This is for tiers whose fixed cost per call shows at small jobs (a
+    disk load of 8 entries: the thread hand-off and the tier's per-call work are 10 % of it).
     Only jobs already queued are taken: none waits for a later one. A batch that raises is run
-    again job by job, so that a job that raises fails alone."""
+    again job by job, so that a job that raises fails alone.
+
+    The batch size is `max_batch_blocks`; with `batch_seconds`, it is instead what the last
+    call moved in that long at its rate (at least 1, at most `max_batch_blocks`, at most twice
+    the last size; `first_batch_blocks` before any call). A batch's jobs are reported when the
+    call ends, so the size bounds what its first job waits for the others: a time bounds it
+    whether the tier's bytes are in the page cache (many jobs fit) or on the device (few
+    do)."""
 
     def __init__(self, transfer: TransferFn, num_threads: int = 1, name: str = "transfer",
-                 batch: BatchFn | None = None, max_batch_blocks: int = 0) -> None:
+                 batch: BatchFn | None = None, max_batch_blocks: int = 0,
+                 batch_seconds: float = 0.0, first_batch_blocks: int = 0) -> None:
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if batch is not None and max_batch_blocks < 1:
             raise ValueError(f"max_batch_blocks must be >= 1 with a batch, got "
                              f"{max_batch_blocks}")
+        if batch_seconds < 0 or first_batch_blocks < 0:
+            raise ValueError(f"batch_seconds and first_batch_blocks must be >= 0, got "
+                             f"{batch_seconds} and {first_batch_blocks}")
         self._transfer = transfer
         self._batch = batch
         self._max_batch_blocks = max_batch_blocks
+        self._batch_seconds = batch_seconds if batch is not None else 0.0
+        # the next batch's size; written by the threads after each call (a plain int: a lost
+        # update only costs one batch of another size)
+        self._batch_blocks = min(first_batch_blocks or max_batch_blocks, max_batch_blocks)
         self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         # NOTE: daemon threads, not a ThreadPoolExecutor: the executor joins its threads at
         # interpreter exit, so one transfer stuck in I/O would hang the process forever.
@@ -80,10 +95,22 @@ class ThreadPoolHandler(TransferHandler):
                 return
             tasks, carried = self._take_batch(task)
             started = self._start(tasks)
+            begin = time.perf_counter()
             if len(started) == 1:
                 self._finish(started, [self._run(started[0])])
             elif started:
                 self._finish(started, self._run_batch(started))
+            if started and self._batch_seconds:
+                self._size_next_batch(sum(len(t.dst) for t in started),
+                                      time.perf_counter() - begin)
+
+    def _size_next_batch(self, blocks: int, seconds: float) -> None:
+        """The next batch: what a call at this one's rate moves in batch_seconds, but at most
+        twice this batch's size: a call may find its bytes read ahead by the one before (cold
+        disk loads of 8 entries measured 1 ms after a batch of 16 took 17), which is not the
+        rate of the next; a slow call shrinks it at once."""
+        fit = int(blocks / max(seconds, 1e-6) * self._batch_seconds)
+        self._batch_blocks = max(1, min(self._max_batch_blocks, fit, 2 * self._batch_blocks))
 
     def _take_batch(self, first: _Task) -> tuple[list[_Task], _Task | None]:
         """first, and with a batch the jobs queued behind it while they fit; the job taken that
@@ -92,8 +119,8 @@ class ThreadPoolHandler(TransferHandler):
         tasks = [first]
         if self._batch is None:
             return tasks, None
-        blocks = len(first.dst)
-        while blocks < self._max_batch_blocks:
+        blocks, limit = len(first.dst), self._batch_blocks
+        while blocks < limit:
             try:
                 task = self._queue.get_nowait()
             except queue.Empty:
@@ -101,7 +128,7 @@ class ThreadPoolHandler(TransferHandler):
             if task is None:  # shutdown: left for a thread to take (maybe this one, next)
                 self._queue.put(None)
                 break
-            if blocks + len(task.dst) > self._max_batch_blocks:
+            if blocks + len(task.dst) > limit:
                 return tasks, task
             tasks.append(task)
             blocks += len(task.dst)
