@@ -37,7 +37,7 @@ class ThreadPoolHandler(TransferHandler):
 
     The batch size is `max_batch_blocks`; with `batch_seconds`, it is instead what the last
     call moved in that long at its rate (at least 1, at most `max_batch_blocks`, at most twice
-    the last size; `first_batch_blocks` before any call). A batch's jobs are reported when the
+    the size before; `first_batch_blocks` before any call). A batch's jobs are reported when the
     call ends, so the size bounds what its first job waits for the others: a time bounds it
     whether the tier's bytes are in the page cache (many jobs fit) or on the device (few
     do)."""
@@ -105,10 +105,12 @@ class ThreadPoolHandler(TransferHandler):
                                       time.perf_counter() - begin)
 
     def _size_next_batch(self, blocks: int, seconds: float) -> None:
-        """The next batch: what a call at this one's rate moves in batch_seconds, but at most
-        twice this batch's size: a call may find its bytes read ahead by the one before (cold
-        disk loads of 8 entries measured 1 ms after a batch of 16 took 17), which is not the
-        rate of the next; a slow call shrinks it at once."""
+        """The next batch: what a call at the rate of this one (`blocks` in `seconds`) moves in
+        batch_seconds, but at most twice the size the batches had: a call may find its bytes
+        read ahead by the one before (cold disk loads of 8 entries measured 1 ms after a batch
+        of 16 took 17), which is not the rate of the next, so the size only grows step by step;
+        a slow call shrinks it at once. Not capped by `blocks` itself: a burst of jobs after a
+        few small calls must not start from small batches again."""
         fit = int(blocks / max(seconds, 1e-6) * self._batch_seconds)
         self._batch_blocks = max(1, min(self._max_batch_blocks, fit, 2 * self._batch_blocks))
 
