@@ -1,9 +1,11 @@
 """`kvport bench multi-turn` / `long-doc`: one workload, several configurations, one run.
 
 Every configuration gets its own engine (same model, same pool size, same requests) and they run
-side by side, alternating a phase at a time (a round; one query) with the order rotated each
-phase, so drift in the load of a shared machine hits them all alike. A configuration cannot be
-repeated ABBA-style: a run changes what its caches hold, which is exactly what is measured.
+side by side, alternating a phase at a time (a round; one query), in the orders of a Williams
+design (`run_order`: each in every slot and right after every other equally often), so drift in
+the load of a shared machine, and what the run just before leaves behind, hit them all alike. A
+configuration cannot be repeated ABBA-style: a run changes what its caches hold, which is
+exactly what is measured.
 
 The pool holds `concurrency` whole requests of the longest kind (or `pool_fraction` of the working
 set if that is more), so requests in flight never wait for pool space, but not every user's or
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvport.bench.json_process import EngineProcessFailed
+from kvport.bench.run_order import run_order
 from kvport.bench.serving import ConfigRunner, PhaseRunner, RequestRecord
 from kvport.bench.workloads import LongDocSpec, MultiTurnSpec, Workload
 from kvport.connectors.offloading.config import redacted_url
@@ -399,8 +402,7 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
             failed: dict[str, str] = {}
             for phase in range(workload.num_phases):
                 live = [r for r in runs if r.spec.name not in failed]
-                k = phase % len(live)
-                for run in live[k:] + live[:k]:  # each configuration in each slot in turn
+                for run in [live[i] for i in run_order(len(live), phase)]:
                     bar.set_postfix_str(run.spec.name)
                     try:
                         run.runner.run_phase(phase)
