@@ -86,8 +86,9 @@ LOWER_THREADS = {DISK: 1, REDIS: 2}
 # together when it ends, so this bounds what the first job waits for the others, about 15 ms
 # (an engine step of SmolLM2 takes 20-150 ms). Cold, at the device's 1.5-2 GiB/s, that is
 # 20-30 MiB; warm, at the page cache's 10-14 GiB/s, every job queued up to BATCH_MAX_BYTES
-# (10 ms warm; cold, the most one stale rate lets a batch take: 70 ms). Warm loads of 23 jobs of
-# 8 SmolLM2 entries (128 MiB) against one file: 0.87x in calls of 32 MiB, 0.90-0.93x of 64,
+# (10 ms). When the bytes turn cold after warm loads, one batch at the stale rate is read from
+# the device: up to 128 MiB, 70-215 ms measured here; the next is sized anew. Warm loads of 23
+# jobs of 8 SmolLM2 entries (128 MiB) against one file: 0.87x in calls of 32 MiB, 0.90-0.93x of 64,
 # 0.94-1.01x of 128 (the calls' fixed cost: the hand-off to the thread, the tier's plan, and
 # its read helper waking late for each call's large extent).
 BATCH_SECONDS = 0.015
