@@ -687,6 +687,19 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_runs.py::"
          "test_a_batch_of_jobs_is_read_as_one_and_each_job_fails_alone",),
         "each job of a batch gets the outcome of its own entries"),
+    Mutant(
+        "passes-phases-numbered-on", "src/kvport/bench/pooling.py",
+        "            \"records\": [dataclasses.replace(r, phase=k * num_phases + r.phase)\n",
+        "            \"records\": [r\n",
+        ("tests/bench/test_workload_passes.py::"
+         "test_passes_pool_into_one_outcome_with_phases_numbered_on",),
+        "pooled passes keep a phase per round of one pass: the later requests' wall time counts"),
+    Mutant(
+        "passes-counters-added", "src/kvport/bench/serving.py",
+        "    return _combine(first, second, lambda a, b: a + b, \"\", union=True)\n",
+        "    return _combine(first, second, lambda a, b: b, \"\", union=True)\n",
+        ("tests/bench/test_workload_passes.py::test_metrics_sum_adds_counters_of_either_side",),
+        "the pooled bytes and hits of several passes are their sum, not the last pass's"),
 ]
 
 

@@ -191,6 +191,26 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def pass_summary(result: dict[str, Any], other_load_cores: float | None,
+                 steal_cores: float | None) -> dict[str, Any]:
+    """One pass of a run of several, in brief: its load, each configuration's TTFT p50 and
+    throughput of the later requests, and its targets' ratios."""
+    rk, tk = repeat_key(result["workload"]), throughput_key(result["workload"])
+    ideal = [result["ideal"]] if result.get("ideal") else []
+    return {"other_load_cores": other_load_cores, "steal_cores": steal_cores,
+            "configs": {c["name"]: {rk: c[rk], tk: c[tk]} for c in [*result["configs"], *ideal]},
+            "targets": [{k: t[k] for k in ("config", "metric", "against", "ratio", "met")}
+                        for t in result["targets"]]}
+
+
+def _pass_ratios(result: dict[str, Any], target: dict[str, Any]) -> str:
+    """' (passes: 0.98, 1.10, 1.01)': the target's ratio in each pass, if there were several."""
+    ratios = [next((t["ratio"] for t in p["targets"] if (t["config"], t["metric"], t["against"])
+                    == (target["config"], target["metric"], target["against"])), None)
+              for p in result.get("passes") or []]
+    return f" (passes: {', '.join(_f(r) for r in ratios)})" if ratios else ""
+
+
 def _f(value: Any, fmt: str = "{:.3f}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -240,6 +260,13 @@ def format_result(result: dict[str, Any]) -> str:
     # first: a run of the fallback model must not pass for the demo
     lines = [f"NOTE: {result['model_fallback']}"] if result.get("model_fallback") else []
     lines += [title]
+    if p.get("repeats", 1) > 1:
+        lines.append(f"{p['repeats']} passes of the workload, each on fresh engines and tiers, "
+                     f"in Williams orders; the tables pool their requests, the targets list "
+                     f"each pass's ratio too")
+        if any(c["name"] == "user" for c in result["configs"]):
+            lines.append("note: 'user' (--kv-transfer-config) is the same configuration in every "
+                         "pass: storage of its own outside the engine lasts from pass to pass")
     lines += _table(rows) + [""] + _table(hits)
     later = "rounds >= 2" if workload == "multi-turn" else "repeated queries"
     lines.append(f"computed / steps {tag}: per request of {later}, the mean prompt tokens "
@@ -250,7 +277,8 @@ def format_result(result: dict[str, Any]) -> str:
         ideal_note = f" (ideal {_f(t['ideal_ratio'], '{:.3f}x')})" if t["against"] == BASELINE \
             else ""
         lines.append(f"target {t['config']} {t['metric']} vs {t['against']}: "
-                     f"{_f(t['ratio'], '{:.3f}')}x {op} {t['limit']:.3f}x: {verdict}{ideal_note}")
+                     f"{_f(t['ratio'], '{:.3f}')}x {op} {t['limit']:.3f}x: {verdict}{ideal_note}"
+                     f"{_pass_ratios(result, t)}")
     if ideal and ideal["engine_evicted_blocks"]:
         lines.append(f"note: ideal's pool evicted {ideal['engine_evicted_blocks']} cached blocks, "
                      f"so some of its hits were recomputed: it is not quite the ideal")

@@ -56,16 +56,27 @@ class RequestRecord:
 GAUGES = frozenset({"offload_block_tokens", "num_slots", "occupancy_bytes", "occupancy_blocks"})
 
 
-def metrics_delta(before: Any, after: Any, name: str = "") -> Any:
+def metrics_delta(before: Any, after: Any) -> Any:
     """after - before, leaf by leaf, for nested dicts of numbers (other leaves, and the leaves
     named in GAUGES: the after value)."""
-    if isinstance(after, dict):
-        before = before if isinstance(before, dict) else {}
-        return {k: metrics_delta(before.get(k), v, k) for k, v in after.items()}
-    if isinstance(after, (int, float)) and not isinstance(after, bool) \
-            and isinstance(before, (int, float)) and name not in GAUGES:
-        return after - before
-    return after
+    return _combine(before, after, lambda a, b: b - a, "")
+
+
+def metrics_sum(first: Any, second: Any) -> Any:
+    """first + second, leaf by leaf: the counters of two runs as one (keys of either; gauges and
+    other leaves: the second's value where it has one)."""
+    return _combine(first, second, lambda a, b: a + b, "", union=True)
+
+
+def _combine(a: Any, b: Any, op: Any, name: str, union: bool = False) -> Any:
+    if isinstance(b, dict):
+        a = a if isinstance(a, dict) else {}
+        keys = {**a, **b} if union else b
+        return {k: _combine(a.get(k), b.get(k), op, k, union) for k in keys}
+    if isinstance(b, (int, float)) and not isinstance(b, bool) \
+            and isinstance(a, (int, float)) and not isinstance(a, bool) and name not in GAUGES:
+        return op(a, b)
+    return a if b is None and union else b
 
 
 class PhaseRunner(Protocol):

@@ -146,8 +146,10 @@ class WorkloadBenchConfig:
     engine: str = "kvport"  # or "vllm": each configuration a vLLM engine in its own process
     vllm_python: str | None = None  # the interpreter that runs vLLM (default: this one)
     redis_url: str | None = None  # the Redis tier of redis-cold-host (and only of it)
-    # its tenant salt; None: a random one per build_config_specs call (one per run)
+    # its tenant salt; None: a random one per build_config_specs call (one per pass)
     redis_tenant_salt: str | None = None
+    # whole passes of the workload, each with fresh engines and tiers; the tables pool them
+    repeats: int = 1
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -161,6 +163,8 @@ class WorkloadBenchConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.engine == "vllm" and self.block_size != VLLM_CPU_BLOCK_SIZE:
@@ -234,6 +238,8 @@ def _num_sessions(spec: WorkloadSpec) -> int:
 
 def build_config_specs(cfg: WorkloadBenchConfig, plan: EnginePlan, disk_root: Path,
                        block_tokens: int | None = None) -> list[ConfigSpec]:
+    """The configurations of one pass: their disk directories under `disk_root`, and a Redis
+    tenant salt of their own unless the config gives one."""
     def offload(disk: str | None) -> dict[str, Any]:
         if disk is None:
             return offloading_config(plan.host_bytes, block_tokens=block_tokens, engine=cfg.engine)
@@ -365,13 +371,22 @@ def _check_vllm_block_size(cfg: WorkloadBenchConfig, run: _Run) -> None:
 
 def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None = None,
                        progress: bool = True) -> dict[str, Any]:
-    """Run every configuration on the same requests; returns the result dict (see report)."""
+    """Run every configuration on the same requests, `cfg.repeats` passes of the whole workload
+    (fresh engines and tiers each); returns the result dict (see report), the passes pooled.
+    `specs` (default: `build_config_specs` per pass) serve one pass only: their disk
+    directories would carry a pass's entries into the next."""
     from tqdm.auto import tqdm
 
-    from kvport.bench import OtherLoadMeter, machine_info, resolve_model_dir
-    from kvport.bench.report import build_result
+    from kvport.bench import machine_info, resolve_model_dir
+    from kvport.bench.pooling import mean_or_none, pool_outcomes
+    from kvport.bench.report import build_result, pass_summary
     from kvport.bench.workloads import RandomTokens
 
+    if specs is not None and cfg.repeats > 1:
+        raise ValueError(f"explicit specs serve one pass; got repeats={cfg.repeats}: leave "
+                         f"specs out (each pass builds its own) or run one pass")
+    if specs is not None and [s.name for s in specs].count(BASELINE) != 1:
+        raise ValueError(f"exactly one configuration must be named {BASELINE!r}")
     if cfg.threads is not None and cfg.engine == "kvport":
         # on a shared machine, fewer threads than cores keeps torch's barriers from waiting on a
         # thread that another process's load has descheduled
@@ -382,27 +397,77 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
     workload = make_workload(cfg)
     # distinct from every workload token stream: warming up must not pre-fill any prefix
     warm_prompt = RandomTokens(resolve_model_dir(cfg.model), cfg.seed + 7919).take(2 * cfg.block_size)
+    num_configs = len(specs) if specs is not None else len(cfg.configs)
+    bar = tqdm(total=workload.num_phases * num_configs * cfg.repeats, desc=cfg.workload,
+               disable=not progress, unit="phase")
+    failed: dict[str, str] = {}
+    passes = [_run_pass(cfg, plan, workload, specs, k, warm_prompt, bar, failed)
+              for k in range(cfg.repeats)]
+    bar.close()
+    outcomes = [{n: o for n, o in p.outcome.items() if n not in failed} for p in passes]
+    params = {"workload": asdict(cfg.spec), "concurrency": cfg.concurrency,
+              "pool_fraction": cfg.pool_fraction, "seed": cfg.seed, "dtype": cfg.dtype,
+              "block_size": cfg.block_size, "quick": cfg.quick, "threads": cfg.threads,
+              "engine": cfg.engine, "repeats": cfg.repeats,
+              "plan": asdict(plan),
+              "disk_dir": cfg.disk_dir,
+              "redis_url": redacted_url(cfg.redis_url) if cfg.redis_url else None}
+    if cfg.engine == "vllm":  # versions and threads as vLLM's processes reported them
+        params["vllm"] = passes[0].vllm_info
+    machine = machine_info()
+    result = build_result(cfg.workload, cfg.model, machine, params,
+                          pool_outcomes(outcomes, workload.num_phases))
+    # not None when the default model fell back to tiny-llama: its numbers are no demo
+    result["model_fallback"] = cfg.model_fallback_note
+    # cores other processes kept busy while phases ran (mean over passes): well above 0 means
+    # noisy numbers; of it, what the hypervisor took
+    result["other_load_cores"] = mean_or_none([p.other_load_cores for p in passes])
+    result["steal_cores"] = mean_or_none([p.steal_cores for p in passes])
+    result["failed"] = failed  # configuration -> why its engine process stopped
+    # Redis keys of this run deleted afterwards; None: none to delete or not known (a vLLM
+    # engine's), so they stay under the run's tenant salt until Redis evicts them
+    deleted = [p.redis_keys_deleted for p in passes if p.redis_keys_deleted is not None]
+    result["redis_keys_deleted"] = sum(deleted) if deleted else None
+    # each pass on its own: how far a single pass's ratios scatter around the pooled ones
+    result["passes"] = [] if cfg.repeats == 1 else [
+        pass_summary(build_result(cfg.workload, cfg.model, machine, params, o),
+                     p.other_load_cores, p.steal_cores) for p, o in zip(passes, outcomes)]
+    return result
+
+
+@dataclass
+class _Pass:
+    outcome: dict[str, dict[str, Any]]  # configuration -> what `_outcome` collects
+    other_load_cores: float | None
+    steal_cores: float | None
+    redis_keys_deleted: int | None
+    vllm_info: dict[str, Any] | None
+
+
+def _run_pass(cfg: WorkloadBenchConfig, plan: EnginePlan, workload: Workload,
+              specs: list[ConfigSpec] | None, k: int, warm_prompt: list[int], bar: Any,
+              failed: dict[str, str]) -> _Pass:
+    """Pass k: every configuration not in `failed` on fresh engines, its phases in the Williams
+    orders that go on from pass k - 1's; a configuration whose engine fails is added to
+    `failed` and left out from then on."""
+    from kvport.bench import OtherLoadMeter
+
     # a fresh directory even under --disk-dir: entries of an earlier run would be free hits
     with tempfile.TemporaryDirectory(prefix="kvport-bench-", dir=cfg.disk_dir) as tmp:
-        disk_root = Path(tmp)
-        specs = specs if specs is not None else build_config_specs(cfg, plan, disk_root)
-        if [s.name for s in specs].count(BASELINE) != 1:
-            raise ValueError(f"exactly one configuration must be named {BASELINE!r}")
+        pass_specs = specs if specs is not None else build_config_specs(cfg, plan, Path(tmp))
         runs: list[_Run] = []
         try:
-            for spec in specs:
-                runs.append(_start(cfg, plan, spec, workload))
+            for spec in pass_specs:
+                if spec.name not in failed:
+                    runs.append(_start(cfg, plan, spec, workload))
             for run in runs:
                 _check_vllm_block_size(cfg, run)
                 run.runner.warm_up(warm_prompt)
             load = OtherLoadMeter()
             load.start()
-            bar = tqdm(total=workload.num_phases * len(runs), desc=cfg.workload,
-                       disable=not progress, unit="phase")
-            failed: dict[str, str] = {}
             for phase in range(workload.num_phases):
                 live = [r for r in runs if r.spec.name not in failed]
-                for run in [live[i] for i in run_order(len(live), phase)]:
+                for run in [live[i] for i in run_order(len(live), k * workload.num_phases + phase)]:
                     bar.set_postfix_str(run.spec.name)
                     try:
                         run.runner.run_phase(phase)
@@ -410,40 +475,21 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
                         # a peer's engine that crashed fails alone; the others go on
                         if run.spec.name == BASELINE:
                             raise
-                        failed[run.spec.name] = f"phase {phase}: {exc.reason}"
+                        failed[run.spec.name] = f"pass {k} phase {phase}: {exc.reason}" \
+                            if cfg.repeats > 1 else f"phase {phase}: {exc.reason}"
                     bar.update(1)
-            bar.close()
             other_load = load.stop()
             done = [r for r in runs if r.spec.name not in failed]
             check_equal_outputs({r.spec.name: r.runner.records for r in done})
-            vllm_info = getattr(runs[0].runner, "info", None)
             outcome = {r.spec.name: _outcome(r) for r in done}
         finally:
-            ours = [k for k in (_run_redis_keys(cfg, r) for r in runs) if k is not None]
+            ours = [key for key in (_run_redis_keys(cfg, r) for r in runs) if key is not None]
             try:
                 _shutdown(runs)  # the connectors' last write-throughs end here
             finally:
                 redis_deleted = _delete_redis_keys(ours)
-    params = {"workload": asdict(cfg.spec), "concurrency": cfg.concurrency,
-              "pool_fraction": cfg.pool_fraction, "seed": cfg.seed, "dtype": cfg.dtype,
-              "block_size": cfg.block_size, "quick": cfg.quick, "threads": cfg.threads,
-              "engine": cfg.engine,
-              "plan": asdict(plan),
-              "disk_dir": cfg.disk_dir,
-              "redis_url": redacted_url(cfg.redis_url) if cfg.redis_url else None}
-    if cfg.engine == "vllm":  # versions and threads as vLLM's processes reported them
-        params["vllm"] = vllm_info
-    result = build_result(cfg.workload, cfg.model, machine_info(), params, outcome)
-    # not None when the default model fell back to tiny-llama: its numbers are no demo
-    result["model_fallback"] = cfg.model_fallback_note
-    # cores other processes kept busy during the run: well above 0 means noisy numbers
-    result["other_load_cores"] = other_load
-    result["steal_cores"] = load.steal_cores  # of other load, what the hypervisor took
-    result["failed"] = failed  # configuration -> why its engine process stopped
-    # Redis keys of this run deleted afterwards; None: none to delete or not known (a vLLM
-    # engine's), so they stay under the run's tenant salt until Redis evicts them
-    result["redis_keys_deleted"] = redis_deleted
-    return result
+    return _Pass(outcome, other_load, load.steal_cores, redis_deleted,
+                 getattr(runs[0].runner, "info", None))
 
 
 def _run_redis_keys(cfg: WorkloadBenchConfig, run: _Run) -> tuple[str, bytes] | None:

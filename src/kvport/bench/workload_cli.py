@@ -74,6 +74,10 @@ def add_workload_parsers(commands: Any) -> None:
                             "Redis; under a random tenant salt per run (kvport's engine "
                             "deletes the run's keys at the end); needs pip install "
                             "'kvport[redis]'")
+        p.add_argument("--repeats", type=int, default=1,
+                       help="passes of the whole workload, each on fresh engines and tiers; the "
+                            "tables pool their requests (a single pass's p50 scatters on a "
+                            "shared machine), the targets list each pass's ratio too")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, default=None,
                        help="torch threads (default: torch's, one per core); 1 is steadier on a "
@@ -135,7 +139,8 @@ def _workload_config(args: argparse.Namespace) -> Any:
         workload=args.workload, spec=spec, model=model.model, dtype=args.dtype,
         concurrency=concurrency, pool_fraction=args.pool_fraction, seed=args.seed,
         disk_dir=args.disk_dir, configs=configs, user_kv_transfer_config=user, quick=args.quick,
-        threads=args.threads, model_fallback_note=model.fallback_note, engine=args.engine,
+        threads=args.threads, repeats=args.repeats, model_fallback_note=model.fallback_note,
+        engine=args.engine,
         vllm_python=args.vllm_python, redis_url=args.redis_url, **extra)
     if cfg.redis_url is not None:
         if vllm:  # the vLLM engines' interpreter builds the Redis tier
