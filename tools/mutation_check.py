@@ -700,6 +700,13 @@ MUTANTS: list[Mutant] = [
         "    return _combine(first, second, lambda a, b: b, \"\", union=True)\n",
         ("tests/bench/test_workload_passes.py::test_metrics_sum_adds_counters_of_either_side",),
         "the pooled bytes and hits of several passes are their sum, not the last pass's"),
+    Mutant(
+        "passes-judged-on-the-median", "src/kvport/bench/report.py",
+        "        t[\"ratio\"] = statistics.median(known) if known else None\n",
+        "",
+        ("tests/bench/test_workload_passes.py::"
+         "test_targets_are_judged_on_the_median_of_the_passes",),
+        "a run of passes is judged on its passes' median ratio, not on the pooled requests"),
 ]
 
 

@@ -4,7 +4,9 @@ counters summed, so the tables' percentiles and rates are over every pass's requ
 One pass of the default long-doc has 16 repeated queries per configuration; a p50 of 16 timings
 on a shared 2-core VM moved by 25 % between runs of the same code (BENCHMARKS.md, issue 13).
 Passes run with fresh engines and tiers and the same requests, so pooling them is the same
-workload asked again, not a warmer one.
+workload asked again, not a warmer one. The targets are not judged on the pooled tables but on
+the median of the passes' own ratios (`report.judge_over_passes`): a machine whose speed drifts
+between passes shifts every configuration's pooled percentile by a different amount.
 """
 
 from __future__ import annotations

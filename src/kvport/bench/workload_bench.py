@@ -372,14 +372,15 @@ def _check_vllm_block_size(cfg: WorkloadBenchConfig, run: _Run) -> None:
 def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None = None,
                        progress: bool = True) -> dict[str, Any]:
     """Run every configuration on the same requests, `cfg.repeats` passes of the whole workload
-    (fresh engines and tiers each); returns the result dict (see report), the passes pooled.
+    (fresh engines and tiers each); returns the result dict (see report): the tables pool the
+    passes' requests, a target's ratio is the median of its passes' ratios.
     `specs` (default: `build_config_specs` per pass) serve one pass only: their disk
     directories would carry a pass's entries into the next."""
     from tqdm.auto import tqdm
 
     from kvport.bench import machine_info, resolve_model_dir
     from kvport.bench.pooling import mean_or_none, pool_outcomes
-    from kvport.bench.report import build_result, pass_summary
+    from kvport.bench.report import build_result, judge_over_passes, pass_summary
     from kvport.bench.workloads import RandomTokens
 
     if specs is not None and cfg.repeats > 1:
@@ -428,10 +429,11 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
     # engine's), so they stay under the run's tenant salt until Redis evicts them
     deleted = [p.redis_keys_deleted for p in passes if p.redis_keys_deleted is not None]
     result["redis_keys_deleted"] = sum(deleted) if deleted else None
-    # each pass on its own: how far a single pass's ratios scatter around the pooled ones
+    # each pass on its own; the targets are judged on the median of the passes' ratios
     result["passes"] = [] if cfg.repeats == 1 else [
         pass_summary(build_result(cfg.workload, cfg.model, machine, params, o),
                      p.other_load_cores, p.steal_cores) for p, o in zip(passes, outcomes)]
+    judge_over_passes(result)
     return result
 
 

@@ -76,8 +76,8 @@ def add_workload_parsers(commands: Any) -> None:
                             "'kvport[redis]'")
         p.add_argument("--repeats", type=int, default=1,
                        help="passes of the whole workload, each on fresh engines and tiers; the "
-                            "tables pool their requests (a single pass's p50 scatters on a "
-                            "shared machine), the targets list each pass's ratio too")
+                            "tables pool their requests, and a target's ratio is the median of "
+                            "its passes' ratios (one pass's p50 scatters on a shared machine)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, default=None,
                        help="torch threads (default: torch's, one per core); 1 is steadier on a "
