@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kvport.bench.cli import main
-from kvport.bench.pooling import mean_or_none, pool_outcomes
-from kvport.bench.report import judge_over_passes, percentile
+from kvport.bench.pooling import pool_outcomes
+from kvport.bench.report import judge_over_passes, mean_or_none, percentile
 from kvport.bench.serving import RequestRecord, metrics_sum
 from kvport.bench.workload_bench import WorkloadBenchConfig, run_workload_bench
 from kvport.bench.workloads import LongDocSpec
@@ -91,6 +91,8 @@ def test_targets_are_judged_on_the_median_of_the_passes() -> None:
 def test_repeats_and_explicit_specs_are_checked() -> None:
     with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
         WorkloadBenchConfig("long-doc", LD, model=TINY, repeats=0)
+    with pytest.raises(ValueError, match=r"configs name \['ideal'\] more than once"):
+        WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal", "ideal"))
     cfg = WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal"),
                               repeats=2)
     from kvport.bench.workload_bench import ConfigSpec
@@ -145,3 +147,37 @@ def test_two_passes_run_on_fresh_engines_and_pool(tmp_path: Path,
                                                    / result["ideal"]["ttft_p50_repeat_s"])
     assert line.endswith(f"(median of passes {ratios[0]:.3f}, {ratios[1]:.3f}; pooled requests "
                          f"{target['pooled_ratio']:.3f}x)")
+
+
+def test_a_configuration_that_crashes_in_one_pass_stays_out_of_the_later_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvport.bench.json_process import EngineProcessFailed
+    from kvport.bench.serving import ConfigRunner
+
+    original, started = ConfigRunner.run_phase, []
+
+    def crash(self: ConfigRunner, phase: int) -> list[RequestRecord]:
+        started.append(self.name)
+        if self.name == "ideal" and phase == 1:
+            raise EngineProcessFailed("the whole log", "RuntimeError: shape mismatch")
+        return original(self, phase)
+
+    from kvport.bench import workload_bench
+
+    engines: list[str] = []
+    start = workload_bench._start
+
+    def counted(cfg: Any, plan: Any, spec: Any, workload: Any) -> Any:
+        engines.append(spec.name)
+        return start(cfg, plan, spec, workload)
+
+    monkeypatch.setattr(ConfigRunner, "run_phase", crash)
+    monkeypatch.setattr(workload_bench, "_start", counted)
+    cfg = WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal"),
+                              repeats=2)
+    result = run_workload_bench(cfg, progress=False)
+    assert result["failed"] == {"ideal": "pass 0 phase 1: RuntimeError: shape mismatch"}
+    assert started.count("ideal") == 2  # phases 0 and 1 of pass 0
+    assert engines == ["no-connector", "ideal", "no-connector"]  # no engine for it in pass 1
+    assert result["ideal"] is None and [c["name"] for c in result["configs"]] == ["no-connector"]
+    assert len(result["configs"][0]["per_request"]) == 2 * LD.docs * LD.queries

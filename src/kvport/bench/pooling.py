@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
 from typing import Any
 
 from kvport.bench.serving import metrics_sum
@@ -47,9 +46,3 @@ def pool_outcomes(passes: list[dict[str, dict[str, Any]]],
             "resets_unsupported": sum(o["resets_unsupported"] for o in outs),
         }
     return pooled
-
-
-def mean_or_none(values: list[float | None]) -> float | None:
-    """The mean of the values that are known; None if none is."""
-    known = [v for v in values if v is not None]
-    return statistics.fmean(known) if known else None

@@ -121,15 +121,17 @@ def summarize(name: str, outcome: dict[str, Any], workload: str) -> dict[str, An
     item[throughput_key(workload)] = repeat_tokens / repeat_wall if repeat_wall else None
     # what a later request's TTFT is made of: prompt tokens it still computed (a hit that is
     # short of the ideal's), and engine steps to its first token (an async load adds steps)
-    item[f"computed_tokens_mean_{sfx}"] = _mean([r.prompt_tokens - r.num_cached_tokens
+    item[f"computed_tokens_mean_{sfx}"] = mean_or_none([r.prompt_tokens - r.num_cached_tokens
                                                  for r in repeat_recs])
-    item[f"ttft_steps_mean_{sfx}"] = _mean([r.ttft_steps for r in repeat_recs])
+    item[f"ttft_steps_mean_{sfx}"] = mean_or_none([r.ttft_steps for r in repeat_recs])
     item["per_request"] = [r.to_json() for r in recs]
     return item
 
 
-def _mean(values: list[int]) -> float | None:
-    return statistics.fmean(values) if values else None
+def mean_or_none(values: list[float | None] | list[int]) -> float | None:
+    """The mean of the values that are known; None if none is."""
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
 
 
 def repeat_suffix(workload: str) -> str:
@@ -184,7 +186,7 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         ratio = _ratio(items[t.config][t.metric], items[t.against][t.metric])
         ideal_ratio = _ratio(ideal[t.metric], base[t.metric]) \
             if ideal is not None and base is not None and t.against == BASELINE else None
-        met = None if ratio is None else (ratio >= t.limit if t.at_least else ratio <= t.limit)
+        met = _met(ratio, t.limit, t.at_least)
         out.append({"config": t.config, "metric": t.metric, "against": t.against,
                     "ratio": ratio, "ideal_ratio": ideal_ratio, "limit": t.limit,
                     "at_least": t.at_least, "met": met})
@@ -220,8 +222,7 @@ def judge_over_passes(result: dict[str, Any]) -> None:
         known = [r for r in ratios if r is not None]
         t["pooled_ratio"], t["pass_ratios"] = t["ratio"], ratios
         t["ratio"] = statistics.median(known) if known else None
-        t["met"] = None if t["ratio"] is None else \
-            (t["ratio"] >= t["limit"] if t["at_least"] else t["ratio"] <= t["limit"])
+        t["met"] = _met(t["ratio"], t["limit"], t["at_least"])
 
 
 def _pass_ratios(target: dict[str, Any]) -> str:
@@ -231,6 +232,10 @@ def _pass_ratios(target: dict[str, Any]) -> str:
         return ""
     return (f" (median of passes {', '.join(_f(r) for r in ratios)}; pooled requests "
             f"{_f(target['pooled_ratio'])}x)")
+
+
+def _met(ratio: float | None, limit: float, at_least: bool) -> bool | None:
+    return None if ratio is None else (ratio >= limit if at_least else ratio <= limit)
 
 
 def _f(value: Any, fmt: str = "{:.3f}") -> str:

@@ -174,6 +174,9 @@ class WorkloadBenchConfig:
         bad = [c for c in self.configs if c not in known]
         if bad:
             raise ValueError(f"unknown configuration(s) {bad}; known: {sorted(known)}")
+        twice = sorted({c for c in self.configs if self.configs.count(c) > 1})
+        if twice:
+            raise ValueError(f"configs name {twice} more than once; each runs once")
         if BASELINE not in self.configs:
             raise ValueError(f"configs must include the baseline {BASELINE!r}, got {self.configs}")
         if (USER in self.configs) != (self.user_kv_transfer_config is not None):
@@ -379,8 +382,8 @@ def run_workload_bench(cfg: WorkloadBenchConfig, specs: list[ConfigSpec] | None 
     from tqdm.auto import tqdm
 
     from kvport.bench import machine_info, resolve_model_dir
-    from kvport.bench.pooling import mean_or_none, pool_outcomes
-    from kvport.bench.report import build_result, judge_over_passes, pass_summary
+    from kvport.bench.pooling import pool_outcomes
+    from kvport.bench.report import build_result, judge_over_passes, mean_or_none, pass_summary
     from kvport.bench.workloads import RandomTokens
 
     if specs is not None and cfg.repeats > 1:
