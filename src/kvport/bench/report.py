@@ -225,7 +225,7 @@ def judge_over_passes(result: dict[str, Any]) -> None:
         t["met"] = _met(t["ratio"], t["limit"], t["at_least"])
 
 
-def _pass_ratios(target: dict[str, Any]) -> str:
+def _passes_note(target: dict[str, Any]) -> str:
     """' (median of passes 0.98, 1.10, 1.01; pooled requests 1.03x)', if there were passes."""
     ratios = target.get("pass_ratios")
     if not ratios:
@@ -305,7 +305,7 @@ def format_result(result: dict[str, Any]) -> str:
             else ""
         lines.append(f"target {t['config']} {t['metric']} vs {t['against']}: "
                      f"{_f(t['ratio'], '{:.3f}')}x {op} {t['limit']:.3f}x: {verdict}{ideal_note}"
-                     f"{_pass_ratios(t)}")
+                     f"{_passes_note(t)}")
     if ideal and ideal["engine_evicted_blocks"]:
         lines.append(f"note: ideal's pool evicted {ideal['engine_evicted_blocks']} cached blocks, "
                      f"so some of its hits were recomputed: it is not quite the ideal")
