@@ -110,11 +110,32 @@ MUTANTS: list[Mutant] = [
         (f"{RACES}::test_a_readmitted_request_waits_for_its_own_stores_then_loads_them",),
         "a request re-admitted while its own stores are unreported asks again, then loads them"),
     Mutant(
-        "no-convoy", f"{OFFLOADING}/scheduler.py",
+        "keys-being-written-end-the-run", f"{OFFLOADING}/scheduler.py",
         "            lower = self.lower.find_run(candidates, stop=self.manager.contains)\n",
         "            lower = self.lower.find_run(candidates, stop=lambda key: False)\n",
-        (f"{RACES}::test_a_hit_on_keys_being_promoted_is_computed_without_waiting",),
+        (f"{RACES}::test_a_promotion_later_than_inflight_wait_s_is_computed[0.0]",),
         "a key being written to the host tier (another request's promotion) ends the hit run"),
+    Mutant(
+        "inflight-wait-taken", f"{OFFLOADING}/scheduler.py",
+        "        if self._being_written(keys, end, request.num_tokens)"
+        " and self.waits.should_wait(rid):\n",
+        "        if False:\n",
+        (f"{RACES}::test_a_hit_on_keys_being_promoted_waits_for_the_promotion_then_loads",),
+        "a hit run that ends at keys another job is writing waits for that write"),
+    Mutant(
+        "inflight-wait-bounded", f"{OFFLOADING}/inflight.py",
+        "        if now < deadline:\n",
+        "        if True:\n",
+        (f"{RACES}::test_a_promotion_later_than_inflight_wait_s_is_computed[0.5]",),
+        "the wait for another job's write ends at inflight_wait_s"),
+    Mutant(
+        "inflight-wait-only-while-written", f"{OFFLOADING}/scheduler.py",
+        "        return self.manager.contains(keys[end])"
+        " and not self.manager.lookup(keys[end:end + 1])\n",
+        "        return True\n",
+        (f"{RACES}::test_a_failed_promotion_ends_the_wait_for_it",),
+        "a request waits only while the key its run ends at is being written (a failed write "
+        "ends the wait)"),
     Mutant(
         "promotion-room", f"{OFFLOADING}/scheduler.py",
         "            room = max(0, self._room() - num_host)\n",

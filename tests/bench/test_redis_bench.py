@@ -144,7 +144,8 @@ def test_multi_turn_later_rounds_hit_redis(redis_server: RedisServer, tmp_path: 
     result = run_workload_bench(cfg, specs, progress=False)  # OutputMismatch if outputs differ
     redis_cold = {c["name"]: c for c in result["configs"]}[REDIS_COLD]
     # round 1: nothing in Redis yet (the salt is this run's); later rounds load from it (not
-    # every request: one of a pair may compute what the other is promoting, "No convoy")
+    # every request: one of a pair waits for what the other is promoting, then takes it from
+    # the engine's own prefix cache)
     assert all(r["num_external_tokens"] == 0 for r in redis_cold["per_request"]
                if r["index"] == 0)
     assert sum(r["num_external_tokens"] for r in redis_cold["per_request"]) > 0

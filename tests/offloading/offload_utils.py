@@ -85,8 +85,9 @@ def run(llm: LLM, ps: list[list[int]]) -> tuple[list[list[int]], list[int]]:
 def run_one_by_one(llm: LLM, ps: list[list[int]] | None = None,
                    ) -> tuple[list[list[int]], list[int]]:
     """Each prompt (default prompts()) in a generate() of its own. In a batch, a request whose
-    prefix another request is promoting computes it instead of waiting (no convoy); one at a
-    time, every hit the tiers hold is taken."""
+    prefix another request is promoting waits for that load and takes the blocks from the
+    engine's prefix cache (or computes them, if the load fails or is late); one at a time, each
+    request loads every hit the tiers hold itself."""
     tokens, cached = [], []
     for p in ps if ps is not None else prompts():
         t, c = run(llm, [p])

@@ -81,9 +81,10 @@ def test_corrupt_disk_entries_are_misses(tmp_path: Path, reference: list[list[in
             f.seek(-1, 1)
             f.write(bytes([byte[0] ^ 0xFF]))
     assert llm.reset_prefix_cache(reset_connector=True)
-    # One at a time, so that every corrupt entry a prompt reaches is read now: in a batch, a
-    # request whose prefix another is promoting computes it instead (no convoy), and which
-    # entries are read would depend on timing (CI once read two of them only in the next run).
+    # One at a time, so that every corrupt entry a prompt reaches is read now by its own load:
+    # in a batch, a request whose prefix another is promoting takes what that load brings, and
+    # which entries are read could depend on timing (CI once read two of them only in the next
+    # run, when a request computed what another was promoting instead of waiting for it).
     assert run_one_by_one(llm)[0] == reference
     disk = llm.get_metrics()["connector"]["disk"]
     assert disk["failures"] > 0 and llm.get_metrics()["kv_transfer"]["num_invalid_blocks"] > 0

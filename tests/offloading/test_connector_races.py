@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from controlled_transfers import ControlledTransfers
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
@@ -166,14 +168,27 @@ def test_a_readmitted_request_waits_for_its_own_stores_then_loads_them() -> None
     assert waited and half.stats.num_busy_answers >= 3  # asked again while they were in flight
 
 
-def test_a_hit_on_keys_being_promoted_is_computed_without_waiting(tmp_path: Path) -> None:
-    # A's load promotes P's blocks from disk (held). B asks for the same keys: they are being
-    # written to the host tier, so its hit run ends there and B computes them, while A's
-    # promotion is still in flight: no convoy, and no load error for B.
+@dataclass
+class Promoting:
+    """A's load is promoting P's blocks from disk (held); B, with the same prompt, arrived
+    after it."""
+
+    llm: LLM
+    transfers: ControlledTransfers
+    a: Request
+    b: Request
+    promotion: Any  # the held DISK->HOST job
+    want: list[int]
+    clock: list[float]  # the inflight waits' time: the test moves it
+
+
+def promoting(tmp_path: Path, wait_s: float, seed: int = 11) -> Promoting:
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    p = prompts(1, seed=11)[0]
+    p = prompts(1, seed=seed)[0]
     want = reference([p], params)[0]
-    llm, transfers = controlled_llm(disk_dir=tmp_path)
+    llm, transfers = controlled_llm({"inflight_wait_s": wait_s}, disk_dir=tmp_path)
+    clock = [0.0]
+    offloading_half(llm).waits.clock = lambda: clock[0]
     assert run_bounded(llm, [p], params) == [want]  # stored, and written through to disk
     assert llm.reset_prefix_cache(reset_connector=True)  # only the disk tier has P now
     transfers.hold((DISK, HOST))
@@ -184,15 +199,73 @@ def test_a_hit_on_keys_being_promoted_is_computed_without_waiting(tmp_path: Path
     load_id = offloading_half(llm)._reqs["A"].load_job
     assert promotion.id == TransferKey(load_id, Stage.PROMOTION, DISK)  # type: ignore[arg-type]
     b = llm.engine.add_request("B", p, params)
-    step_until(llm, lambda: b.is_finished)
-    b_done_first = promotion.result is None and a.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-    release_and_finish(llm, transfers)
-    m = llm.get_metrics()
+    return Promoting(llm, transfers, a, b, promotion, want, clock)
+
+
+def test_a_hit_on_keys_being_promoted_waits_for_the_promotion_then_loads(
+        tmp_path: Path) -> None:
+    # B's hit run ends at keys A's promotion is writing to the host tier: B asks again each
+    # step while it runs. Once A's load reported, A's blocks are in the engine's prefix cache:
+    # B takes them from there (no copy of its own), and both prefill in one step.
+    s = promoting(tmp_path, wait_s=30.0)
+    half = offloading_half(s.llm)
+    for _ in range(5):
+        s.llm.engine.step()
+    waited = s.b.status == RequestStatus.WAITING and half.waits.num_waits >= 5
+    assert half.stats.num_load_jobs == 1  # A's only: B has no job of its own yet
+    s.transfers.release(s.promotion)
+    step_until(s.llm, lambda: s.a.is_finished and s.b.is_finished)
+    assert s.a.output_token_ids == s.want and s.b.output_token_ids == s.want
+    assert s.a.num_cached_tokens >= 56 and s.b.num_cached_tokens >= 56  # neither computed P
+    assert half.stats.num_load_jobs == 1 and half.stats.num_disk_hit_tokens >= 56  # A's load
+    assert s.a.first_scheduled_time == s.b.first_scheduled_time  # prefilled in one step
+    assert waited and half.waits.num_timeouts == 0
+    release_and_finish(s.llm, s.transfers)
+
+
+@pytest.mark.parametrize("wait_s", [0.0, 0.5])
+def test_a_promotion_later_than_inflight_wait_s_is_computed(tmp_path: Path,
+                                                            wait_s: float) -> None:
+    # The same race with A's promotion held past B's wait (none at all with 0): B computes the
+    # blocks while the promotion is still in flight, and gets no load error from A's job.
+    s = promoting(tmp_path, wait_s)
+    half = offloading_half(s.llm)
+    for _ in range(3):
+        s.llm.engine.step()
+    waited = s.b.status == RequestStatus.WAITING and half.waits.num_waits >= 3
+    s.clock[0] += wait_s + 0.01
+    step_until(s.llm, lambda: s.b.is_finished)
+    b_done_first = s.promotion.result is None and s.a.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    release_and_finish(s.llm, s.transfers)
+    m = s.llm.get_metrics()
     assert m["kv_transfer"]["num_invalid_blocks"] == 0
     assert m["connector"]["requests"]["num_failed_loads"] == 0
-    assert b.output_token_ids == want and b.num_cached_tokens == 0  # computed, not loaded
-    assert a.output_token_ids == want and a.num_cached_tokens >= 56  # loaded
-    assert b_done_first  # B never waited for A's promotion
+    assert s.b.output_token_ids == s.want and s.b.num_cached_tokens == 0  # computed, not loaded
+    assert s.a.output_token_ids == s.want and s.a.num_cached_tokens >= 56  # loaded
+    assert b_done_first and waited == (wait_s > 0)
+    requests = m["connector"]["requests"]
+    assert (requests["num_inflight_waits"] > 0) == (requests["num_inflight_timeouts"] == 1) \
+        == (wait_s > 0), requests
+
+
+def test_a_failed_promotion_ends_the_wait_for_it(tmp_path: Path) -> None:
+    # A's promotion fails: its keys leave the host tier, so B stops waiting at once (its clock
+    # never reaches the bound). A recomputes the blocks, and B, admitted in the same step,
+    # shares that compute through the engine's own prefix cache: no load error reaches B.
+    s = promoting(tmp_path, wait_s=30.0, seed=23)
+    half = offloading_half(s.llm)
+    s.llm.engine.step()
+    assert s.b.status == RequestStatus.WAITING and half.waits.num_waits >= 1
+    s.transfers.gates[(DISK, HOST)].fail_next = 1
+    s.transfers.hold((DISK, HOST), held=False)
+    s.transfers.release(s.promotion)
+    step_until(s.llm, lambda: s.a.is_finished and s.b.is_finished)
+    assert s.a.output_token_ids == s.want and s.b.output_token_ids == s.want
+    assert s.a.num_cached_tokens == 0 and s.b.num_cached_tokens >= 56
+    assert s.a.first_scheduled_time == s.b.first_scheduled_time
+    assert half.stats.num_load_jobs == 1 and half.stats.num_failed_loads == 1
+    assert half.waits.num_timeouts == 0
+    release_and_finish(s.llm, s.transfers)
 
 
 def test_a_write_through_keeps_its_slots_until_it_reports(tmp_path: Path) -> None:

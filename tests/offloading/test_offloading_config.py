@@ -32,6 +32,11 @@ def test_vllm_names_parse() -> None:
     ({"cpu_bytes_to_use": 1, "eviction_policy": "fifo"}, "eviction_policy must be one of"),
     ({"cpu_bytes_to_use": 1, "store_threshold": -1}, "store_threshold must be >= 0"),
     ({"cpu_bytes_to_use": 1, "block_size": 0}, "block_size must be positive"),
+    ({"cpu_bytes_to_use": 1, "inflight_wait_s": -0.5},
+     r"inflight_wait_s must be a number of seconds >= 0 and below 3600 \(0: never wait\), "
+     r"got -0.5"),
+    ({"cpu_bytes_to_use": 1, "inflight_wait_s": float("nan")}, r"inflight_wait_s .* got nan"),
+    ({"cpu_bytes_to_use": 1, "inflight_wait_s": "1s"}, r"inflight_wait_s"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "s3"}]},
      r"'type' one of \['disk', 'redis'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x", "max_bytes": 1,

@@ -90,6 +90,13 @@ def test_a_second_process_on_the_same_disk_root_gets_disk_hits(
     assert second["stats"]["num_disk_hit_tokens"] >= PREFIX_TOKENS
     assert second["metrics"]["disk"]["blocks_loaded"] >= 5
     assert_same(second["rounds"][0], runs["plain"]["rounds"][0])
+    # The first request admitted promotes the prefix from disk; the other three, whose hit run
+    # ends at the keys it is writing to the host tier, wait for it (asked again each step) and
+    # then get the prefix from vLLM's prefix cache: nobody computes it.
+    assert second["rounds"][0]["num_cached_tokens"] == [PREFIX_TOKENS] * 4
+    assert second["stats"]["num_load_jobs"] == 1
+    requests = second["metrics"]["requests"]
+    assert requests["num_inflight_waits"] >= 3 and requests["num_inflight_timeouts"] == 0
 
 
 def test_a_second_process_on_the_same_redis_gets_redis_hits(

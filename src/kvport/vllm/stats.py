@@ -53,6 +53,8 @@ METRICS = (
     _m("requests.num_failed_stores", "failures_total", kind="store"),
     _m("disk.failures", "failures_total", kind="disk_io"),
     _m("disk.skipped_stores", "skipped_stores_total", tier="disk"),
+    _m("requests.num_inflight_waits", "inflight_wait_answers_total"),
+    _m("requests.num_inflight_timeouts", "inflight_wait_timeouts_total"),
     _m("host.occupancy_bytes", "occupancy_bytes", gauge=True, tier="host"),
     _m("disk.occupancy_bytes", "occupancy_bytes", gauge=True, tier="disk"),
     # The Redis tier: the same families, plus what only a network store has.
@@ -90,6 +92,10 @@ _DOC = {
     "redis_round_trips_total": "Pipelined round trips to Redis, by side.",
     "redis_problems_total": "Redis timeouts, errors, calls skipped while down, keys vanished "
                             "before their load, corrupt values deleted, writes refused.",
+    "inflight_wait_answers_total": "Times a request was told to ask again because another "
+                                   "request was writing its next blocks to host memory.",
+    "inflight_wait_timeouts_total": "Requests that stopped waiting for another request's write "
+                                    "at inflight_wait_s and computed those blocks.",
     "occupancy_bytes": "Bytes held, by tier.",
 }
 

@@ -132,6 +132,10 @@ class OffloadingConfig:
     # so the request prefills in the step that admits it, batched with the others. False: every
     # load is asynchronous (the request waits a step for it).
     sync_host_loads: bool = True
+    # A request whose hit run ends at a key another request's job is writing into host memory
+    # (a promotion from disk or Redis, a store) waits for that write, asking again each step,
+    # at most this many seconds; then it computes the rest. 0: never waits.
+    inflight_wait_s: float = 1.0
 
     def __post_init__(self) -> None:
         if (isinstance(self.cpu_bytes_to_use, bool) or not isinstance(self.cpu_bytes_to_use, int)
@@ -147,6 +151,10 @@ class OffloadingConfig:
         if not isinstance(self.sync_host_loads, bool):
             raise ValueError(f"OffloadingConnector: sync_host_loads must be true or false, "
                              f"got {self.sync_host_loads!r}")
+        wait = self.inflight_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < 3600:
+            raise ValueError(f"OffloadingConnector: inflight_wait_s must be a number of seconds "
+                             f">= 0 and below 3600 (0: never wait), got {wait!r}")
         if self.store_threshold < 0:
             raise ValueError(f"OffloadingConnector: store_threshold must be >= 0, "
                              f"got {self.store_threshold}")

@@ -5,6 +5,8 @@ Configuration (`kv_connector_extra_config`, vLLM's names; see config.OffloadingC
     block_size         offload block in tokens (a multiple of the engine's; default: its block)
     eviction_policy    "lru" (default) or "arc"
     sync_host_loads    host-only hits copied before the step's forward (default true)
+    inflight_wait_s    how long a hit waits for keys another request is writing to host memory
+                       (default 1.0; 0: it computes them at once)
     store_threshold    store a block only after it was looked up this many times (0: always)
     secondary_tiers    [{"type": "disk", "root_dir": PATH, "max_bytes": N},
                         {"type": "redis", "url": "redis://127.0.0.1:6379/0", ...}]

@@ -16,11 +16,12 @@ copy. Lookups are counted (manager stats, admission control) once per
 admission, in update_state_after_alloc, not per match: the engine may match a waiting request
 several times before it is admitted.
 
-No convoys: a key that is being written to the host tier (another request's promotion or store
-in flight) ends the hit run, and the request computes it. Why not share the other request's
-load: it would tie this request's latency and failure to another job's, while computing the
-rest costs at most what a fresh request costs; host hits of the same keys are never shared,
-each request copies its own (reads of ready slots run in parallel).
+Keys being written: a key that another request's job is writing to the host tier (a promotion
+or a store in flight) ends the hit run. The request then waits for that write, answered None
+(ask again) each step, at most `inflight_wait_s` (see inflight.py), and computes what is still
+being written after that. It never shares the other job: once the keys are ready it copies them
+itself, so the other job's failure is only a miss for it. Host hits of the same keys are never
+shared either: each request copies its own (reads of ready slots run in parallel).
 
 Stores (`build_connector_meta`): every full offload block that the step computes (or that a hit
 covered without it being in the host tier) gets a slot from prepare_store and one ENGINE->HOST
@@ -51,6 +52,7 @@ from kvport.connectors.base import KVCacheEvent, KVConnectorOutput
 from kvport.connectors.offloading.admission import admission_for
 from kvport.connectors.offloading.arc import ARCManager
 from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.inflight import InflightWaits
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.jobs import LOAD, STORE, Job, JobTable
 from kvport.connectors.offloading.lru import LRUManager
@@ -139,6 +141,7 @@ class OffloadingScheduler:
         self._sync_loads: dict[int, list[int]] = {}
         self._hit_split: dict[str, dict[str, int]] = {}  # req_id -> tier -> hit tokens
         self.stats = HitStats()
+        self.waits = InflightWaits(config.inflight_wait_s)
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
 
     # ---- admission -----------------------------------------------------------------------------
@@ -163,11 +166,13 @@ class OffloadingScheduler:
         lower: list[tuple[bytes, str]] = []
         if self.lower:
             # Promotions need host slots: never more than the tier could free for them. A key
-            # being written to the host tier ends the run: no waiting on another job.
+            # in host memory ends the run (being written: the request may wait for it, below).
             room = max(0, self._room() - num_host)
             candidates = keys[start + num_host:start + num_host + room]
             lower = self.lower.find_run(candidates, stop=self.manager.contains)
         end = start + num_host + len(lower)
+        if self._being_written(keys, end, request.num_tokens) and self.waits.should_wait(rid):
+            return None, False  # ask again once that write reported
         sync = self.sync_host_loads and not lower
         if sync:
             # The forward must compute at least the prompt's last token (its logits give the
@@ -181,9 +186,17 @@ class OffloadingScheduler:
         self._matches[rid] = _Match(num_local, start, keys[start:], host_keys, lower, sync)
         return num_external, not sync
 
+    def _being_written(self, keys: list[bytes], end: int, num_tokens: int) -> bool:
+        """The hit run ends at `keys[end]` because another job is writing it to the host tier,
+        and the request could use it (the prompt's last token is always computed)."""
+        if end >= (num_tokens - 1) // self.offload_tokens:
+            return False
+        return self.manager.contains(keys[end]) and not self.manager.lookup(keys[end:end + 1])
+
     def update_state_after_alloc(self, request: RequestView, block_ids: list[int],
                                  num_external: int) -> None:
         rid = request.request_id
+        self.waits.forget(rid)
         old = self._reqs.get(rid)
         match = self._matches.pop(rid, None)
         st = _ReqState(request, list(block_ids), store_jobs=set(old.store_jobs) if old else set(),
@@ -415,6 +428,7 @@ class OffloadingScheduler:
         rid = request.request_id
         self._matches.pop(rid, None)
         self._hit_split.pop(rid, None)
+        self.waits.forget(rid)
         st = self._reqs.get(rid)
         if st is not None:
             st.request, st.block_ids, st.next_store_idx = None, [], 0
@@ -456,8 +470,10 @@ class OffloadingScheduler:
                     num_rejected_stores=m.num_rejected_stores,
                     num_deferred_blocks=m.num_deferred_blocks,
                     hit_tokens=self.stats.num_host_hit_tokens)
+        requests = dict(vars(self.stats), num_inflight_waits=self.waits.num_waits,
+                        num_inflight_timeouts=self.waits.num_timeouts)
         out: dict[str, Any] = {"offload_block_tokens": self.offload_tokens, "host": host,
-                               "requests": vars(self.stats).copy()}
+                               "requests": requests}
         hit_tokens = {DISK: self.stats.num_disk_hit_tokens, REDIS: self.stats.num_redis_hit_tokens}
         for medium in self.lower.media:
             tier = dict(self.tier_stats.get(medium, {}))
@@ -476,6 +492,9 @@ class OffloadingScheduler:
         problems = self._jobs.check()
         if problems:
             raise RuntimeError(f"OffloadingConnector: {'; '.join(problems)}")
+        if len(self.waits):
+            raise RuntimeError(f"OffloadingConnector: {len(self.waits)} requests still marked as "
+                               f"waiting for another job's write")
         if self._jobs or self.manager.num_pinned or self.manager.num_being_written:
             raise RuntimeError(f"OffloadingConnector: {len(self._jobs)} jobs in flight, "
                                f"{self.manager.num_pinned} pinned and "
