@@ -19,8 +19,9 @@ several times before it is admitted.
 Keys being written: a key that another request's job is writing to the host tier (a promotion
 or a store in flight) ends the hit run. The request then waits for that write, answered None
 (ask again) each step, at most `inflight_wait_s` (see inflight.py), and computes what is still
-being written after that. It never shares the other job: once the keys are ready it copies them
-itself, so the other job's failure is only a miss for it. Host hits of the same keys are never
+being written after that. It never shares the other job: once the keys are ready it takes them
+as any hit (the engine's own prefix cache, after the other request's load, or a copy of its
+own), so the other job's failure is only a miss for it. Host hits of the same keys are never
 shared either: each request copies its own (reads of ready slots run in parallel).
 
 Stores (`build_connector_meta`): every full offload block that the step computes (or that a hit
@@ -52,8 +53,8 @@ from kvport.connectors.base import KVCacheEvent, KVConnectorOutput
 from kvport.connectors.offloading.admission import admission_for
 from kvport.connectors.offloading.arc import ARCManager
 from kvport.connectors.offloading.config import OffloadingConfig
-from kvport.connectors.offloading.inflight import InflightWaits
 from kvport.connectors.offloading.geometry import OffloadGeometry
+from kvport.connectors.offloading.inflight import InflightWaits
 from kvport.connectors.offloading.jobs import LOAD, STORE, Job, JobTable
 from kvport.connectors.offloading.lru import LRUManager
 from kvport.connectors.offloading.lower_lookup import LowerLookup
