@@ -129,13 +129,15 @@ MUTANTS: list[Mutant] = [
         (f"{RACES}::test_a_promotion_later_than_inflight_wait_s_is_computed[0.5]",),
         "the wait for another job's write ends at inflight_wait_s"),
     Mutant(
-        "inflight-wait-only-while-written", f"{OFFLOADING}/scheduler.py",
-        "        return self.manager.contains(keys[end])"
-        " and not self.manager.lookup(keys[end:end + 1])\n",
-        "        return True\n",
+        "failed-promotion-ends-waits", f"{OFFLOADING}/scheduler.py",
+        """\
+            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+                                        success=False)
+""",
+        "            pass\n",
         (f"{RACES}::test_a_failed_promotion_ends_the_wait_for_it",),
-        "a request waits only while the key its run ends at is being written (a failed write "
-        "ends the wait)"),
+        "keys whose promotion failed leave the host tier, which ends other requests' waits "
+        "for them"),
     Mutant(
         "promotion-room", f"{OFFLOADING}/scheduler.py",
         "            room = max(0, self._room() - num_host)\n",

@@ -94,8 +94,8 @@ _DOC = {
                             "before their load, corrupt values deleted, writes refused.",
     "inflight_wait_answers_total": "Times a request was told to ask again because another "
                                    "request was writing its next blocks to host memory.",
-    "inflight_wait_timeouts_total": "Requests that stopped waiting for another request's write "
-                                    "at inflight_wait_s and computed those blocks.",
+    "inflight_wait_timeouts_total": "Requests that reached inflight_wait_s (counted from their "
+                                    "first wait) and computed the blocks still being written.",
     "occupancy_bytes": "Bytes held, by tier.",
 }
 

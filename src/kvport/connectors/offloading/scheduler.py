@@ -190,7 +190,7 @@ class OffloadingScheduler:
     def _being_written(self, keys: list[bytes], end: int, num_tokens: int) -> bool:
         """The hit run ends at `keys[end]` because another job is writing it to the host tier,
         and the request could use it (the prompt's last token is always computed)."""
-        if end >= (num_tokens - 1) // self.offload_tokens:
+        if end >= min(len(keys), (num_tokens - 1) // self.offload_tokens):
             return False
         return self.manager.contains(keys[end]) and not self.manager.lookup(keys[end:end + 1])
 
