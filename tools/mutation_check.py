@@ -56,6 +56,11 @@ SCHED = "tests/engine/test_scheduler_connector.py"
 DRIVER = "src/kvport/connectors/driver.py"
 REGRESSIONS = "tests/connectors/test_framework_regressions.py"
 RECORDING = "tests/connectors/test_recording.py"
+# The scheduler half frees the host slots of keys whose promotion failed (two mutants remove it).
+FAILED_PROMOTION_FREED = """\
+            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+                                        success=False)
+"""
 
 
 @dataclass(frozen=True)
@@ -129,11 +134,20 @@ MUTANTS: list[Mutant] = [
         (f"{RACES}::test_a_promotion_later_than_inflight_wait_s_is_computed[0.5]",),
         "the wait for another job's write ends at inflight_wait_s"),
     Mutant(
+        "inflight-wait-forgotten-at-admission", f"{OFFLOADING}/scheduler.py",
+        "        rid = request.request_id\n        self.waits.forget(rid)\n        old = ",
+        "        rid = request.request_id\n        old = ",
+        (f"{RACES}::test_a_hit_on_keys_being_promoted_waits_for_the_promotion_then_loads",),
+        "an admitted request's wait is dropped: a later one starts with a full bound"),
+    Mutant(
+        "inflight-wait-forgotten-at-finish", f"{OFFLOADING}/scheduler.py",
+        "        self._hit_split.pop(rid, None)\n        self.waits.forget(rid)\n",
+        "        self._hit_split.pop(rid, None)\n",
+        (f"{RACES}::test_a_request_aborted_while_it_waits_leaves_nothing",),
+        "a request finished (aborted) while it waits leaves no wait behind"),
+    Mutant(
         "failed-promotion-ends-waits", f"{OFFLOADING}/scheduler.py",
-        """\
-            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
-                                        success=False)
-""",
+        FAILED_PROMOTION_FREED,
         "            pass\n",
         (f"{RACES}::test_a_failed_promotion_ends_the_wait_for_it",),
         "keys whose promotion failed leave the host tier, which ends other requests' waits "
@@ -224,10 +238,7 @@ MUTANTS: list[Mutant] = [
         "engine blocks whose promotion from disk failed are reported, not copied from the slot"),
     Mutant(
         "failed-promotion-frees-slots", f"{OFFLOADING}/scheduler.py",
-        """\
-            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
-                                        success=False)
-""",
+        FAILED_PROMOTION_FREED,
         """\
             self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
                                         success=True)

@@ -214,9 +214,12 @@ def test_a_hit_on_keys_being_promoted_waits_for_the_promotion_then_loads(
     waited = s.b.status == RequestStatus.WAITING and half.waits.num_waits >= 5
     assert half.stats.num_load_jobs == 1  # A's only: B has no job of its own yet
     s.transfers.release(s.promotion)
+    step_until(s.llm, lambda: s.b.status != RequestStatus.WAITING)
+    forgotten = len(half.waits) == 0  # admitted: a later wait (after a preemption) starts anew
     step_until(s.llm, lambda: s.a.is_finished and s.b.is_finished)
     assert s.a.output_token_ids == s.want and s.b.output_token_ids == s.want
     assert s.a.num_cached_tokens >= 56 and s.b.num_cached_tokens >= 56  # neither computed P
+    assert forgotten
     assert half.stats.num_load_jobs == 1 and half.stats.num_disk_hit_tokens >= 56  # A's load
     assert s.a.first_scheduled_time == s.b.first_scheduled_time  # prefilled in one step
     assert waited and half.waits.num_timeouts == 0
@@ -246,6 +249,19 @@ def test_a_promotion_later_than_inflight_wait_s_is_computed(tmp_path: Path,
     requests = m["connector"]["requests"]
     assert (requests["num_inflight_waits"] > 0) == (requests["num_inflight_timeouts"] == 1) \
         == (wait_s > 0), requests
+
+
+def test_a_request_aborted_while_it_waits_leaves_nothing(tmp_path: Path) -> None:
+    # B is aborted while it waits for A's promotion: its wait is dropped with it (the leak check
+    # counts waits), and A still loads what it promoted.
+    s = promoting(tmp_path, wait_s=30.0)
+    half = offloading_half(s.llm)
+    s.llm.engine.step()
+    assert s.b.status == RequestStatus.WAITING and len(half.waits) == 1
+    s.llm.engine.abort_requests(["B"])
+    release_and_finish(s.llm, s.transfers)  # ends with the "nothing leaked" check
+    assert s.a.output_token_ids == s.want and s.a.num_cached_tokens >= 56
+    assert s.b.status == RequestStatus.FINISHED_ABORTED and half.waits.num_timeouts == 0
 
 
 def test_a_failed_promotion_ends_the_wait_for_it(tmp_path: Path) -> None:

@@ -16,10 +16,15 @@ request's latency is tied to the other job for at most `limit_s`, and its outcom
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
+
+
+# A request's deadline once it has passed: counted and logged once, never waited on again.
+_EXPIRED = -math.inf
 
 
 class InflightWaits:
@@ -29,31 +34,30 @@ class InflightWaits:
     def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit_s = limit_s
         self.clock = clock  # tests move time themselves
-        self._deadlines: dict[str, float] = {}  # req_id -> when its wait ends
-        self._expired: set[str] = set()  # gave up waiting: counted and logged once
+        self._deadlines: dict[str, float] = {}  # req_id -> when its wait ends (or _EXPIRED)
         self.num_waits = 0  # None answers given because of a write in flight
         self.num_timeouts = 0  # requests that stopped waiting at their deadline
 
     def should_wait(self, req_id: str) -> bool:
         """The request's run ends at a key being written: True while its wait lasts."""
-        if self.limit_s <= 0 or req_id in self._expired:
+        if self.limit_s <= 0:
             return False
         now = self.clock()
         deadline = self._deadlines.setdefault(req_id, now + self.limit_s)
         if now < deadline:
             self.num_waits += 1
             return True
-        self._expired.add(req_id)
-        self.num_timeouts += 1
-        logger.warning("OffloadingConnector: request %s waited %.2f s for blocks another request "
-                       "is writing to host memory; it computes them (inflight_wait_s)",
-                       req_id, self.limit_s)
+        if deadline != _EXPIRED:
+            self._deadlines[req_id] = _EXPIRED
+            self.num_timeouts += 1
+            logger.warning("OffloadingConnector: request %s waited %.2f s for blocks another "
+                           "request is writing to host memory; it computes them "
+                           "(inflight_wait_s)", req_id, self.limit_s)
         return False
 
     def forget(self, req_id: str) -> None:
         """The request was admitted or finished: a later wait (after a preemption) starts anew."""
         self._deadlines.pop(req_id, None)
-        self._expired.discard(req_id)
 
     def __len__(self) -> int:
         return len(self._deadlines)
