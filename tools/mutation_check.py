@@ -466,17 +466,15 @@ MUTANTS: list[Mutant] = [
         (f"{RACES}::test_slots_stay_pinned_until_every_lower_tiers_write_reported",),
         "a store's slots stay pinned until every lower tier's write-through ended"),
     Mutant(
-        "redis-checksum-checked", f"{OFFLOADING}/tiers/redis_tier.py",
-        """        if checksum(memoryview(value)[VALUE_HEADER_SIZE:]) != HEADER.unpack_from(value)[7]:
-            return False
-""",
-        "",
+        "redis-checksum-checked", f"{OFFLOADING}/tiers/value_format.py",
+        "        return Verdict.OK if checksum(payload) == xxh else Verdict.BAD\n",
+        "        return Verdict.OK\n",
         (f"{TESTS}/test_redis_tier.py::test_corrupt_values_fail_are_counted_and_deleted",),
         "a Redis value whose payload does not match its checksum is never loaded"),
     Mutant(
         "redis-corrupt-deleted", f"{OFFLOADING}/tiers/redis_tier.py",
-        """        if corrupt:
-            self._delete_corrupt(corrupt)
+        """        if delete:
+            self._delete(delete)
 """,
         "",
         (f"{TESTS}/test_redis_tier.py::test_corrupt_values_fail_are_counted_and_deleted",),

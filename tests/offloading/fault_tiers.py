@@ -108,13 +108,21 @@ class FaultyDisk(DiskTier):
         """Flip one payload byte of key's entry in place."""
         self._flip(self.path(key), self.entry_offset(key) + offset)
 
-    def corrupt_header(self, key: bytes, offset: int = 8) -> None:
-        """Flip one byte of the run header of key's file (default: the format version)."""
+    def corrupt_header(self, key: bytes, offset: int = 16) -> None:
+        """Flip one byte of the run header of key's file (default: the namespace digest's
+        first; offset 8 is the format version, which makes the run another version's)."""
         self._flip(self.path(key), offset)
 
     @staticmethod
     def _flip(path: Path, pos: int) -> None:
         flip_byte(path, pos)
+
+
+def evict_name(disk: DiskTier, key: bytes) -> None:
+    """Remove key's name as another process's eviction does: through the directory's shared
+    ledger (which frees the run's bytes with its last name). A bare unlink is an operator's rm,
+    which the ledger learns only at the next restart."""
+    disk.ledger.remove_names([disk.location.path_str(key)])
 
 
 def flip_byte(path: Path, pos: int) -> None:

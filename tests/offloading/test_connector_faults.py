@@ -76,7 +76,7 @@ def test_corrupt_disk_entries_are_misses(tmp_path: Path, reference: list[list[in
     assert len(runs) >= 2
     for i, path in enumerate(runs.values()):  # flip a byte of a payload (even) or of the header
         with open(path, "r+b") as f:
-            f.seek(4096 + 100 if i % 2 == 0 else 8)
+            f.seek(4096 + 100 if i % 2 == 0 else 16)  # the header's namespace digest
             byte = f.read(1)
             f.seek(-1, 1)
             f.write(bytes([byte[0] ^ 0xFF]))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_tiers import FaultyDisk, drop_page_cache, flip_byte, wait_until
+from fault_tiers import FaultyDisk, drop_page_cache, evict_name, flip_byte, wait_until
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -94,7 +94,7 @@ def test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone(
     assert store(disk, [16, 17]) == []  # run C
     disk.corrupt_payload(key(3), offset=PAYLOAD - 1)  # one entry of A
     os.truncate(disk.path(key(8)), run_bytes(8, PAYLOAD) - PAYLOAD - 1)  # B torn inside 14
-    os.unlink(disk.path(key(10)))  # a name of B gone (another process evicted the key)
+    evict_name(disk, key(10))  # a name of B gone (another process evicted the key)
     disk.corrupt_header(key(16))  # C's header: every key of C fails
     if cold:
         for i in (0, 8, 16):
@@ -118,7 +118,7 @@ def test_a_name_removed_before_its_run_was_opened_is_a_miss(tmp_path: Path) -> N
     the scheduler's lookup by name says, and it is forgotten."""
     disk = DiskTier(tmp_path, 1 << 22, NS)
     assert store(disk, list(range(8))) == []
-    os.unlink(disk.path(key(2)))
+    evict_name(disk, key(2))
     assert load(disk, [0, 1])[0] == []  # opens the run: 7 names, 8 keys indexed
     assert load(disk, [1, 2, 3])[0] == [1]
     assert key(2) not in disk
@@ -177,7 +177,7 @@ def test_a_name_another_process_removed_is_written_again(tmp_path: Path) -> None
     assert store(a, [0, 1]) == []
     assert store(b, [0, 1, 2]) == []  # b does not write what a holds
     assert b.path(key(2)).stat().st_nlink == 1
-    os.unlink(a.path(key(1)))  # b evicted it, say
+    evict_name(a, key(1))  # b evicted it, say
     assert store(a, [1]) == []  # a finds the name gone and writes it again
     assert a.stats.snapshot()["blocks_stored"] == 3
     assert load(a, [0, 1, 2])[0] == []  # 2 is b's: adopted
@@ -189,7 +189,7 @@ def test_a_name_another_process_removed_is_written_again(tmp_path: Path) -> None
 def test_a_name_found_gone_frees_its_room_before_the_store_makes_room(tmp_path: Path) -> None:
     disk = DiskTier(tmp_path, 2 * run_bytes(1, PAYLOAD), NS)
     assert store(disk, [0]) == [] and store(disk, [1]) == []
-    os.unlink(disk.path(key(0)))  # another process evicted run (0): its room is free again
+    evict_name(disk, key(0))  # another process evicted run (0): its room is free again
     assert store(disk, [0]) == []  # written again, in that room: run (1) stays
     assert disk.location.exists(key(1)) and key(1) in disk
     assert disk.stats.snapshot()["evictions"] == 0
@@ -263,8 +263,8 @@ def test_runs_stay_open_between_jobs_and_close_when_evicted(tmp_path: Path) -> N
     assert len(disk.files) == 2  # no new opens: both runs were open
     assert store(disk, [4, 5]) == []  # evicts run (2, 3): its file closes, its space goes
     assert len(disk.files) == 1
-    os.unlink(disk.path(key(0)))
-    os.unlink(disk.path(key(1)))  # another process evicted run (0, 1): every name gone
+    evict_name(disk, key(0))
+    evict_name(disk, key(1))  # another process evicted run (0, 1): every name gone
     failed, _ = load(disk, [0, 1])
     assert failed == [0, 1] and len(disk.files) == 0  # found gone, closed
     disk.close()

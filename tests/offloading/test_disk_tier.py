@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_tiers import DEADLINE_S, FaultyDisk, drop_page_cache, wait_until
+from fault_tiers import DEADLINE_S, FaultyDisk, drop_page_cache, evict_name, wait_until
 
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.mediums import DiskBlocks, EngineBlocks, HostBlocks
@@ -44,8 +44,9 @@ def test_empty_tier_misses_and_bad_root_raises(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 10 * ENTRY, NS)
     assert not tier.location.exists(key(1))
     assert read(tier, key(1)) is None
+    (tmp_path / "a-file").write_bytes(b"")
     with pytest.raises(OSError, match="not a directory"):
-        DiskTier(tmp_path / "missing", ENTRY, NS)
+        DiskTier(tmp_path / "a-file", ENTRY, NS)
     with pytest.raises(ValueError, match="max_bytes must be >= 1, got 0"):
         DiskTier(tmp_path, 0, NS)
 
@@ -293,7 +294,7 @@ def test_a_job_of_entries_loads_exactly(tmp_path: Path, cold: bool) -> None:
     disk.corrupt_payload(key(3), offset=100)
     disk.corrupt_header(key(5))
     os.truncate(disk.path(key(7)), ENTRY - 1)  # torn: shorter than header + payload
-    os.unlink(disk.path(key(9)))  # gone (another process evicted it)
+    evict_name(disk, key(9))  # gone (another process evicted it)
     for i in range(n):
         if cold and i != 9:
             drop_page_cache(disk.path(key(i)))

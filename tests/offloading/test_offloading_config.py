@@ -30,11 +30,10 @@ def test_vllm_names_parse() -> None:
 @pytest.mark.parametrize("extra, message", [
     ({}, "cpu_bytes_to_use must be a positive"),
     ({"cpu_bytes_to_use": 1, "eviction_policy": "fifo"}, "eviction_policy must be one of"),
-    ({"cpu_bytes_to_use": 1, "store_threshold": -1}, "store_threshold must be >= 0"),
-    ({"cpu_bytes_to_use": 1, "block_size": 0}, "block_size must be positive"),
+    ({"cpu_bytes_to_use": 1, "store_threshold": -1}, "store_threshold must be an integer >= 0, got -1"),
+    ({"cpu_bytes_to_use": 1, "block_size": 0}, "block_size must be a positive integer, got 0"),
     ({"cpu_bytes_to_use": 1, "inflight_wait_s": -0.5},
-     r"inflight_wait_s must be a number of seconds >= 0 and below 3600 \(0: never wait\), "
-     r"got -0.5"),
+     r"inflight_wait_s must be a number >= 0 and below 3600, got -0.5"),
     ({"cpu_bytes_to_use": 1, "inflight_wait_s": float("nan")}, r"inflight_wait_s .* got nan"),
     ({"cpu_bytes_to_use": 1, "inflight_wait_s": "1s"}, r"inflight_wait_s"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "s3"}]},
@@ -43,14 +42,14 @@ def test_vllm_names_parse() -> None:
                                                   "speed": 3}]}, r"unknown key\(s\) \['speed'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "max_bytes": 1}]},
      (r"secondary_tiers\[0\]: missing key\(s\) \['root_dir'\]; accepted: "
-      r"\['max_bytes', 'root_dir', 'type'\]")),
+      r"\['group_access', 'lookup_timeout_ms', 'max_bytes', 'root_dir', 'type'\]")),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x"}]},
      r"secondary_tiers\[0\]: missing key\(s\) \['max_bytes'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [
         {"type": "disk", "root_dir": "/x", "max_bytes": 1},
         {"type": "disk", "root_dir": "/y", "max_bytes": -5}]},
      (r"secondary_tiers\[1\]: max_bytes must be a positive integer, got -5; accepted: "
-      r"\['max_bytes', 'root_dir', 'type'\]")),
+      r"\['group_access', ")),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "", "max_bytes": 1}]},
      r"secondary_tiers\[0\]: root_dir must be a directory path, got ''; accepted"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": {"type": "disk"}},
@@ -65,7 +64,7 @@ def test_vllm_names_parse() -> None:
      r"cluster must be true or false, got 'yes'"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h",
                                                   "lookup_timeout_ms": 0}]},
-     r"lookup_timeout_ms must be a positive number, got 0"),
+     r"lookup_timeout_ms must be a number > 0 and below 3.6e\+06, got 0"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h",
                                                   "tls_ca_file": "/ca.pem"}]},
      r"tls_ca_file needs a rediss:// url"),
@@ -129,3 +128,50 @@ def test_redis_below_disk_whatever_the_order_and_no_password_in_messages() -> No
         parse({"cpu_bytes_to_use": 1, "secondary_tiers": [
             {"type": "redis", "url": "http://tenant:s3cret@h", "cluster": True}]})
     assert "s3cret" not in str(err.value) and "tenant:***@h" in str(err.value)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"cpu_bytes_to_use": 1, "block_size": 32.0}, r"block_size\W* must be .*got 32.0"),
+    ({"cpu_bytes_to_use": 1, "store_threshold": 1.5}, r"store_threshold\W* must be .*got 1.5"),
+    ({"cpu_bytes_to_use": 1, "store_threshold": "2"}, r"store_threshold\W* must be .*got '2'"),
+    ({"cpu_bytes_to_use": 1, "block_size": "64"}, r"block_size\W* must be .*got '64'"),
+    ({"cpu_bytes_to_use": True}, r"cpu_bytes_to_use\W* must be .*got True"),
+    ({"cpu_bytes_to_use": 1, "eviction_policy": 3}, r"eviction_policy\W* must be .*got 3"),
+    ({"cpu_bytes_to_use": 1, "load_timeout_s": 0}, "load_timeout_s must be a number > 0"),
+    ({"cpu_bytes_to_use": 1, "write_timeout_s": "30"}, r"write_timeout_s\W* must be .*got '30'"),
+    ({"cpu_bytes_to_use": 1, "namespace": "a b"}, "namespace must be 1-200 letters"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x",
+                                                  "max_bytes": 1.0}]},
+     "max_bytes must be a positive integer, got 1.0"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x",
+                                                  "max_bytes": 1, "group_access": 1}]},
+     "group_access must be true or false, got 1"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h",
+                                                  "tenant": "team a"}]},
+     "tenant must be 1-64 letters"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h",
+                                                  "startup_nodes": ["h:1"]}]},
+     "startup_nodes needs cluster: true"),
+    ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "redis", "url": "redis://h",
+                                                  "cluster": True, "startup_nodes": ["h"]}]},
+     r"startup_nodes must be a list of 'host:port' strings, got \('h',\)"),
+])
+def test_values_of_a_wrong_type_are_clear_errors(extra: dict[str, object], message: str) -> None:
+    """Through parse_extra_config and built directly: the same check, never a TypeError later."""
+    with pytest.raises(ValueError, match=message):
+        parse(extra)
+    with pytest.raises(ValueError, match=message):
+        OffloadingConfig(**extra)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tiers", [
+    [{"type": "Redis", "url": "redis://:s3cretPW@10.0.0.5:6379/0"}],  # a bad type
+    {"type": "redis", "url": "redis://:s3cretPW@10.0.0.5:6379/0"},  # not a list
+    [{"type": "redis", "url": "redis://:s3cretPW@10.0.0.5:6379/0", "cluster": "yes"}],
+    [{"type": "redis", "url": "redis://u:s3cretPW@h/0", "password": "s3cretPW"}],  # unknown key
+    [{"type": "s3", "secret": "s3cretPW", "token": "s3cretPW"}],
+])
+def test_no_config_error_shows_a_password(tiers: object) -> None:
+    with pytest.raises(ValueError) as err:
+        parse({"cpu_bytes_to_use": 1, "secondary_tiers": tiers})
+    assert "s3cretPW" not in str(err.value)

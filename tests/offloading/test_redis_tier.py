@@ -14,15 +14,14 @@ from redis_fixtures import RedisClusterServers, RedisServer, TlsFiles, free_port
 from kvport.connectors.offloading.config import RedisTierConfig
 from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
 from kvport.connectors.offloading.tiers import TransferOutcome
-from kvport.connectors.offloading.tiers.disk_format import HEADER, MAGIC
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.tiers.redis_client import (
+    RedisKeyspace,
     RedisLookup,
-    namespace_digest,
     redis_namespace,
-    value_key,
 )
 from kvport.connectors.offloading.tiers.redis_tier import RedisTier
+from kvport.connectors.offloading.tiers.value_format import HEADER, MAGIC
 
 NS = b"kvport-disk-v1|root|float32|layout|16|4|2|32|256"  # a geometry namespace
 PAYLOAD = 4096
@@ -72,7 +71,8 @@ def test_round_trip_in_one_round_trip_per_job(redis_server: RedisServer) -> None
     lookup = RedisLookup(cfg, NS)
     assert lookup.exists([key(0), key(9), key(3)]) == [True, False, True]
     assert lookup.stats() == {"lookups": 1, "keys_queried": 3, "keys_found": 2, "round_trips": 1,
-                              "timeouts": 0, "errors": 0, "skipped_down": 0}
+                              "timeouts": 0, "errors": 0, "skipped_down": 0, "redirects": 0,
+                              "map_refreshes": 0}
     got = load(tier, host, [3, 2, 9, 1, 0], [8, 9, 10, 11, 12])
     assert got == TransferOutcome(4 * PAYLOAD, [2])
     for i, slot in ((3, 8), (2, 9), (1, 11), (0, 12)):
@@ -108,7 +108,7 @@ def test_value_is_header_then_payload_under_a_namespaced_key(redis_server: Redis
     store(tier, host, [0])
     digest = hashlib.sha256(redis_namespace(NS, "")).digest()
     rkey = b"kvport:" + digest.hex()[:16].encode() + b":" + key(0).hex().encode()
-    assert rkey == value_key(digest, key(0)) == tier.key(key(0))
+    assert rkey == tier.keyspace.key(key(0)) == tier.key(key(0))
     with redis_server.client() as admin:
         assert admin.keys("*") == [rkey]
         raw = admin.get(rkey)
@@ -119,7 +119,7 @@ def test_value_is_header_then_payload_under_a_namespaced_key(redis_server: Redis
 
 def test_namespace_covers_geometry_and_salt_without_ambiguity() -> None:
     a = redis_namespace(NS, "")
-    assert a.startswith(b"kvport-redis-v1|")
+    assert a.startswith(b"15:kvport-redis-v1|")
     assert len({a, redis_namespace(NS, "t1"), redis_namespace(b"other", ""),
                 redis_namespace(NS + b"|x", ""), redis_namespace(NS, "|x")}) == 5
 
@@ -172,7 +172,7 @@ def test_corrupt_values_fail_are_counted_and_deleted(redis_server: RedisServer,
         if damage == "payload":
             raw[HEADER.size + 100] ^= 0xFF
         elif damage == "header":
-            raw[10] ^= 0xFF  # the header size field
+            raw[16] ^= 0xFF  # the namespace digest
         elif damage == "truncated":
             raw = raw[:-1]
         elif damage == "longer":
@@ -370,7 +370,8 @@ def test_close_returns_at_once_even_while_redis_hangs(redis_server: RedisServer)
     tier.close()
     assert time.monotonic() - start < 0.8
     assert tier.stats.snapshot()["timeouts"] == 1
-    assert namespace_digest(NS, "") == tier.namespace_digest
+    assert RedisKeyspace.build(RedisTierConfig(redis_server.url), NS).namespace_digest == \
+        tier.namespace_digest
 
 
 def test_a_store_larger_than_a_batch_goes_out_in_several_pipelines(
@@ -384,6 +385,7 @@ def test_a_store_larger_than_a_batch_goes_out_in_several_pipelines(
     assert store(tier, host, [0, 1, 2, 3, 4]) == TransferOutcome(5 * PAYLOAD, [])
     assert tier.stats.snapshot()["round_trips"] == 1 + 3  # EXISTS, then SETs of 2, 2 and 1
     assert load(tier, host, [0, 1, 2, 3, 4], [8, 9, 10, 11, 12]).failed_indices == []
+    assert tier.stats.snapshot()["round_trips"] == 4 + 3  # GETs of 2, 2 and 1: bounded too
     for i in range(5):
         assert torch.equal(host.slot(8 + i), payload(i))
     tier.close()

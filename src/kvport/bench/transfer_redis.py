@@ -121,7 +121,7 @@ def _redis_row(cfg: TransferBenchConfig, size: int, client: Any, salt: str,
     from kvport.connectors.offloading.config import RedisTierConfig
     from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
     from kvport.connectors.offloading.tiers.host import HostTier
-    from kvport.connectors.offloading.tiers.redis_client import namespace_digest, value_key
+    from kvport.connectors.offloading.tiers.redis_client import RedisKeyspace
     from kvport.connectors.offloading.tiers.redis_tier import RedisTier
 
     assert cfg.redis_url is not None
@@ -134,10 +134,11 @@ def _redis_row(cfg: TransferBenchConfig, size: int, client: Any, salt: str,
                                      io_timeout_s=REDIS_IO_TIMEOUT_S),
                      REDIS_NAMESPACE + b"|tier|%d" % size)
     # redis-py's keys: the tier's format and length, under a namespace of their own
-    base_digest = namespace_digest(REDIS_NAMESPACE + b"|redis-py|%d" % size, salt)
+    base = RedisKeyspace.build(RedisTierConfig(cfg.redis_url, tenant_salt=salt),
+                               REDIS_NAMESPACE + b"|redis-py|%d" % size)
     keys = [hashlib.sha256(b"%d/%d" % (size, i)).digest() for i in range(n)]
     tier_keys = {tier.key(k) for k in keys}
-    base_keys = [value_key(base_digest, k) for k in keys]
+    base_keys = [base.key(k) for k in keys]
     payloads = [host.slot(i).numpy().data for i in range(n)]  # the slots' bytes, no copy
     jobs = [(list(range(i, min(n, i + cfg.job_blocks))), keys[i:i + cfg.job_blocks])
             for i in range(0, n, cfg.job_blocks)]

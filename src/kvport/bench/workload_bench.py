@@ -516,9 +516,7 @@ def _run_redis_keys(cfg: WorkloadBenchConfig, run: _Run) -> tuple[str, bytes] | 
         return None
     if tier is None or lookup is None:  # (tier: checked above; for mypy)
         return None
-    from kvport.connectors.offloading.tiers.redis_client import value_key
-
-    return tier["url"], value_key(lookup.namespace_digest, b"")
+    return tier["url"], lookup.keyspace.prefix
 
 
 def _redis_tier_entry(spec: ConfigSpec) -> dict[str, Any] | None:

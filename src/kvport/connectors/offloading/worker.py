@@ -105,7 +105,8 @@ def make_lower_tiers(config: OffloadingConfig, geometry: OffloadGeometry) -> dic
     lower: dict[str, LowerTier] = {}
     disk = config.disk_tier
     if disk is not None:
-        lower[DISK] = DiskTier(disk.root_dir, disk.max_bytes, geometry.disk_namespace)
+        lower[DISK] = DiskTier(disk.root_dir, disk.max_bytes, geometry.disk_namespace,
+                               group_access=disk.group_access)
     if config.redis_tier is not None:
         lower[REDIS] = _redis_tier(config.redis_tier, geometry.disk_namespace)
     return lower

@@ -55,3 +55,14 @@ class TierStats:
         with self._lock:
             # Not dataclasses.asdict: it would deep-copy the lock.
             return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+
+
+@dataclass
+class DiskTierStats(TierStats):
+    """TierStats plus what only the disk tier sees. `occupancy_*` are this process's runs;
+    `shared_bytes` is every process's on the directory (the shared ledger)."""
+
+    other_format: int = 0  # run files of another format version: misses, left alone
+    rejected: int = 0  # names removed: a bad entry or run header, a symlink or FIFO at a name
+    swept_temp_files: int = 0  # temp files of crashed writers removed at start
+    shared_bytes: int = 0  # the ledger: run files of every process sharing the directory

@@ -21,12 +21,20 @@ was at most one request of the entry's size: 0.47-0.72x of one file cold at 720 
 now).
 
 Index and size limit: runs in LRU order (a load or a store of a key held refreshes its run). The
-limit counts run files (header included) this process knows; the least recently used run is
-evicted whole, all its names removed, since its space is freed only with its last name (keys of
-a job are a request's consecutive blocks and are wanted together). At start the tier lists its
-directory and groups names into runs by inode, oldest run first: one stat per name, no file
-read. A run of another live process is adopted, with the keys loaded from it, when a load reads
-it; processes sharing a directory each enforce their own view of the limit.
+limit counts the run files (header included) of every process on the directory, in a ledger they
+share (disk_ledger); a store that needs room evicts this process's least recently used runs whole,
+all its names removed, since its space is freed only with its last name (keys of a job are a
+request's consecutive blocks and are wanted together), and never a run a planned promotion will
+read (`protect`). At start the tier lists its directory and groups names into runs by inode,
+oldest run first: one stat per name, no file read; it removes the temp files of writers that
+died, and sets the ledger to what it found. A run of another live process is adopted, with the
+keys loaded from it, when a load reads it.
+
+Privacy: files are created 0o600 and directories 0o700 (0o640 / 0o750 with `group_access`);
+`root_dir` is created if missing; the namespace directory must be this user's and writable by
+nobody else (else the tier refuses to start: anyone who can write there can plant entries).
+Names are opened with O_NOFOLLOW and O_NONBLOCK and must be regular files: a symlink or a FIFO at
+a key's name is removed, never followed or waited on.
 """
 
 from __future__ import annotations
@@ -34,19 +42,22 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
-from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.tiers import DiskTierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
     DiskLocation, ScannedName, check_pairs, checksum, disk_namespace, key_digest, unlink_quietly,
 )
 from kvport.connectors.offloading.tiers.disk_files import RunFiles, RunId
 from kvport.connectors.offloading.tiers.disk_index import RunIndex
+from kvport.connectors.offloading.tiers.disk_ledger import Ledger, remove_names_locked
 from kvport.connectors.offloading.tiers.disk_load import DiskLoader, publish_occupancy
 from kvport.connectors.offloading.tiers.disk_runs import pack_run_header, run_bytes, write_run
 from kvport.connectors.offloading.tiers.host import HostTier
@@ -54,33 +65,65 @@ from kvport.connectors.offloading.tiers.host import HostTier
 logger = logging.getLogger(__name__)
 
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _STALE_TEMP_SECONDS = 3600.0  # a temp file this old has no live writer: remove it at start
 
 
 class DiskTier:
-    """Run files under `root_dir`, at most `max_bytes` of them known to this process.
+    """Run files under `root_dir`, at most `max_bytes` of them for every process on it together.
     `num_threads` (torch's count by default, as the host tier's copies): threads, the caller's
     included, that read a large extent the page cache holds (disk_read.SPLIT_BYTES)."""
 
     def __init__(self, root_dir: str | os.PathLike[str], max_bytes: int, namespace: bytes,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, group_access: bool = False) -> None:
         self.index = RunIndex(max_bytes)  # checks max_bytes
         num_threads = torch.get_num_threads() if num_threads is None else num_threads
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-        root = Path(root_dir)
-        if not root.is_dir():
-            raise OSError(errno.ENOENT, f"disk tier root_dir {str(root)!r} is not a directory")
-        self.location = DiskLocation(root, namespace)
+        self.location = DiskLocation(root_dir, namespace, group_access)
         self.namespace_digest = self.location.namespace_digest
         self.dir = self.location.dir
-        self.dir.mkdir(exist_ok=True)
-        self.stats = TierStats()
+        self._group_access = group_access
+        root = Path(root_dir)
+        if not root.exists():
+            os.makedirs(root, mode=self.location.dir_mode, exist_ok=True)
+        if not root.is_dir():
+            raise OSError(errno.ENOTDIR, f"disk tier root_dir {str(root)!r} is not a directory")
+        self._secure_dir(self.dir)
+        self.stats = DiskTierStats()
         self.files = RunFiles()  # run files kept open between load jobs
-        self.loader = DiskLoader(self.location, self.index, self.files, self.stats,
+        self.ledger = Ledger(self.dir, self.location.file_mode)
+        self.loader = DiskLoader(self.location, self.index, self.files, self.stats, self.ledger,
                                  num_threads - 1)
         self._check_hard_links()
         self._rebuild_index()
+
+    def _secure_dir(self, path: Path) -> None:
+        """Create the namespace directory with the tier's mode, or check the one there: a real
+        directory (not a symlink) of this user that nobody else may write (group members only
+        with group_access); a wider mode of our own directory is narrowed."""
+        try:
+            path.mkdir(mode=self.location.dir_mode)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        where = f"disk tier directory {str(path)!r}"
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.ENOTDIR, f"{where} is not a directory (a symlink is refused)")
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid == os.geteuid():
+            if mode & ~self.location.dir_mode:
+                os.chmod(path, self.location.dir_mode)
+                logger.warning("%s had mode %o; set to %o", where, mode, self.location.dir_mode)
+            return
+        if not self._group_access:
+            raise PermissionError(errno.EACCES, f"{where} belongs to uid {st.st_uid}, not to "
+                                  f"this user ({os.geteuid()}); its entries could be planted by "
+                                  f"that user: use a root_dir of your own, or group_access: "
+                                  f"true where the directory's group is trusted")
+        if mode & stat.S_IWOTH:
+            raise PermissionError(errno.EACCES, f"{where} is writable by every user (mode "
+                                  f"{mode:o}): anyone could plant entries")
 
     @property
     def max_bytes(self) -> int:
@@ -95,7 +138,7 @@ class DiskTier:
         a = self.location.temp_path_str()
         b = self.location.temp_path_str()
         try:
-            os.close(os.open(a, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.close(os.open(a, _CREATE_FLAGS, self.location.file_mode))
             os.link(a, b)
         except OSError as exc:
             raise OSError(exc.errno, f"disk tier root_dir {str(self.dir.parent)!r}: cannot create "
@@ -107,12 +150,23 @@ class DiskTier:
             unlink_quietly(b)
 
     def _rebuild_index(self) -> None:
-        runs: dict[RunId, list[ScannedName]] = {}
-        for name in self.location.scan(_STALE_TEMP_SECONDS):
-            runs.setdefault(name.inode, []).append(name)
+        with self.ledger.locked() as entry:  # no process changes the directory meanwhile
+            scan = self.location.scan(_STALE_TEMP_SECONDS)
+            runs: dict[RunId, list[ScannedName]] = {}
+            for name in scan.names:
+                runs.setdefault(name.inode, []).append(name)
+            writing = sum(size for inode, size in scan.writing.items() if inode not in runs)
+            entry.used = sum(names[0].size for names in runs.values()) + writing
+        if scan.swept:
+            logger.warning("disk tier %s: removed %d temp files of writers that died",
+                           self.dir, scan.swept)
+        self.stats.add(swept_temp_files=scan.swept)
         for names in sorted(runs.values(), key=lambda n: n[0].mtime_ns):  # oldest run first
             self.index.add(names[0].inode, names[0].size, [n.key for n in names])
-        self._make_room(0)  # a restart with a smaller max_bytes trims the oldest runs
+        if not self._make_room(0):  # a restart with a smaller max_bytes trims the oldest runs
+            logger.warning("disk tier %s: other processes' runs hold more than max_bytes=%d",
+                           self.dir, self.max_bytes)
+        self._update_occupancy()
 
     def _update_occupancy(self) -> None:
         publish_occupancy(self.index, self.stats)
@@ -120,27 +174,71 @@ class DiskTier:
     def check_integrity(self) -> None:
         """Raise RuntimeError if the accounting is off (tests call it after every scenario)."""
         self.index.check()
+        used = self.ledger.read_used()
+        if used < self.index.occupancy()[1]:
+            raise RuntimeError(f"disk tier ledger: {used} bytes in use, fewer than this "
+                               f"process's runs ({self.index.occupancy()[1]})")
 
     def close(self) -> None:
         """Close the run files kept open and end the read helpers (no load may run any more)."""
         self.loader.close()
         self.files.close()
+        self.ledger.close()
 
     def __contains__(self, key: bytes) -> bool:
         return key in self.index
 
+    def protect(self, keys: Sequence[bytes]) -> None:
+        """A planned promotion will read these keys: their runs are kept until `unprotect`."""
+        self.index.protect(keys)
+
+    def unprotect(self, keys: Sequence[bytes]) -> None:
+        self.index.unprotect(keys)
+
     def _make_room(self, size: int, keep: frozenset[RunId] = frozenset()) -> bool:
-        """Reserve room for a run of `size` bytes (RunIndex.make_room), removing the names of
-        the runs evicted for it; False if it cannot fit."""
-        eviction = self.index.make_room(size, keep)
+        """Whether a run of `size` bytes fits with every process's runs (the ledger), after
+        evicting this process's least recently used runs it needs; nothing is reserved."""
+        with self.ledger.locked() as entry:
+            return self._evict_locked(entry, size, keep)
+
+    def _evict_locked(self, entry: Any, size: int, keep: frozenset[RunId]) -> bool:
+        eviction = self.index.make_room(entry.used + size - self.max_bytes, keep)
         if eviction is None:
             return False
-        self._update_occupancy()
-        for key in eviction.keys:  # a job reading the run already keeps reading it
-            unlink_quietly(self.location.path_str(key))
-        self.files.drop(eviction.runs)  # its space is freed with its last descriptor
-        self.stats.add(evictions=len(eviction.keys))
+        if eviction.keys:
+            self._update_occupancy()
+            # A job reading the run already keeps reading it; the space is freed (and the
+            # ledger's count falls) with the last name.
+            entry.used -= remove_names_locked(
+                [self.location.path_str(key) for key in eviction.keys])
+            self.files.drop(eviction.runs)
+            self.stats.add(evictions=len(eviction.keys))
+        self.stats.set(shared_bytes=entry.used)
         return True
+
+    def _reserve(self, size: int, keep: frozenset[RunId], num_keys: int) -> str | None:
+        """Room for a run of `size` bytes (evicting for it), counted in the ledger, and its temp
+        file created at that size, all under the ledger's lock: the temp file's path, or None
+        (no room, or the file could not be made: the run's `num_keys` are counted skipped or
+        failed)."""
+        with self.ledger.locked() as entry:
+            if not self._evict_locked(entry, size, keep):
+                self.stats.add(skipped_stores=num_keys)
+                return None
+            tmp = self.location.temp_path_str()
+            try:
+                fd = os.open(tmp, _CREATE_FLAGS, self.location.file_mode)
+                try:
+                    os.ftruncate(fd, size)  # its full size: a crash leaves what was counted
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                unlink_quietly(tmp)
+                self._count_write_error(exc, num_keys)
+                return None
+            entry.used += size
+            self.stats.set(shared_bytes=entry.used)
+            return tmp
 
     # --- store ----------------------------------------------------------------------------------
 
@@ -163,36 +261,43 @@ class DiskTier:
         todo = [i for i, key in enumerate(keys) if not self._held(key)]
         if not todo:
             return []
+        self.files.close_unlinked()  # runs others evicted: their space is freed at close
         # The runs of this job's held keys stay: the job counts them as stored.
         keep = frozenset(r for r in self.index.runs_of(keys) if r is not None)
         size = run_bytes(len(todo), payloads[0].nbytes)
-        if not self._make_room(size, keep):
-            self.stats.add(skipped_stores=len(todo))
+        tmp = self._reserve(size, keep, len(todo))
+        if tmp is None:
             return todo
-        try:
-            return self._write_run(keys, payloads, todo, size, start)
-        finally:
-            self.index.release(size)
+        return self._write_run(tmp, keys, payloads, todo, size, start)
 
     def _held(self, key: bytes) -> bool:
-        """Whether key's name exists (refreshing its run); a name gone (another process evicted
-        it) is dropped from the index, so the key is written again."""
-        held = os.path.exists(self.location.path_str(key))
+        """Whether key's name is a regular file (refreshing its run); a name gone (another
+        process evicted it) is dropped from the index, so the key is written again, and one that
+        is not a regular file (a symlink, a FIFO) is removed first."""
+        path = self.location.path_str(key)
+        try:
+            held = stat.S_ISREG(os.lstat(path).st_mode)
+        except FileNotFoundError:
+            held = False
+        else:
+            if not held:
+                self.ledger.remove_names([path])
+                self.stats.add(rejected=1)
+                logger.warning("disk tier: %s was not a regular file; removed", path)
         self.index.refresh(key, held)
         if not held:
             self._update_occupancy()
         return held
 
-    def _write_run(self, keys: Sequence[bytes], payloads: Sequence[memoryview], todo: list[int],
-                   size: int, start: float) -> list[int]:
+    def _write_run(self, tmp: str, keys: Sequence[bytes], payloads: Sequence[memoryview],
+                   todo: list[int], size: int, start: float) -> list[int]:
         run_keys = [keys[i] for i in todo]
         run_payloads = [payloads[i] for i in todo]
         header = pack_run_header(self.namespace_digest, run_keys, run_payloads)
-        tmp = self.location.temp_path_str()
         try:
             run_id = self._write_file(tmp, run_keys, header, run_payloads)
         except OSError as exc:
-            unlink_quietly(tmp)
+            self.ledger.remove_names([tmp])  # nothing named it: its bytes are freed
             self._count_write_error(exc, len(todo))
             return todo
         linked: list[bytes] = []
@@ -206,7 +311,8 @@ class DiskTier:
                     self._count_write_error(exc, 1)
                     failed.append(i)
         finally:
-            unlink_quietly(tmp)  # the run lives on under its keys' names (or is freed now)
+            # The run lives on under its keys' names, or is freed now (and leaves the ledger).
+            self.ledger.remove_names([tmp])
         if linked:
             self.index.add(run_id, size, linked)
             self._update_occupancy()
@@ -217,11 +323,14 @@ class DiskTier:
 
     def _write_file(self, tmp: str, keys: Sequence[bytes], header: bytes,
                     payloads: Sequence[memoryview]) -> RunId:
-        """Write the run to a new file at tmp (a seam for fault injection: tests' fault_tiers)."""
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        """Write the run into the temp file at tmp, created at its size by `_reserve` (a seam
+        for fault injection: tests' fault_tiers)."""
+        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         try:
-            write_run(fd, header, payloads)
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise OSError(errno.EEXIST, f"the temp file {tmp} was replaced")
+            write_run(fd, header, payloads)
         finally:
             os.close(fd)
         return st.st_ino
@@ -234,7 +343,7 @@ class DiskTier:
             try:
                 os.link(tmp, path)
             except FileNotFoundError:  # the name's directory is new: mkdir only then
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.makedirs(os.path.dirname(path), mode=self.location.dir_mode, exist_ok=True)
                 os.link(tmp, path)
         except FileExistsError:
             return False

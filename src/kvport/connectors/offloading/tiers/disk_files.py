@@ -142,6 +142,22 @@ class RunFiles:
                 if run_id in self._runs:
                     self._drop_locked(run_id)
 
+    def close_unlinked(self) -> int:
+        """Close the runs no job reads whose every name is gone (another process evicted them):
+        their space is freed only with their last descriptor. The number closed."""
+        with self._lock:
+            gone = []
+            for run_id, cached in self._runs.items():
+                if cached.users == 0:
+                    try:
+                        if os.fstat(cached.run.fd).st_nlink == 0:
+                            gone.append(run_id)
+                    except OSError:
+                        gone.append(run_id)
+            for run_id in gone:
+                self._drop_locked(run_id)
+            return len(gone)
+
     def close(self) -> None:
         """Close every run file: now those no job reads, the others when their job ends."""
         with self._lock:

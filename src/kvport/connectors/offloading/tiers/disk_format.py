@@ -1,19 +1,8 @@
-"""Formats and places of stored KV: the value header, the disk tier's namespace and directory.
-
-The value header (little endian) leads every Redis value (tiers/redis_tier.py):
-
-    offset size  field
-    0      8     magic b"KVPORTKV"
-    8      2     format version (FORMAT_VERSION)
-    10     2     header size (HEADER.size = 80 for a Redis value)
-    12     4     reserved, 0
-    16     32    namespace digest: sha256 of the namespace bytes (model, dtype, layout, sizes)
-    48     16    key digest: blake2b-128 of the key (a value under another key is a miss)
-    64     8     payload length in bytes
-    72     8     xxh3_64 of the payload
+"""Where the disk tier's entries live: its namespace, its directory, and the names in it.
 
 The disk tier keeps a job's entries in one run file (tiers/disk_runs.py), named once per key by
 a hard link at `DiskLocation.path(key)`.
+
 """
 
 from __future__ import annotations
@@ -22,21 +11,19 @@ import hashlib
 import itertools
 import logging
 import os
-import struct
+import socket
+import stat
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import xxhash
-
 from kvport.connectors.base import KVCacheSpec
+from kvport.connectors.offloading.tiers.value_format import checksum, key_digest  # noqa: F401
 
 logger = logging.getLogger("kvport.connectors.offloading.tiers.disk")
-MAGIC = b"KVPORTKV"
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<8sHHI32s16sQQ")  # the fields; a value's header is exactly these
 SUFFIX = ".kvb"
+TEMP_PREFIX = ".run."
 TEMP_SUFFIX = ".tmp"
 
 
@@ -47,33 +34,6 @@ def disk_namespace(root_hash: bytes, spec: KVCacheSpec, offload_block_size: int)
     fields = [root_hash.hex(), spec.dtype, spec.layout, str(spec.block_size), str(spec.num_layers),
               str(spec.num_kv_heads), str(spec.head_dim), str(offload_block_size)]
     return "|".join(["kvport-disk-v2", *fields]).encode()
-
-
-def key_digest(key: bytes) -> bytes:
-    return hashlib.blake2b(key, digest_size=16).digest()
-
-
-def checksum(payload: memoryview | bytes) -> int:
-    return xxhash.xxh3_64_intdigest(payload)
-
-
-def pack_header(namespace_digest: bytes, key: bytes, payload: memoryview,
-                header_size: int = HEADER.size) -> bytes:
-    """The header of `payload`, zero-padded to `header_size` (>= HEADER.size)."""
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, header_size, 0, namespace_digest, key_digest(key),
-                         payload.nbytes, checksum(payload))
-    return header + bytes(header_size - HEADER.size)
-
-
-def header_ok(namespace_digest: bytes, raw: bytes, key: bytes, payload_len: int,
-              header_size: int = HEADER.size) -> bool:
-    """Whether a header (`header_size` bytes) belongs to this namespace and key and announces
-    this payload length (the payload's checksum is checked by the reader)."""
-    if len(raw) != header_size:
-        return False
-    magic, version, hsize, _, ns, kd, length, _ = HEADER.unpack_from(raw)
-    return bool(magic == MAGIC and version == FORMAT_VERSION and hsize == header_size
-                and ns == namespace_digest and kd == key_digest(key) and length == payload_len)
 
 
 def check_pairs(src: list[int] | list[bytes], dst: list[int] | list[bytes]) -> None:
@@ -101,17 +61,40 @@ class ScannedName:
     mtime_ns: int
 
 
+@dataclass
+class Scan:
+    """What listing the directory found: keys' names, and the run files being written by live
+    writers (inode -> size; a crashed writer's are removed)."""
+
+    names: list[ScannedName] = field(default_factory=list)
+    writing: dict[int, int] = field(default_factory=dict)
+    swept: int = 0  # temp files of dead writers (or older than the stale age) removed
+
+
+def modes(group_access: bool) -> tuple[int, int]:
+    """(file mode, directory mode): private to the user, or readable by the group too."""
+    return (0o640, 0o750) if group_access else (0o600, 0o700)
+
+
+def _host_tag() -> str:
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in socket.gethostname())[:64]
+
+
 class DiskLocation:
     """Where a disk tier's entries live: `<root>/<namespace digest hex[:16]>/<key hex[:2]>/<key
     hex>.kvb`, each a hard link to the run file holding the key's entry. The scheduler half uses it
     alone, as a read-only view of the directory (the worker's DiskTier writes and evicts, so a
-    name's existence is the truth)."""
+    name's existence is the truth). A name that is not a regular file (a symlink, a FIFO) is
+    never a key's entry."""
 
-    def __init__(self, root_dir: str | os.PathLike[str], namespace: bytes) -> None:
+    def __init__(self, root_dir: str | os.PathLike[str], namespace: bytes,
+                 group_access: bool = False) -> None:
         self.namespace_digest = hashlib.sha256(namespace).digest()
         self.dir = Path(root_dir) / self.namespace_digest.hex()[:16]
+        self.file_mode, self.dir_mode = modes(group_access)
         self._dir = str(self.dir)
         self._temps = itertools.count()
+        self._host = _host_tag()
 
     def path(self, key: bytes) -> Path:
         return Path(self.path_str(key))
@@ -123,38 +106,65 @@ class DiskLocation:
         return f"{self._dir}/{h[:2]}/{h}{SUFFIX}"
 
     def temp_path_str(self) -> str:
-        """A fresh name for a run file being written (this process and thread): it gets its keys'
-        names once it is whole, and loses this one then."""
-        return (f"{self._dir}/.run.{os.getpid()}.{threading.get_ident()}.{next(self._temps)}"
-                f"{TEMP_SUFFIX}")
+        """A fresh name for a run file being written (this host, process and thread): it gets
+        its keys' names once it is whole, and loses this one then. The pid lets a later process
+        on this host remove it once its writer is dead."""
+        return (f"{self._dir}/{TEMP_PREFIX}{self._host}.{os.getpid()}.{threading.get_ident()}."
+                f"{next(self._temps)}{TEMP_SUFFIX}")
 
     def exists(self, key: bytes) -> bool:
-        return os.path.isfile(self.path_str(key))
+        """Whether key's name is a regular file (not following a symlink)."""
+        try:
+            return stat.S_ISREG(os.lstat(self.path_str(key)).st_mode)
+        except OSError:
+            return False
 
-    def scan(self, stale_temp_seconds: float) -> list[ScannedName]:
+    def scan(self, stale_temp_seconds: float) -> Scan:
         """Every key's name under the directory, by name and stat alone (no file is read).
-        Temp files older than `stale_temp_seconds` (torn writes of dead processes: live writers
-        finish far sooner) are removed."""
+        Temp files of writers on this host that are no longer alive, and any older than
+        `stale_temp_seconds` (live writers finish far sooner), are removed."""
         now = time.time()
-        found: list[ScannedName] = []
+        out = Scan()
         for entry in os.scandir(self._dir):
             if entry.is_dir(follow_symlinks=False):
                 for name in os.scandir(entry.path):
-                    _scan_name(name, now, stale_temp_seconds, found)
+                    self._scan_name(name, now, stale_temp_seconds, out)
             else:
-                _scan_name(entry, now, stale_temp_seconds, found)
-        return found
+                self._scan_name(entry, now, stale_temp_seconds, out)
+        return out
 
+    def _scan_name(self, entry: os.DirEntry[str], now: float, stale_temp_seconds: float,
+                   out: Scan) -> None:
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                return  # a directory, symlink or FIFO: never an entry of ours
+            if entry.name.startswith(TEMP_PREFIX) and entry.name.endswith(TEMP_SUFFIX):
+                if now - st.st_mtime > stale_temp_seconds or self._writer_dead(entry.name):
+                    os.unlink(entry.path)
+                    out.swept += 1
+                else:
+                    out.writing[st.st_ino] = st.st_size
+            elif entry.name.endswith(SUFFIX):
+                key = bytes.fromhex(entry.name[:-len(SUFFIX)])
+                out.names.append(ScannedName(key, st.st_ino, st.st_size, st.st_mtime_ns))
+        except (OSError, ValueError):
+            pass  # removed meanwhile, or a foreign name: not ours
 
-def _scan_name(entry: os.DirEntry[str], now: float, stale_temp_seconds: float,
-               found: list[ScannedName]) -> None:
-    try:
-        st = entry.stat(follow_symlinks=False)
-        if entry.name.endswith(TEMP_SUFFIX):
-            if now - st.st_mtime > stale_temp_seconds:
-                os.unlink(entry.path)
-        elif entry.name.endswith(SUFFIX):
-            key = bytes.fromhex(entry.name[:-len(SUFFIX)])
-            found.append(ScannedName(key, st.st_ino, st.st_size, st.st_mtime_ns))
-    except (OSError, ValueError):
-        pass  # removed meanwhile, or a foreign name: not ours
+    def _writer_dead(self, name: str) -> bool:
+        """Whether the temp file's writer (its host and pid are in its name) is a process of this
+        host that no longer runs. Another host's, or one this process cannot tell, is left to the
+        age rule."""
+        parts = name[len(TEMP_PREFIX):-len(TEMP_SUFFIX)].split(".")
+        if len(parts) != 4 or parts[0] != self._host or not parts[1].isdigit():
+            return False
+        pid = int(parts[1])
+        if pid == os.getpid():
+            return False  # another tier of this process may be writing it
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # alive, another user's
+            return False
+        return False

@@ -1,9 +1,11 @@
-"""The disk tier's index: which run files this process knows, the keys each holds, their sizes
-in least-recently-used order, and the room they and the writes in flight take. Thread-safe; it
-decides, the tier (disk.py) removes the names and closes the files.
+"""The disk tier's index: which run files this process knows, the keys each holds, and their
+sizes in least-recently-used order. Thread-safe; it decides which runs to evict, the tier
+(disk.py) removes the names, closes the files and keeps the shared ledger (disk_ledger), which
+counts the runs of every process on the directory.
 
 A run's bytes stay on disk until its last name goes, so room is made by evicting runs whole, and
-a key is indexed under one run: the run its name links to (as far as this process knows).
+a key is indexed under one run: the run its name links to (as far as this process knows). Keys a
+planned promotion will read are protected: their runs are not evicted until the load ended.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Eviction:
 
 
 class RunIndex:
-    """Runs of at most `max_bytes` in all, least recently used first."""
+    """The runs this process knows, least recently used first."""
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 1:
@@ -40,7 +42,7 @@ class RunIndex:
         self._runs: OrderedDict[RunId, _Run] = OrderedDict()
         self._key_run: dict[bytes, RunId] = {}
         self._used = 0  # sum of the runs' sizes
-        self._reserved = 0  # bytes of writes in flight (room made, not yet added)
+        self._protected: dict[bytes, int] = {}  # key -> loads that will read it
         self._lock = threading.Lock()
 
     def __contains__(self, key: bytes) -> bool:
@@ -99,14 +101,12 @@ class RunIndex:
             else:
                 self._remove_key(key)
 
-    def make_room(self, size: int, keep: frozenset[RunId] = frozenset()) -> Eviction | None:
-        """Reserve room for a run of `size` bytes, evicting the least recently used runs it
-        needs, never one in `keep` (runs holding keys of the store that asks); None, evicting
-        nothing, if it cannot fit so (larger than the tier, or the room is held by writes in
-        flight or by `keep`). The caller `release`s the reservation when its write ended."""
+    def make_room(self, need: int, keep: frozenset[RunId] = frozenset()) -> Eviction | None:
+        """Evict the least recently used runs that free at least `need` bytes, never one in
+        `keep` (runs holding keys of the store that asks) nor one holding a protected key;
+        None, evicting nothing, if they cannot (`need` <= 0: nothing to evict)."""
         with self._lock:
-            # Decide first: only runs in the index can be evicted, writes in flight cannot.
-            need = self._used + self._reserved + size - self.max_bytes
+            keep = keep | {self._key_run[k] for k in self._protected if k in self._key_run}
             victims: list[RunId] = []
             freed = 0
             for run_id, run in self._runs.items():  # least recently used first
@@ -124,12 +124,22 @@ class RunIndex:
                 for key in run.keys:
                     del self._key_run[key]
                 names += run.keys
-            self._reserved += size
             return Eviction(victims, names)
 
-    def release(self, size: int) -> None:
+    def protect(self, keys: Sequence[bytes]) -> None:
+        """A load will read these keys: their runs are not evicted until `unprotect`."""
         with self._lock:
-            self._reserved -= size
+            for key in keys:
+                self._protected[key] = self._protected.get(key, 0) + 1
+
+    def unprotect(self, keys: Sequence[bytes]) -> None:
+        with self._lock:
+            for key in keys:
+                left = self._protected.get(key, 0) - 1
+                if left > 0:
+                    self._protected[key] = left
+                else:
+                    self._protected.pop(key, None)
 
     def check(self) -> None:
         """Raise RuntimeError if the accounting is off (tests call it after every scenario)."""
@@ -139,11 +149,11 @@ class RunIndex:
             consistent = listed == len(self._key_run) and all(
                 run.keys and all(self._key_run.get(k) == run_id for k in run.keys)
                 for run_id, run in self._runs.items())
-            if (total != self._used or self._reserved != 0 or self._used > self.max_bytes
+            if (total != self._used or self._used > self.max_bytes or self._protected
                     or not consistent):
                 raise RuntimeError(f"disk tier accounting: used {self._used}, runs' sum {total}, "
-                                   f"reserved {self._reserved}, max {self.max_bytes}, "
-                                   f"keys {len(self._key_run)} (runs list {listed})")
+                                   f"max {self.max_bytes}, {len(self._protected)} protected "
+                                   f"keys, keys {len(self._key_run)} (runs list {listed})")
 
     def _remove_key(self, key: bytes) -> None:  # with the lock held
         run_id = self._key_run.pop(key, None)

@@ -11,21 +11,26 @@ never errors: the scheduler recomputes what a load does not deliver.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
-from kvport.connectors.offloading.tiers import TierStats
+from kvport.connectors.offloading.tiers import DiskTierStats, TierStats
 from kvport.connectors.offloading.tiers.disk_files import OpenRun, RunFiles, RunId, file_stamp
-from kvport.connectors.offloading.tiers.disk_format import DiskLocation, unlink_quietly
+from kvport.connectors.offloading.tiers.disk_format import DiskLocation
 from kvport.connectors.offloading.tiers.disk_index import RunIndex
+from kvport.connectors.offloading.tiers.disk_ledger import Ledger
 from kvport.connectors.offloading.tiers.disk_read import read_entries
 from kvport.connectors.offloading.tiers.disk_runs import read_run_header
+from kvport.connectors.offloading.tiers.value_format import Verdict
 
 logger = logging.getLogger(__name__)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 def publish_occupancy(index: RunIndex, stats: TierStats) -> None:
@@ -39,8 +44,9 @@ class DiskLoader:
     `num_helpers` threads share the reads of large cached extents with the caller's."""
 
     def __init__(self, location: DiskLocation, index: RunIndex, files: RunFiles,
-                 stats: TierStats, num_helpers: int = 0) -> None:
+                 stats: DiskTierStats, ledger: Ledger, num_helpers: int = 0) -> None:
         self.location = location
+        self.ledger = ledger
         self.namespace_digest = location.namespace_digest
         self.index = index
         self.files = files
@@ -147,31 +153,42 @@ class DiskLoader:
         bad (name removed)."""
         path = self.location.path_str(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            # Never through a symlink, and never blocking on a FIFO planted at the name.
+            fd = os.open(path, _OPEN_FLAGS)
         except FileNotFoundError:  # evicted by another process, or never there
             self._forget(key)
             return None
         except OSError as exc:
-            logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
+            if exc.errno == errno.ELOOP:  # a symlink at the name: not an entry of ours
+                self._reject(key, "a symlink, not a run file")
+            else:
+                logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
             return None
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                self._reject(key, "not a regular file")
+                return None
             run_id = st.st_ino
             run = runs.get(run_id) or self.files.acquire(run_id)
             if run is not None:
                 os.close(fd)
                 runs[run_id] = run
                 return run
-            header = (None if run_id in bad else
-                      read_run_header(fd, self.namespace_digest, payload_bytes))
+            header = (Verdict.BAD if run_id in bad else
+                      read_run_header(fd, self.namespace_digest, payload_bytes, st.st_size))
         except OSError as exc:
             os.close(fd)
             logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
             return None
-        if header is None:
+        if isinstance(header, Verdict):
             os.close(fd)
             bad.add(run_id)
-            self._reject(key, "bad run header")
+            if header is Verdict.OTHER_FORMAT:  # another version's: a miss, left to its readers
+                self.stats.add(other_format=1)
+            else:
+                self._reject(key, "bad run header")
             return None
         opened = OpenRun(run_id, fd, file_stamp(st), header, st.st_nlink)
         run = runs[run_id] = self.files.add(opened)
@@ -181,7 +198,8 @@ class DiskLoader:
         """A bad entry: its name removed, so no later lookup finds it."""
         path = self.location.path_str(key)
         logger.warning("disk tier entry %s rejected (%s); removed", path, why)
-        unlink_quietly(path)
+        self.ledger.remove_names([path])
+        self.stats.add(rejected=1)
         self._forget(key)
 
     def _forget(self, key: bytes) -> None:

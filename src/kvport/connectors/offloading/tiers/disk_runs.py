@@ -30,7 +30,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvport.connectors.offloading.tiers.disk_format import checksum, key_digest
+from kvport.connectors.offloading.tiers.value_format import Verdict, checksum, key_digest
 
 RUN_MAGIC = b"KVPORTRN"
 RUN_VERSION = 1
@@ -76,19 +76,27 @@ class RunHeader:
         return self.header_size + position * self.payload_bytes
 
 
-def read_run_header(fd: int, namespace_digest: bytes, payload_bytes: int) -> RunHeader | None:
-    """The header of the run file open at fd, or None if it is not a run of this namespace with
-    payloads of `payload_bytes` (a torn, foreign or corrupt file)."""
+def read_run_header(fd: int, namespace_digest: bytes, payload_bytes: int,
+                    file_size: int) -> RunHeader | Verdict:
+    """The header of the run file open at fd (`file_size` bytes), or why it cannot be read:
+    OTHER_FORMAT for another run format version (a miss, the file left to its readers), BAD if
+    it is not a run of this namespace with payloads of `payload_bytes` (a torn, foreign or
+    corrupt file). Reads at most the header, which must fit in the file: no count in a damaged
+    header makes it read or allocate more. Raises OSError only for a failed read."""
     first = os.pread(fd, PAGE, 0)
     if len(first) < RUN_FIXED.size:
-        return None
+        return Verdict.BAD
     magic, version, _, h, ns, size, n, = RUN_FIXED.unpack_from(first)
-    if (magic != RUN_MAGIC or version != RUN_VERSION or ns != namespace_digest
-            or size != payload_bytes or n < 1 or h != header_size(n)):
-        return None
+    if magic != RUN_MAGIC:
+        return Verdict.BAD
+    if version != RUN_VERSION:
+        return Verdict.OTHER_FORMAT
+    if (ns != namespace_digest or size != payload_bytes or n < 1 or h != header_size(n)
+            or h > file_size):
+        return Verdict.BAD
     raw = first if h == PAGE else first + os.pread(fd, h - PAGE, PAGE)
     if len(raw) != h:
-        return None
+        return Verdict.BAD
     entries = {}
     for i in range(n):
         digest, xxh = RECORD.unpack_from(raw, RUN_FIXED.size + i * RECORD.size)

@@ -1,26 +1,27 @@
-"""The Redis tier's connection and its scheduler-side lookup (no torch, no host tier here).
+"""The Redis tier's keys, its connection (one server, or a cluster's servers), and the scheduler's
+lookup. No torch and no host tier here.
 
-Keys: `kvport:<namespace digest hex[:16]>:<key hex>`; the namespace is the geometry's (model hash
-root, dtype, layout, block geometry: `OffloadGeometry.disk_namespace`) plus the tenant salt. No
-hash tags: on a cluster the keys spread over every node's slots. Each value's header holds the
-full namespace digest (redis_tier), so the 64 bits in the name need only keep tenants apart.
+Keys (`RedisKeyspace`): `kvport:[<tenant>:]<namespace digest hex[:16]>:<key hex>`. The namespace
+is the geometry's (model hash root, dtype, layout, block geometry) plus the format version, the
+tenant salt and the MAC key's id, so engines that must not share KV never meet under one name.
+The tenant (a name) comes first so that an ACL key pattern, `~kvport:<tenant>:*`, scopes a
+tenant's keys; the digest's 64 bits keep namespaces apart within it. Each value's header holds
+the full namespace digest (value_format), checked before anything is decoded. No hash tags: on a
+cluster the keys spread over every server's slots.
 
-An operation is a batch of one-key commands: one pipeline (one round trip, counted in
-`round_trips` when attempted) per server, per node holding a key on a cluster. We group keys by
-the client's slot map rather than use redis-py's cluster pipeline, whose recovery resends failed
-commands one by one, each waiting out the timeout again. redis-py's retries are off: a failure is
-reported at once, and the caller takes it as a miss or an unwritten block.
+An operation (`RedisConnection.execute`) is a batch of one-key commands: one pipeline (one round
+trip, counted in `round_trips`) per server holding a key, the servers' pipelines at once, each
+within the call's deadline (redis_node: the whole round trip, not each socket read). Nothing
+raises: a position holds its reply, its error reply, or RedisUnavailable. On a cluster a MOVED
+reply moves its slot and the command goes to the new owner within the same call, an ASK reply
+sends it once to the importing server behind ASKING (redis_cluster); a second redirect is a miss.
 
-Down state: a connection error or timeout marks the connection down for a backoff (0.2 s,
-doubling up to 5 s). While down, calls fail at once without touching the network
-(`skipped_down`); once the backoff elapsed one call probes (others still skip) and its success
-ends the down state. Without it every scheduler step would wait out a timeout while Redis is
-gone. A cluster shares one state (a dead node costs the timeout once per backoff); a failed node
-or a MOVED reply also rebuilds the cluster client, which reloads the slot map.
+Down state: per server (redis_node.Health); a cluster's slot map has one too (no server gave a
+map: every call skips at once until the backoff ends). A dead master costs its slots' hits only.
 
 Secrets: credentials are taken out of the URL and passed to redis-py separately (the env vars
-named by `username_env`/`password_env` win), so no message carries them; our log lines use the
-redacted URL and scrub the password from error texts.
+named by `username_env`/`password_env` win), the tenant salt and the MAC key may come from env
+vars too, and no message carries any of them.
 """
 
 from __future__ import annotations
@@ -31,53 +32,72 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.cluster import RedisCluster
+    import redis  # noqa: F401  (the tier is configured: only then is this module imported)
     from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
-    from redis.retry import Retry
-except ImportError as exc:  # the tier is configured (only then is this module imported)
+except ImportError as exc:
     raise ImportError("the Redis tier needs redis-py: pip install 'kvport[redis]'") from exc
 
 from kvport.connectors.offloading.config import RedisTierConfig, redacted_url
+from kvport.connectors.offloading.tiers.redis_cluster import SlotMap
+from kvport.connectors.offloading.tiers.redis_node import (
+    REDIS_FAILURES, Command, DeadlineExceeded, RedisNode, node_pool, url_pool,
+)
+from kvport.connectors.offloading.tiers.value_format import (
+    FORMAT_VERSION, ValueCodec, derive_mac_key, mac_key_id,
+)
 
 logger = logging.getLogger(__name__)
 
 NAMESPACE_VERSION = b"kvport-redis-v1"
 KEY_PREFIX = b"kvport:"
-BACKOFF_START_S = 0.2
-BACKOFF_CAP_S = 5.0
-# Cluster replies that mean the client's slot map is stale (the positions fail).
+# Cluster replies that mean the slot map is stale (those positions fail unless followed).
 TOPOLOGY_ERRORS = (MovedError, AskError, TryAgainError, ClusterDownError)
-
-Command = tuple[Any, ...]  # (name, key, *args): every command names one key
-
-
-def redis_namespace(geometry_namespace: bytes, tenant_salt: str) -> bytes:
-    """The key namespace: the geometry's namespace plus the tenant salt. Length-prefixed, so no
-    choice of salt can make two different (geometry, salt) pairs collide."""
-    return b"|".join([NAMESPACE_VERSION, str(len(geometry_namespace)).encode(),
-                      geometry_namespace, tenant_salt.encode()])
+MAX_PARALLEL_NODES = 8  # servers one call reaches at once (the others wait for a thread)
+THREAD_GRACE_S = 0.5  # past the deadline, how long a call waits for a cut-off server's thread
 
 
-def namespace_digest(geometry_namespace: bytes, tenant_salt: str) -> bytes:
-    return hashlib.sha256(redis_namespace(geometry_namespace, tenant_salt)).digest()
+def redis_namespace(geometry_namespace: bytes, tenant_salt: str, key_id: bytes = b"") -> bytes:
+    """The key namespace: the geometry's, the value format, the tenant salt and the MAC key's
+    id. Length-prefixed, so no choice of salt can make two different tuples collide."""
+    parts = [NAMESPACE_VERSION, b"format%d" % FORMAT_VERSION, geometry_namespace,
+             tenant_salt.encode(), key_id]
+    return b"|".join(b"%d:%s" % (len(p), p) for p in parts)
 
 
-def value_key(namespace_digest: bytes, key: bytes) -> bytes:
-    return KEY_PREFIX + namespace_digest.hex()[:16].encode() + b":" + key.hex().encode()
+@dataclass(frozen=True)
+class RedisKeyspace:
+    """Where one connector's values live on Redis, and how they are checked."""
+
+    namespace_digest: bytes
+    prefix: bytes  # kvport:[tenant:]<ns16>:
+    codec: ValueCodec
+
+    @classmethod
+    def build(cls, config: RedisTierConfig, geometry_namespace: bytes) -> RedisKeyspace:
+        """Reads the salt and the MAC key from their env vars if named (unset: ValueError)."""
+        salt = _env(config, "tenant_salt_env", "the tenant salt") or config.tenant_salt
+        secret = _env(config, "mac_key_env", "a secret for the values' MAC")
+        mac_key = derive_mac_key(secret) if secret else None
+        digest = hashlib.sha256(redis_namespace(
+            geometry_namespace, salt, mac_key_id(mac_key) if mac_key else b"")).digest()
+        tenant = config.tenant.encode() + b":" if config.tenant else b""
+        prefix = KEY_PREFIX + tenant + digest.hex()[:16].encode() + b":"
+        return cls(digest, prefix, ValueCodec(digest, mac_key))
+
+    def key(self, key: bytes) -> bytes:
+        """The Redis key of an offload block's key."""
+        return self.prefix + key.hex().encode()
 
 
 class RedisUnavailable(Exception):
     """The result at a position that was not attempted (down) or whose round trip failed."""
-
-
-class _Adds(Protocol):
-    def add(self, **deltas: float) -> None: ...
 
 
 class Counters:
@@ -90,7 +110,7 @@ class Counters:
     def add(self, **deltas: float) -> None:
         with self._lock:
             for name, value in deltas.items():
-                self._values[name] += value
+                self._values[name] = self._values.get(name, 0.0) + value
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
@@ -98,193 +118,200 @@ class Counters:
 
 
 _DOWN = RedisUnavailable("Redis is down (backing off)")
+_NO_MAP = RedisUnavailable("no server of the cluster serves this key's slot")
+CONNECTION_COUNTERS = ("round_trips", "timeouts", "errors", "skipped_down", "redirects",
+                       "map_refreshes")
 
 
 class RedisConnection:
-    """A lazily built redis-py client with a down state. Construction reads the credentials (a
-    named env var that is unset is a ValueError) and never touches the network."""
+    """The servers of one tier (one, or a cluster's), with their down states. Construction reads
+    the credentials (a named env var that is unset is a ValueError) and touches no network."""
 
     def __init__(self, config: RedisTierConfig, *, timeout_s: float | None = None,
-                 stats: _Adds | None = None) -> None:
+                 stats: Any = None) -> None:
         self.config = config
         self.url = redacted_url(config.url)  # for messages
         self.timeout_s = config.io_timeout_s if timeout_s is None else timeout_s
-        self.stats: _Adds = stats if stats is not None else Counters(
-            "round_trips", "timeouts", "errors", "skipped_down")
-        self._bare_url, username, password = _split_credentials(config.url)
+        self.stats = stats if stats is not None else Counters(*CONNECTION_COUNTERS)
+        bare_url, username, password = _split_credentials(config.url)
         username = _env(config, "username_env", "the Redis ACL user name") or username
         self._password = _env(config, "password_env", "the Redis password") or password
-        self._username = username
-        self._client: Any = None  # redis.Redis | RedisCluster, built on first use
-        self._lock = threading.Lock()
-        self._failures = 0  # consecutive failed attempts; > 0: down
-        self._down_until = 0.0  # time.monotonic() before which calls are skipped
-        self._probing = False  # one call is trying while down
+        base = url_pool(bare_url, username, self._password, self.timeout_s, config.tls_ca_file)
+        seed = (base.connection_kwargs.get("host", "127.0.0.1"),
+                int(base.connection_kwargs.get("port", 6379)))
+        self._node: RedisNode | None = None  # one server
+        self._slots: SlotMap | None = None  # a cluster
+        if config.cluster:
+            seeds = [seed] + [_split_host_port(n) for n in config.startup_nodes]
+            self._slots = SlotMap(seeds, lambda h, p: RedisNode(f"{h}:{p}",
+                                                                node_pool(base, h, p)))
+        else:
+            self._node = RedisNode(f"{seed[0]}:{seed[1]}", base)
+        self._threads: ThreadPoolExecutor | None = None  # a call reaching several servers
+        self._threads_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RedisConnection({self.url!r}, cluster={self.config.cluster})"
 
-    # --- client ---------------------------------------------------------------------------------
-
-    def _build(self) -> Any:
-        kw: dict[str, Any] = {
-            "username": self._username, "password": self._password,
-            "socket_timeout": self.timeout_s, "socket_connect_timeout": self.timeout_s,
-            # No retries inside redis-py: a failure is reported at once; the down state paces.
-            "retry": Retry(NoBackoff(), 0)}
-        if self._bare_url.startswith("rediss://") and self.config.tls_ca_file:
-            kw["ssl_ca_certs"] = self.config.tls_ca_file
-        if self.config.cluster:
-            return RedisCluster.from_url(self._bare_url, **kw)  # fetches the slot map
-        return redis.Redis.from_url(self._bare_url, **kw)
-
-    def _get_client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                self._client = self._build()
-            return self._client
-
-    def _reset_client(self) -> None:
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            _close_quietly(client)
-
     def close(self) -> None:
-        """Close the sockets (never waits on the server). A later call reconnects."""
-        self._reset_client()
+        """Close the sockets (never waits on a server). A later call reconnects."""
+        if self._node is not None:
+            self._node.close()
+        if self._slots is not None:
+            self._slots.close()
 
-    # --- down state -----------------------------------------------------------------------------
+    @property
+    def down(self) -> bool:
+        """Every server this tier knows is down (or, on a cluster, no map could be had)."""
+        if self._node is not None:
+            return self._node.health.is_down
+        assert self._slots is not None
+        return self._slots.health.is_down and not self._slots.loaded
 
-    def _admit(self) -> str | None:
-        """None: skip (down); "probe": the one attempt after a backoff; "call": up."""
-        with self._lock:
-            if self._failures == 0:
-                return "call"
-            if self._probing or time.monotonic() < self._down_until:
-                return None
-            self._probing = True
-            return "probe"
+    # --- commands -------------------------------------------------------------------------------
 
-    def _count(self, exc: BaseException) -> None:
+    def execute(self, commands: Sequence[Command]) -> list[Any]:
+        """Run one-key commands, each server's as one pipeline, within `timeout_s` in all."""
+        if not commands:
+            return []
+        deadline = time.monotonic() + self.timeout_s
+        results: list[Any] = [None] * len(commands)
+        if self._node is not None:
+            self._run({self._node: list(range(len(commands)))}, commands, results, deadline)
+            return results
+        assert self._slots is not None
+        self._slots.refresh_if_due(deadline)
+        groups: dict[RedisNode, list[int]] = {}
+        unrouted = 0
+        for i, command in enumerate(commands):
+            node = self._slots.node_for(command[1])
+            if node is None:
+                results[i] = _NO_MAP
+                unrouted += 1
+            else:
+                groups.setdefault(node, []).append(i)
+        if unrouted:
+            self.stats.add(skipped_down=1)
+        self._run(groups, commands, results, deadline)
+        self._follow_redirects(commands, results, deadline)
+        return results
+
+    def _follow_redirects(self, commands: Sequence[Command], results: list[Any],
+                          deadline: float) -> None:
+        """Send each MOVED position to its slot's new owner, each ASK position to the importing
+        server behind ASKING: once (a second redirect stays an error reply: a miss)."""
+        assert self._slots is not None
+        moved: dict[RedisNode, list[int]] = {}
+        asked: dict[RedisNode, list[int]] = {}
+        for i, r in enumerate(results):
+            if isinstance(r, MovedError):
+                moved.setdefault(self._slots.moved(r.slot_id, r.host, r.port), []).append(i)
+            elif isinstance(r, AskError):
+                asked.setdefault(self._slots.node_at(r.host, r.port), []).append(i)
+            elif isinstance(r, (TryAgainError, ClusterDownError)):
+                self._slots.mark_stale()
+        if moved or asked:
+            self.stats.add(redirects=sum(map(len, moved.values())) +
+                           sum(map(len, asked.values())))
+            self._run(moved, commands, results, deadline)
+            self._run(asked, commands, results, deadline, asking=True)
+
+    def _run(self, groups: dict[RedisNode, list[int]], commands: Sequence[Command],
+             results: list[Any], deadline: float, asking: bool = False) -> None:
+        """One pipeline per server (at once when several), filling `results` at each server's
+        positions; a server down is skipped, one that fails goes down."""
+        work: list[tuple[RedisNode, list[int], str]] = []
+        for node, positions in groups.items():
+            admitted = node.health.admit()
+            if admitted is None:
+                self.stats.add(skipped_down=1)
+                for i in positions:
+                    results[i] = _DOWN
+            else:
+                work.append((node, positions, admitted))
+        if not work:
+            return
+        batches = [[c for i in positions for c in ((("ASKING",), commands[i]) if asking
+                                                   else (commands[i],))]
+                   for _, positions, _ in work]
+        self.stats.add(round_trips=len(work))
+        if len(work) == 1:
+            outcomes = [_call(work[0][0], batches[0], deadline)]
+        else:
+            outcomes = self._call_many([node for node, _, _ in work], batches, deadline)
+        for (node, positions, admitted), outcome in zip(work, outcomes):
+            try:
+                if isinstance(outcome, BaseException):
+                    self._failed(node, positions, outcome, results)
+                else:
+                    node.health.up()
+                    replies = outcome[1::2] if asking else outcome
+                    for i, reply in zip(positions, replies):
+                        results[i] = reply
+            finally:
+                node.health.done(admitted)
+
+    def _call_many(self, nodes: list[RedisNode], batches: list[list[Command]],
+                   deadline: float) -> list[list[Any] | BaseException]:
+        with self._threads_lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(MAX_PARALLEL_NODES, "kvport-redis")
+        futures = [self._threads.submit(_call, node, batch, deadline)
+                   for node, batch in zip(nodes, batches)]
+        wait_futures(futures, timeout=max(0.0, deadline - time.monotonic()) + THREAD_GRACE_S)
+        return [f.result() if f.done() else DeadlineExceeded("no thread to run the call in time")
+                for f in futures]
+
+    def _failed(self, node: RedisNode, positions: list[int], exc: BaseException,
+                results: list[Any]) -> None:
         timeout = isinstance(exc, (redis.TimeoutError, TimeoutError))
         self.stats.add(**{"timeouts" if timeout else "errors": 1})
-
-    def _up(self) -> None:
-        with self._lock:
-            recovered = self._failures > 0
-            self._failures = 0
-        if recovered:
-            logger.info("Redis tier %s reachable again", self.url)
-
-    def _down(self, exc: BaseException) -> None:
-        with self._lock:
-            self._failures += 1
-            backoff = min(BACKOFF_CAP_S, BACKOFF_START_S * 2 ** (self._failures - 1))
-            self._down_until = time.monotonic() + backoff
-            first = self._failures == 1
-        (logger.warning if first else logger.debug)(
-            "Redis tier %s unavailable (%s: %s); next attempt in %.1f s", self.url,
-            type(exc).__name__, self._scrub(str(exc)), backoff)
+        why = f"{type(exc).__name__}: {self._scrub(str(exc))}"
+        node.health.down(f"{self.url} ({node.name}): {why}")
+        failure = RedisUnavailable(why)
+        for i in positions:
+            results[i] = failure
+        if self._slots is not None:
+            self._slots.mark_stale()  # a failover may follow: ask for the map again
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._password, "***") if self._password else text
 
     @property
-    def down(self) -> bool:
-        with self._lock:
-            return self._failures > 0
+    def map_refreshes(self) -> int:
+        return self._slots.num_refreshes if self._slots is not None else 0
 
-    # --- commands -------------------------------------------------------------------------------
 
-    def execute(self, commands: Sequence[Command]) -> list[Any]:
-        """Run one-key commands as pipelines (one per node), without raising for Redis problems:
-        each position holds its reply, the error reply (a ResponseError) or RedisUnavailable."""
-        if not commands:
-            return []
-        admitted = self._admit()
-        if admitted is None:
-            self.stats.add(skipped_down=1)
-            return [_DOWN] * len(commands)
-        try:
-            return self._execute(commands)
-        finally:
-            if admitted == "probe":
-                with self._lock:
-                    self._probing = False
-
-    def _execute(self, commands: Sequence[Command]) -> list[Any]:
-        try:
-            batches = self._batches(self._get_client(), commands)
-        except (redis.RedisError, OSError) as exc:
-            self._count(exc)
-            self._down(exc)
-            self._reset_client()  # e.g. a cluster client that could not load its slot map
-            return [RedisUnavailable(self._scrub(str(exc)))] * len(commands)
-        results: list[Any] = [None] * len(commands)
-        failed = [err for node, positions in batches
-                  if (err := self._run_batch(node, commands, positions, results)) is not None]
-        if failed:
-            self._down(failed[0])  # once per call, however many nodes failed
-        else:
-            self._up()
-        # A node failed (a failover may follow) or answered MOVED/ASK: the client's slot map may
-        # be stale; the next call builds a client, which reloads it.
-        if self.config.cluster and (failed or any(isinstance(r, TOPOLOGY_ERRORS)
-                                                  for r in results)):
-            self._reset_client()
-        return results
-
-    def _batches(self, client: Any, commands: Sequence[Command]) -> list[tuple[Any, list[int]]]:
-        """(client of one node, positions) groups: all positions for a single server."""
-        if not self.config.cluster:
-            return [(client, list(range(len(commands))))]
-        groups: dict[str, tuple[Any, list[int]]] = {}
-        for i, command in enumerate(commands):
-            node = client.get_node_from_key(command[1])
-            groups.setdefault(node.name, (client.get_redis_connection(node), []))[1].append(i)
-        return list(groups.values())
-
-    def _run_batch(self, node: Any, commands: Sequence[Command], positions: list[int],
-                   results: list[Any]) -> BaseException | None:
-        """One pipeline to one server; fills `results` at `positions`; the failure, if any."""
-        pipe = node.pipeline(transaction=False)
-        for i in positions:
-            pipe.execute_command(*commands[i])
-        self.stats.add(round_trips=1)
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except (redis.RedisError, OSError) as exc:
-            self._count(exc)
-            failure = RedisUnavailable(self._scrub(str(exc)))
-            for i in positions:
-                results[i] = failure
-            return exc
-        for i, reply in zip(positions, replies):
-            results[i] = reply
-        return None
+def _call(node: RedisNode, batch: list[Command], deadline: float) -> list[Any] | BaseException:
+    try:
+        return node.call(batch, deadline)
+    except REDIS_FAILURES as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - redis-py's internals: a miss, never a crash
+        logger.warning("Redis tier: unexpected %s from redis-py talking to %s", type(exc).__name__,
+                       node.name, exc_info=True)
+        return exc
 
 
 class RedisLookup:
     """The scheduler's question "which of these keys does Redis hold?", answered in one round
-    trip (per node) within `lookup_timeout_ms`; any problem answers "none" (a miss)."""
+    trip per server within `lookup_timeout_ms` in all; any problem answers "none" (a miss)."""
 
     def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
-        self.namespace_digest = namespace_digest(namespace, config.tenant_salt)
-        self._stats = Counters("lookups", "keys_queried", "keys_found", "round_trips", "timeouts",
-                               "errors", "skipped_down")
+        self.keyspace = RedisKeyspace.build(config, namespace)
+        self.namespace_digest = self.keyspace.namespace_digest
+        self._stats = Counters("lookups", "keys_queried", "keys_found", *CONNECTION_COUNTERS)
         self._conn = RedisConnection(config, timeout_s=config.lookup_timeout_ms / 1000.0,
                                      stats=self._stats)
 
     def exists(self, keys: list[bytes]) -> list[bool]:
-        replies = self._conn.execute([("EXISTS", value_key(self.namespace_digest, k))
-                                      for k in keys])
+        replies = self._conn.execute([("EXISTS", self.keyspace.key(k)) for k in keys])
         found = [r == 1 for r in replies]  # an exception at a position: a miss
         self._stats.add(lookups=1, keys_queried=len(keys), keys_found=sum(found))
         return found
 
     def stats(self) -> dict[str, float]:
-        return self._stats.snapshot()
+        return {**self._stats.snapshot(), "map_refreshes": self._conn.map_refreshes}
 
     def close(self) -> None:
         self._conn.close()
@@ -302,6 +329,11 @@ def _split_credentials(url: str) -> tuple[str, str | None, str | None]:
     return bare, unquote(user) or None, unquote(password) if sep else None
 
 
+def _split_host_port(node: str) -> tuple[str, int]:
+    host, _, port = node.rpartition(":")
+    return host, int(port)
+
+
 def _env(config: RedisTierConfig, field: str, what: str) -> str | None:
     name: str | None = getattr(config, field)
     if name is None:
@@ -312,10 +344,3 @@ def _env(config: RedisTierConfig, field: str, what: str) -> str | None:
                          f"variable {name}, which is not set; set {name} to {what} (or remove "
                          f"{field} from the tier's config)")
     return value
-
-
-def _close_quietly(client: Any) -> None:
-    try:
-        client.close()  # closes sockets; sends nothing
-    except Exception:  # closing a broken client must not raise
-        logger.debug("closing the Redis client failed", exc_info=True)

@@ -1,14 +1,15 @@
 """Redis tier (worker side): one Redis value per offload block, shared by every engine (and
 machine) that reaches the same Redis or Redis Cluster; written through from the host tier.
 
-Value: the disk tier's header (disk_format: magic, format version, header size, sha256 of the
-namespace, digest of the key, payload length, xxh3 of the payload) with header size HEADER.size
-(80 bytes: a value has no pages to align), then the payload, the offload block's bytes as the host
-tier holds them. Never pickle: a value is read from a server other processes write to. The key
-is `redis_client.value_key` (namespace digest prefix, key hex).
+Value: the header of value_format (magic, format version, header size, sha256 of the namespace,
+digest of the key, payload length, xxh3 of the payload, and with a MAC key a keyed BLAKE3 of all
+that and the payload), then the payload, the offload block's bytes as the host tier holds them.
+Never pickle: a value is read from a server other processes write to. The key is the connector's
+`RedisKeyspace.key` (tenant, namespace digest prefix, key hex).
 
-A load is one batch: a pipeline of GETs, one round trip per server (per node holding a key on a
-cluster). A store asks first which of its keys Redis holds (a pipeline of EXISTS: instances
+A load GETs its keys in pipelines of at most STORE_BATCH_BYTES of values (one round trip per
+server for each), so that a long prompt's promotion holds one batch of replies at a time, not the
+whole job. A store asks first which of its keys Redis holds (a pipeline of EXISTS: instances
 sharing a Redis compute the same prefixes, and a value it holds is not sent again), then sends
 the others' SETs, in pipelines of at most STORE_BATCH_BYTES. Values are built in a buffer each
 worker thread reuses: a fresh buffer per job cost more than sending it (the kernel zeroes every
@@ -21,9 +22,12 @@ Nothing here raises for a Redis problem; positions fail and are counted instead:
     timeout / connection error             timeouts / errors (per round trip)
     a SET refused (OOM, READONLY, ...)     refused_stores (per block)
     a store of a value Redis holds         already_present (per block; not sent, not failed)
-    another error reply (WRONGTYPE, MOVED) errors (per block)
+    another error reply (MOVED twice, ...) errors (per block)
     a GET that finds nothing               vanished (per block)
+    a value of another format version      other_format (per block); left for its readers
     a bad header, checksum or length       corrupt (per block); the value is deleted
+    no valid MAC (a MAC key is set)        forged (per block); the value is deleted
+    a key of another type (WRONGTYPE)      wrong_type (per block); the key is deleted
 `skipped_stores` counts every block not stored, `failures` every block not loaded.
 """
 
@@ -42,20 +46,15 @@ from redis.exceptions import ResponseError
 from kvport.connectors.offloading.config import RedisTierConfig
 from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
-from kvport.connectors.offloading.tiers.disk_format import HEADER, checksum, header_ok, pack_header
 from kvport.connectors.offloading.tiers.host import HostTier
 from kvport.connectors.offloading.tiers.redis_client import (
-    TOPOLOGY_ERRORS,
-    RedisConnection,
-    RedisUnavailable,
-    namespace_digest,
-    value_key,
+    TOPOLOGY_ERRORS, RedisConnection, RedisKeyspace, RedisUnavailable,
 )
+from kvport.connectors.offloading.tiers.value_format import Verdict
 
 logger = logging.getLogger(__name__)
 
-VALUE_HEADER_SIZE = HEADER.size  # 80
-# A store's SETs go out in pipelines of at most this many value bytes: the bound of the value
+# A store's SETs and a load's GETs go out in pipelines of at most this many value bytes: the bound of the value
 # buffer each worker thread keeps (larger jobs take more round trips, not more memory).
 STORE_BATCH_BYTES = 64 << 20
 
@@ -73,6 +72,9 @@ class RedisTierStats(TierStats):
     refused_stores: int = 0  # Redis answered a SET with an error (OOM under noeviction, READONLY)
     skipped_down: int = 0  # calls not attempted: the connection is down
     already_present: int = 0  # stores of values Redis held already: not sent again
+    other_format: int = 0  # another format version: a miss, left alone
+    forged: int = 0  # no valid MAC under a MAC key; deleted
+    wrong_type: int = 0  # a key of another type under a kvport name; deleted
 
 
 class RedisTier:
@@ -81,7 +83,9 @@ class RedisTier:
 
     def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
         self.config = config
-        self.namespace_digest = namespace_digest(namespace, config.tenant_salt)
+        self.keyspace = RedisKeyspace.build(config, namespace)
+        self.namespace_digest = self.keyspace.namespace_digest
+        self._codec = self.keyspace.codec
         self.stats = RedisTierStats()
         self._conn = RedisConnection(config, timeout_s=config.io_timeout_s, stats=self.stats)
         self._refusing = False  # warn once per run of refused stores, not once per job
@@ -89,7 +93,7 @@ class RedisTier:
 
     def key(self, key: bytes) -> bytes:
         """The Redis key of an offload block's key."""
-        return value_key(self.namespace_digest, key)
+        return self.keyspace.key(key)
 
     def close(self) -> None:
         self._conn.close()
@@ -99,33 +103,24 @@ class RedisTier:
     def _values(self, host: HostTier, slots: list[int], keys: list[bytes]) -> list[memoryview]:
         """Each slot as a value (header, then payload: SET takes one contiguous value, so one
         copy of the slot), in this thread's reused buffer: valid until its next call."""
-        size = VALUE_HEADER_SIZE + host.slot_bytes
+        header_size = self._codec.header_size
+        size = header_size + host.slot_bytes
         buf: np.ndarray | None = getattr(self._buffers, "buf", None)
         if buf is None or buf.size < size * len(slots):
             buf = self._buffers.buf = np.empty(size * len(slots), dtype=np.uint8)
         values = []
         for i, (slot, key) in enumerate(zip(slots, keys)):
             value = buf[i * size:(i + 1) * size]
-            data = host.slot(slot).numpy()
-            value[:VALUE_HEADER_SIZE] = np.frombuffer(
-                pack_header(self.namespace_digest, key, data.data, VALUE_HEADER_SIZE), np.uint8)
-            value[VALUE_HEADER_SIZE:] = data
+            value[header_size:] = host.slot(slot).numpy()
+            # NOTE: the header is made from the copy, not the slot: what is sent is what it
+            # describes, whatever happens to the slot meanwhile.
+            payload = memoryview(value[header_size:])
+            value[:header_size] = np.frombuffer(self._codec.pack_header(key, payload), np.uint8)
             values.append(memoryview(value))
         return values
 
-    def _fill(self, key: bytes, value: bytes, out: torch.Tensor) -> bool:
-        """Check value against key and out's size, then copy its payload into out (the one copy:
-        from redis-py's bytes straight into the slot)."""
-        n = out.numel()
-        if len(value) != VALUE_HEADER_SIZE + n:
-            return False
-        if not header_ok(self.namespace_digest, value[:VALUE_HEADER_SIZE], key, n,
-                         VALUE_HEADER_SIZE):
-            return False
-        if checksum(memoryview(value)[VALUE_HEADER_SIZE:]) != HEADER.unpack_from(value)[7]:
-            return False
-        out.numpy()[:] = np.frombuffer(value, dtype=np.uint8, count=n, offset=VALUE_HEADER_SIZE)
-        return True
+    def _per_batch(self, host: HostTier) -> int:
+        return max(1, STORE_BATCH_BYTES // (self._codec.header_size + host.slot_bytes))
 
     # --- transfers (run on worker threads) ------------------------------------------------------
 
@@ -143,7 +138,7 @@ class RedisTier:
         # Not held, or an error reply (a SET may still work: it is tried and counted).
         todo = [i for i, r in enumerate(held) if not isinstance(r, (int, RedisUnavailable))
                 or r == 0]
-        per_batch = max(1, STORE_BATCH_BYTES // (VALUE_HEADER_SIZE + host.slot_bytes))
+        per_batch = self._per_batch(host)
         replies: list[Any] = []
         for b in range(0, len(todo), per_batch):
             batch = todo[b:b + per_batch]
@@ -165,35 +160,60 @@ class RedisTier:
         return TransferOutcome((done + present) * host.slot_bytes, failed)
 
     def load_to_host(self, host: HostTier, src: RedisBlocks, dst: HostBlocks) -> TransferOutcome:
-        """REDIS -> HOST (promotion): value src.keys[i] fills slot dst.slot_ids[i]."""
+        """REDIS -> HOST (promotion): value src.keys[i] fills slot dst.slot_ids[i]; GETs in
+        batches of at most STORE_BATCH_BYTES of values."""
         _check_pairs(src.keys, dst.slot_ids)
         start = time.perf_counter()
-        replies = self._conn.execute([("GET", self.key(k)) for k in src.keys])
+        per_batch = self._per_batch(host)
         failed: list[int] = []
-        corrupt: list[bytes] = []
-        vanished = errors = 0
-        for i, (k, s, value) in enumerate(zip(src.keys, dst.slot_ids, replies)):
-            if isinstance(value, bytes) and self._fill(k, value, host.slot(s)):
-                continue
-            failed.append(i)
-            if value is None:
-                vanished += 1
-            elif isinstance(value, bytes):
-                corrupt.append(k)
-            elif not isinstance(value, RedisUnavailable):
-                errors += 1  # an error reply (WRONGTYPE, ...): counted, left alone
-        if corrupt:
-            self._delete_corrupt(corrupt)
-        done = len(replies) - len(failed)
-        self.stats.add(failures=len(failed), vanished=vanished, corrupt=len(corrupt),
-                       errors=errors, blocks_loaded=done, bytes_loaded=done * host.slot_bytes,
-                       load_seconds=time.perf_counter() - start)
+        delete: list[bytes] = []
+        counts = dict.fromkeys(("vanished", "corrupt", "forged", "other_format", "wrong_type",
+                                "errors"), 0)
+        for b in range(0, len(src.keys), per_batch):
+            keys = src.keys[b:b + per_batch]
+            replies = self._conn.execute([("GET", self.key(k)) for k in keys])
+            for j, (k, value) in enumerate(zip(keys, replies)):
+                why = self._fill(k, value, host.slot(dst.slot_ids[b + j]))
+                if why is None:
+                    continue
+                failed.append(b + j)
+                if why in counts:
+                    counts[why] += 1
+                if why in ("corrupt", "forged", "wrong_type"):
+                    delete.append(k)
+        if delete:
+            self._delete(delete)
+        done = len(src.keys) - len(failed)
+        self.stats.add(failures=len(failed), blocks_loaded=done,
+                       bytes_loaded=done * host.slot_bytes,
+                       load_seconds=time.perf_counter() - start, **counts)
         return TransferOutcome(done * host.slot_bytes, failed)
 
-    def _delete_corrupt(self, keys: list[bytes]) -> None:
+    def _fill(self, key: bytes, value: Any, out: torch.Tensor) -> str | None:
+        """Copy a GET's reply into out once its header, length and checksum (or MAC) say it is
+        key's value of this namespace (the one copy: from redis-py's bytes into the slot);
+        else the counter it goes to (None: filled)."""
+        if value is None:
+            return "vanished"
+        if isinstance(value, RedisUnavailable):
+            return "unavailable"
+        if isinstance(value, ResponseError):
+            return "wrong_type" if str(value).startswith("WRONGTYPE") else "errors"
+        if not isinstance(value, bytes):
+            return "errors"
+        n = out.numel()
+        verdict = self._codec.check(key, value, n)
+        if verdict is not Verdict.OK:
+            return {Verdict.BAD: "corrupt", Verdict.FORGED: "forged",
+                    Verdict.OTHER_FORMAT: "other_format"}[verdict]
+        out.numpy()[:] = np.frombuffer(value, dtype=np.uint8, count=n,
+                                       offset=self._codec.header_size)
+        return None
+
+    def _delete(self, keys: list[bytes]) -> None:
         # A later store rewrites it; until then every lookup would find it and every load fail.
         # NOTE: a good value written between our GET and this DEL is deleted too: a later miss.
-        logger.warning("Redis tier: %d corrupt value(s) deleted (first %s)", len(keys),
+        logger.warning("Redis tier: %d bad value(s) deleted (first %s)", len(keys),
                        self.key(keys[0]).decode())
         self._conn.execute([("DEL", self.key(k)) for k in keys])
 
