@@ -193,6 +193,11 @@ def test_a_name_found_gone_frees_its_room_before_the_store_makes_room(tmp_path: 
     assert store(disk, [0]) == []  # written again, in that room: run (1) stays
     assert disk.location.exists(key(1)) and key(1) in disk
     assert disk.stats.snapshot()["evictions"] == 0
+    evict_name(disk, key(1))
+    disk.ledger.add(disk.max_bytes)  # another process's writes hold every byte meanwhile
+    assert store(disk, [1]) == [0]  # skipped for room: and no longer indexed either
+    assert key(1) not in disk and key(0) in disk
+    disk.ledger.add(-disk.max_bytes)
     disk.check_integrity()
 
 
