@@ -1,5 +1,5 @@
-"""Transfer worker: routing, FIFO completions per direction, failures as results, bounded
-shutdown."""
+"""Transfer worker: routing, completions as jobs end (a stuck job holds back no other),
+abandoned jobs overtaken on a new thread, failures as results, bounded shutdown."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def drain(worker: OffloadingWorker, n: int) -> list[TransferResult]:
     return got
 
 
-def test_fifo_order_when_a_later_job_finishes_first(workers: list[OffloadingWorker]) -> None:
+def test_a_job_is_reported_when_it_ends_not_behind_an_earlier_one(
+        workers: list[OffloadingWorker]) -> None:
     fn = FaultyTransfer(hold_on={1})
     worker = OffloadingWorker()
     workers.append(worker)
@@ -54,12 +55,59 @@ def test_fifo_order_when_a_later_job_finishes_first(workers: list[OffloadingWork
     worker.submit(10, EngineBlocks([0]), HostBlocks([0]))
     worker.submit(11, EngineBlocks([1]), HostBlocks([1]))
     wait_until(lambda: 2 in fn.finished)  # job 11 is done, job 10 is still held
-    assert worker.get_finished() == []  # held back behind job 10
+    assert [r.job_id for r in worker.get_finished()] == [11]  # not held back behind job 10
     assert not worker.wait([10], timeout=0.01)
     fn.release(1)
-    assert worker.wait([10, 11, 999], timeout=5.0)  # unknown ids are ignored
-    assert [r.job_id for r in worker.get_finished()] == [10, 11]
+    assert worker.wait([10, 11, 999], timeout=5.0)  # unknown or reported ids are ignored
+    assert [r.job_id for r in worker.get_finished()] == [10]
     assert worker.get_finished() == []  # each job exactly once
+
+
+def test_an_abandoned_job_is_overtaken_on_a_new_thread_and_still_reported(
+        workers: list[OffloadingWorker]) -> None:
+    """One thread, stuck in job 1: abandoning it starts a thread for the queued jobs; job 1 is
+    reported when it finally ends, and its thread ends then (the pool is one thread again)."""
+    fn = FaultyTransfer(hold_on={1})
+    handler = ThreadPoolHandler(fn, num_threads=1, name="abandon-test")
+    worker = OffloadingWorker()
+    workers.append(worker)
+    worker.register_handler(DISK, HOST, handler)
+    worker.submit(1, DiskBlocks([b"a"]), HostBlocks([0]))
+    wait_until(lambda: 1 in fn.started)
+    worker.submit(2, DiskBlocks([b"b"]), HostBlocks([1]))
+    assert not worker.wait([2], timeout=0.01)  # queued behind the stuck job
+    assert worker.abandon([1, 999]) == 1
+    assert worker.wait([2], timeout=DEADLINE_S)
+    assert [(r.job_id, r.success) for r in worker.get_finished()] == [(2, True)]
+    assert worker.abandon([1]) == 0  # already replaced
+    assert (handler.num_stuck_threads, handler.num_replaced_threads) == (1, 1)
+    fn.release(1)
+    assert [(r.job_id, r.success) for r in drain(worker, 1)] == [(1, True)]
+    wait_until(lambda: handler.num_stuck_threads == 0)
+    alive = [t for t in threading.enumerate() if t.name.startswith("kvport-abandon-test")]
+    wait_until(lambda: sum(t.is_alive() for t in alive) == 1)
+
+
+def test_abandoning_cancels_queued_jobs_and_stuck_threads_are_capped(
+        workers: list[OffloadingWorker]) -> None:
+    limit = transfer_threads.MAX_STUCK_THREADS
+    fn = FaultyTransfer(hold_on=set(range(1, limit + 3)))
+    handler = ThreadPoolHandler(fn, num_threads=1)
+    worker = OffloadingWorker()
+    workers.append(worker)
+    worker.register_handler(DISK, HOST, handler)
+    for job in range(1, limit + 2):  # each gets stuck in turn, once the one before is replaced
+        worker.submit(job, DiskBlocks([b"k"]), HostBlocks([job]))
+        wait_until(lambda: job in fn.started)
+        worker.abandon([job])
+    assert (handler.num_stuck_threads, handler.num_unreplaced) == (limit, 1)
+    worker.submit(99, DiskBlocks([b"k"]), HostBlocks([0]))  # queued behind the last stuck one
+    worker.abandon([99])
+    assert [(r.job_id, r.success) for r in worker.get_finished()] == [(99, False)]
+    assert len(fn.started) == limit + 1  # job 99 never ran
+    fn.release_all()
+    assert sorted(r.job_id for r in drain(worker, limit + 1)) == list(range(1, limit + 2))
+    wait_until(lambda: handler.num_stuck_threads == 0)
 
 
 def test_routing_by_medium_pair_and_directions_are_independent(
@@ -143,8 +191,8 @@ def test_shutdown_with_a_never_completing_job_does_not_hang() -> None:
     assert 2 not in fn.started  # the queued job was cancelled, never run
     with pytest.raises(RuntimeError, match="after shutdown"):
         handler.submit(3, EngineBlocks([0]), HostBlocks([0]))
-    fn.release_all()  # the stuck job ends; it is reported, then the cancelled one, failed
-    got = drain(worker, 2)
+    fn.release_all()  # the stuck job ends; the cancelled one was reported failed at once
+    got = sorted(drain(worker, 2), key=lambda r: r.job_id)
     assert [(r.job_id, r.success) for r in got] == [(1, True), (2, False)]
     assert got[1].failed_indices == [0]
 
@@ -156,7 +204,7 @@ def test_shutdown_drains_nothing_left_running() -> None:
         worker.submit(job, EngineBlocks([job]), HostBlocks([job]))
     worker.wait(range(5))
     worker.shutdown()
-    assert [r.job_id for r in worker.get_finished()] == [0, 1, 2, 3, 4]
+    assert sorted(r.job_id for r in worker.get_finished()) == [0, 1, 2, 3, 4]
 
 
 def test_shutdown_ends_the_idle_threads() -> None:
@@ -236,7 +284,7 @@ def test_queued_jobs_run_as_one_batch_and_are_reported_alone(
     assert handler.wait(range(1, 8), timeout=DEADLINE_S)
     assert batch.calls == [[2, 3], [4, 1]]  # then 6 and 7 alone: each fills a batch
     assert fn.num_calls == 3  # job 1, then the jobs of 6 and 7 positions
-    got = handler.get_finished()
+    got = sorted(handler.get_finished(), key=lambda r: r.job_id)
     assert [(r.job_id, r.success, r.failed_indices) for r in got] == [
         (1, True, []), (2, True, []), (3, False, [0]), (4, True, []), (5, True, []),
         (6, True, []), (7, True, [])]
@@ -281,7 +329,7 @@ def test_a_batch_that_raises_runs_job_by_job_and_a_bad_job_fails_alone(
     fn.release(1)
     assert handler.wait(range(1, 5), timeout=DEADLINE_S)
     assert batch.calls == [[1, 2, 3]]
-    got = handler.get_finished()
+    got = sorted(handler.get_finished(), key=lambda r: r.job_id)
     assert [(r.job_id, r.success, r.failed_indices) for r in got] == [
         (1, True, []), (2, True, []), (3, False, [0, 1]), (4, True, [])]
 
@@ -295,7 +343,7 @@ def test_a_job_cancelled_while_queued_is_left_out_of_its_batch(
     fn.release(1)
     assert handler.wait(range(1, 5), timeout=DEADLINE_S)
     assert batch.calls == [[1, 3]]
-    got = handler.get_finished()
+    got = sorted(handler.get_finished(), key=lambda r: r.job_id)
     assert [(r.job_id, r.success, r.failed_indices) for r in got] == [
         (1, True, []), (2, True, []), (3, False, [0, 1]), (4, True, [])]
 
@@ -316,7 +364,7 @@ def test_shutdown_ends_every_batching_thread(workers: list[OffloadingWorker]) ->
     wait_until(lambda: not [t for t in threading.enumerate()
                             if t.name.startswith("kvport-batch-join")])
     assert batch.calls == [] and fn.num_calls == 2
-    got = handler.get_finished()
+    got = sorted(handler.get_finished(), key=lambda r: r.job_id)
     assert [(r.job_id, r.success) for r in got] == [(1, True), (2, True), (3, False), (4, False)]
 
 

@@ -1,6 +1,8 @@
 """A transfer handler on a pool of threads (`ThreadPoolHandler`): each job, or the jobs queued
-together as one batch, runs on one of its threads; completions are reported in submission
-order. The handler interface and the router in front of the handlers are in `transfers`."""
+together as one batch, runs on one of its threads; each job is reported once it ended, whatever
+the jobs before it do. A job stuck in I/O can be abandoned: the pool gets a thread in place of
+the stuck one, so the jobs queued behind it go on. The handler interface and the router in
+front of the handlers are in `transfers`."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,11 +22,16 @@ from kvport.connectors.offloading.transfers import (
 logger = logging.getLogger(__name__)
 
 THREAD_EXIT_S = 1.0  # how long shutdown waits for an idle transfer thread to end
+# At most this many threads of one handler may be stuck in abandoned jobs, each replaced by a
+# new one: a tier whose every call hangs (a dead NFS mount) must not grow threads without end.
+# Beyond it, abandoned jobs are not replaced; the jobs queued behind them wait (and are late).
+MAX_STUCK_THREADS = 4
 
 
 class ThreadPoolHandler(TransferHandler):
     """Runs `transfer(src, dst)` for each job on a pool of `num_threads` threads. A transfer that
-    raises becomes a failed result listing every destination position.
+    raises becomes a failed result listing every destination position. Jobs are reported as
+    they end; `abandon` replaces the thread of a job stuck in I/O (see there).
 
     With `batch`, a thread that takes a job also takes the jobs queued behind it, up to a
     batch size in destination positions (one job alone may be larger), and runs them in one
@@ -63,12 +69,13 @@ class ThreadPoolHandler(TransferHandler):
         self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         # NOTE: daemon threads, not a ThreadPoolExecutor: the executor joins its threads at
         # interpreter exit, so one transfer stuck in I/O would hang the process forever.
-        self._threads = [threading.Thread(target=self._loop, name=f"kvport-{name}-{i}",
-                                          daemon=True) for i in range(num_threads)]
-        for t in self._threads:
-            t.start()
-        self._jobs: deque[_Task] = deque()  # submission order; the head is reported first
+        self._name = name
+        self._threads: list[threading.Thread] = []
         self._by_id: dict[JobId, _Task] = {}  # job id -> task, until reported
+        self._done: list[_Task] = []  # ended, not reported yet (appended under the lock)
+        self.num_stuck_threads = 0  # running an abandoned job, replaced by another thread
+        self.num_replaced_threads = 0  # in all, since start
+        self.num_unreplaced = 0  # abandoned jobs whose thread was not replaced (the cap)
         # Guards the tasks' states and the waiters. NOTE: not concurrent.futures' Future: its
         # per-job locks and waiters cost 10 us a job (both threads), a tenth of a warm disk load
         # of 8 entries; and a waiter is woken once, when the last of its jobs ends (woken at
@@ -76,6 +83,14 @@ class ThreadPoolHandler(TransferHandler):
         self._lock = threading.Lock()
         self._waiters: list[_Waiter] = []
         self._closed = False
+        for _ in range(num_threads):
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._loop, name=f"kvport-{self._name}-"
+                                  f"{len(self._threads)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def submit(self, job_id: JobId, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
         if self._closed:
@@ -83,18 +98,18 @@ class ThreadPoolHandler(TransferHandler):
         if job_id in self._by_id:
             raise ValueError(f"job id {job_id} is already in flight")
         task = _Task(job_id, src, dst)
-        self._jobs.append(task)
         self._by_id[job_id] = task
         self._queue.put(task)
 
     def _loop(self) -> None:
+        runner = _Runner()
         carried: _Task | None = None  # taken from the queue, but over the last batch's size
         while True:
             task = carried if carried is not None else self._queue.get()
             if task is None:
                 return
             tasks, carried = self._take_batch(task)
-            started = self._start(tasks)
+            started = self._start(tasks, runner)
             begin = time.perf_counter()
             if len(started) == 1:
                 self._finish(started, [self._run(started[0])])
@@ -103,6 +118,12 @@ class ThreadPoolHandler(TransferHandler):
             if started and self._batch_seconds:
                 self._size_next_batch(sum(len(t.dst) for t in started),
                                       time.perf_counter() - begin)
+            if runner.replaced:  # another thread took this one's place while it was stuck
+                if carried is not None:
+                    self._queue.put(carried)
+                with self._lock:
+                    self.num_stuck_threads -= 1
+                return
 
     def _size_next_batch(self, blocks: int, seconds: float) -> None:
         """The next batch: what a call at the rate of this one (`blocks` in `seconds`) moves in
@@ -136,12 +157,13 @@ class ThreadPoolHandler(TransferHandler):
             blocks += len(task.dst)
         return tasks, None
 
-    def _start(self, tasks: list[_Task]) -> list[_Task]:
-        """The tasks not cancelled while queued, marked running (no longer cancellable)."""
+    def _start(self, tasks: list[_Task], runner: _Runner) -> list[_Task]:
+        """The tasks not cancelled while queued, marked running (no longer cancellable) on the
+        calling thread's `runner`."""
         with self._lock:
             started = [t for t in tasks if t.state is _QUEUED]
             for t in started:
-                t.state = _RUNNING
+                t.state, t.runner = _RUNNING, runner
         return started
 
     def _finish(self, tasks: list[_Task], results: list[TransferResult]) -> None:
@@ -155,6 +177,7 @@ class ThreadPoolHandler(TransferHandler):
         last pending tasks these were."""
         for t in tasks:
             t.state = _DONE
+        self._done.extend(tasks)
         for waiter in self._waiters:
             waiter.pending.difference_update(tasks)
             if not waiter.pending:
@@ -185,12 +208,11 @@ class ThreadPoolHandler(TransferHandler):
             return [self._run(t) for t in tasks]
 
     def get_finished(self) -> list[TransferResult]:
-        done: list[TransferResult] = []
-        while self._jobs and self._jobs[0].state is _DONE:  # set last, after the result
-            task = self._jobs.popleft()
+        with self._lock:
+            done, self._done = self._done, []
+        for task in done:
             del self._by_id[task.job_id]
-            done.append(task.report())
-        return done
+        return [task.report() for task in done]
 
     def wait(self, job_ids: Iterable[JobId], timeout: float | None = None) -> bool:
         tasks = [self._by_id[j] for j in job_ids if j in self._by_id]
@@ -216,6 +238,30 @@ class ThreadPoolHandler(TransferHandler):
             self._end_locked([t for t in map(self._by_id.get, job_ids)
                               if t is not None and t.state is _QUEUED])
 
+    def abandon(self, job_ids: Iterable[JobId]) -> int:
+        """Give up waiting for the named jobs: queued ones are cancelled (reported failed); the
+        thread of each running one is replaced by a new thread (at most MAX_STUCK_THREADS stuck
+        at once), so the jobs queued behind it go on. A running job is still reported when it
+        ends, and its thread then ends. Returns how many threads were started."""
+        job_ids = list(job_ids)
+        self.cancel(job_ids)
+        with self._lock:
+            runners = {t.runner for t in map(self._by_id.get, job_ids)
+                       if t is not None and t.state is _RUNNING and t.runner is not None
+                       and not t.runner.replaced}
+            started = 0
+            for runner in runners:
+                if self.num_stuck_threads >= MAX_STUCK_THREADS:
+                    self.num_unreplaced += 1
+                    continue
+                runner.replaced = True
+                self.num_stuck_threads += 1
+                self.num_replaced_threads += 1
+                started += 1
+        for _ in range(started):
+            self._start_thread()
+        return started
+
     def shutdown(self, timeout: float = 5.0) -> None:
         if self._closed:
             return
@@ -223,7 +269,7 @@ class ThreadPoolHandler(TransferHandler):
         self.cancel(list(self._by_id))  # only queued jobs can be cancelled; they report failed
         for _ in self._threads:
             self._queue.put(None)
-        if not self._wait_done(list(self._jobs), timeout):
+        if not self._wait_done(list(self._by_id.values()), timeout):
             logger.warning("transfer handler shut down with jobs still running after %.1fs; "
                            "their (daemon) threads are abandoned", timeout)
             return
@@ -246,6 +292,7 @@ class _Task:
     dst: LoadStoreSpec
     state: str = _QUEUED  # changed under the handler's lock
     result: TransferResult | None = None  # set before state becomes _DONE
+    runner: _Runner | None = None  # the thread running it, once started
 
     @property
     def kind(self) -> tuple[str, str]:
@@ -255,6 +302,14 @@ class _Task:
         if self.result is None:  # cancelled: never ran, the destination is untouched
             return failed_result(self.job_id, self.kind, len(self.dst))
         return self.result
+
+
+@dataclass(eq=False)
+class _Runner:
+    """One transfer thread; `replaced` once another thread took its place (set under the
+    handler's lock): it ends after the job it is stuck in."""
+
+    replaced: bool = False
 
 
 @dataclass(eq=False)

@@ -6,10 +6,12 @@ completions once per step:
 
     worker.submit(job_id, src, dst)    route by (src.medium(), dst.medium()); never raises for a
                                        handler's failure: the job is then reported failed
-    worker.get_finished()              completions since the last call; per direction in
-                                       submission order, each job exactly once
+    worker.get_finished()              completions since the last call, each job exactly
+                                       once, as they ended (a stuck job holds back no other)
     worker.wait(job_ids, timeout)      block until those jobs are done (unknown ids ignored)
     worker.cancel(job_ids)             cancel those that have not started (reported failed)
+    worker.abandon(job_ids)            cancel those, and replace the threads of running ones
+                                       (late: stuck in I/O), which report when they end
     worker.shutdown(timeout)           cancel queued jobs, wait for running ones at most timeout
 
 A failed job names what was not done in `failed_indices`: positions in the destination spec. For
@@ -61,8 +63,7 @@ class TransferHandler(ABC):
 
     @abstractmethod
     def get_finished(self) -> list[TransferResult]:
-        """Jobs finished since the last call, in submission order: a job that finished early is
-        held back until every earlier job of this handler has finished. Each job exactly once."""
+        """Jobs finished since the last call, in the order they ended, each exactly once."""
 
     @abstractmethod
     def wait(self, job_ids: Iterable[JobId], timeout: float | None = None) -> bool:
@@ -76,6 +77,13 @@ class TransferHandler(ABC):
     def cancel(self, job_ids: Iterable[JobId]) -> None:
         """Cancel the named jobs that have not started (they report failed, their destination
         untouched); running ones go on. This default cancels nothing."""
+
+    def abandon(self, job_ids: Iterable[JobId]) -> int:
+        """Stop waiting for the named jobs: cancel queued ones; a handler with threads replaces
+        the thread of each running one, so later jobs overtake it. Running jobs still report
+        when they end. Returns the threads started; this default only cancels."""
+        self.cancel(job_ids)
+        return 0
 
 
 def failed_result(job_id: JobId, kind: tuple[str, str], num_dst: int,
@@ -118,7 +126,7 @@ class OffloadingWorker:
         return True
 
     def get_finished(self) -> list[TransferResult]:
-        """Completions of every handler (each in submission order), then refused submits."""
+        """Completions of every handler, then refused submits."""
         results: list[TransferResult] = []
         for handler in self._handlers.values():
             results.extend(handler.get_finished())
@@ -132,11 +140,7 @@ class OffloadingWorker:
     def wait(self, job_ids: Iterable[JobId], timeout: float | None = None) -> bool:
         """Block until the named jobs finished; False if `timeout` seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        by_handler: dict[tuple[str, str], list[JobId]] = {}
-        for j in job_ids:
-            if j in self._job_kind:
-                by_handler.setdefault(self._job_kind[j], []).append(j)
-        for kind, ids in by_handler.items():
+        for kind, ids in self._by_handler(job_ids).items():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._handlers[kind].wait(ids, left):
                 return False
@@ -144,12 +148,22 @@ class OffloadingWorker:
 
     def cancel(self, job_ids: Iterable[JobId]) -> None:
         """Cancel the named jobs that have not started yet (see TransferHandler.cancel)."""
+        for kind, ids in self._by_handler(job_ids).items():
+            self._handlers[kind].cancel(ids)
+
+    def abandon(self, job_ids: Iterable[JobId]) -> int:
+        """Abandon the named jobs (see TransferHandler.abandon); the threads started."""
+        started = 0
+        for kind, ids in self._by_handler(job_ids).items():
+            started += self._handlers[kind].abandon(ids)
+        return started
+
+    def _by_handler(self, job_ids: Iterable[JobId]) -> dict[tuple[str, str], list[JobId]]:
         by_handler: dict[tuple[str, str], list[JobId]] = {}
         for j in job_ids:
             if j in self._job_kind:
                 by_handler.setdefault(self._job_kind[j], []).append(j)
-        for kind, ids in by_handler.items():
-            self._handlers[kind].cancel(ids)
+        return by_handler
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Shut every handler down (each waits at most `timeout`), even if one raises."""
