@@ -200,9 +200,8 @@ MUTANTS: list[Mutant] = [
         "a block one rank failed stays reserved while another rank may write its slot to disk"),
     Mutant(
         "write-through-started-by-the-worker", f"{OFFLOADING}/worker.py",
-        "        self._writes[job.job_id] = _WriteThrough(len(job.writes))\n",
-        "        self._results.append(JobResult(job.job_id, True, stage=Stage.WRITE))\n"
-        "        return\n        self._writes[job.job_id] = _WriteThrough(len(job.writes))\n",
+        "        writes = self.writes.start(job, failed)\n",
+        "        writes = []\n",
         (f"{STAGES}::test_an_engine_that_stops_stepping_loses_no_store",),
         "the worker writes a store through to disk itself: no scheduler step is needed"),
     Mutant(
@@ -455,9 +454,9 @@ MUTANTS: list[Mutant] = [
         "a MultiConnector child hears only of the async loads it owns (S7 in its own trace)"),
     # ---- the Redis tier ----------------------------------------------------------------------
     Mutant(
-        "write-through-waits-for-every-tier", f"{OFFLOADING}/worker.py",
+        "write-through-waits-for-every-tier", f"{OFFLOADING}/write_throughs.py",
         """        if write.left > 0:
-            return  # another tier still reads the slots: they stay pinned
+            return None  # another tier still reads the slots: they stay pinned
         del self._writes[job_id]
 """,
         """        if write.left == 0:

@@ -13,7 +13,7 @@ import pytest
 
 import faulty_connector
 from kvport import LLM
-from kvport.connectors.offloading import worker as worker_module
+from kvport.connectors.offloading import sync_parts
 from kvport.connectors.offloading.mediums import ENGINE, HOST
 from kvport.engine.request import Request
 from kvport.trace.checker import check_file
@@ -113,7 +113,7 @@ def test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy(
     """Parts of one offload block each: part 1 copies, part 2 hangs, parts 3.. never start."""
     llm = faulty_warmed(tmp_path, {(HOST, ENGINE): {"hold_on": {2}}})
     slot_bytes = worker_half(llm).geometry.slot_bytes  # type: ignore[union-attr]
-    monkeypatch.setattr(worker_module, "SYNC_PART_BYTES", slot_bytes)
+    monkeypatch.setattr(sync_parts, "SYNC_PART_BYTES", slot_bytes)
     gate = faulty_connector.WRAPPERS[(HOST, ENGINE)]
     # The prompt's offload blocks sit in slots 0, 1, ... (fresh slots, in token order). Poison
     # all but the first: only the copy that runs in time may be used.

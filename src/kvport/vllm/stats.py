@@ -55,6 +55,10 @@ METRICS = (
     _m("disk.skipped_stores", "skipped_stores_total", tier="disk"),
     _m("requests.num_inflight_waits", "inflight_wait_answers_total"),
     _m("requests.num_inflight_timeouts", "inflight_wait_timeouts_total"),
+    # Lower-tier I/O past its deadline (load_timeout_s, write_timeout_s): given up on.
+    _m("worker.num_late_loads", "late_jobs_total", kind="load"),
+    _m("worker.num_late_writes", "late_jobs_total", kind="write"),
+    _m("worker.num_replaced_threads", "replaced_threads_total"),
     _m("host.occupancy_bytes", "occupancy_bytes", gauge=True, tier="host"),
     _m("disk.occupancy_bytes", "occupancy_bytes", gauge=True, tier="disk"),
     # The Redis tier: the same families, plus what only a network store has.

@@ -144,6 +144,8 @@ class OffloadingScheduler:
         self.stats = HitStats()
         self.waits = InflightWaits(config.inflight_wait_s)
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
+        self.worker_stats: dict[str, float] = {}  # the workers' own (deadlines.WorkerStats)
+        self._late: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -157,8 +159,9 @@ class OffloadingScheduler:
         keys = self.geometry.keys(request.block_hashes)
         start = num_local // self.offload_tokens
         self._matches[rid] = _Match(num_local, start, keys[start:])
-        if not self.load_enabled or (st is not None and st.load_failed):
-            return 0, False
+        if not self.load_enabled or (st is not None and (st.load_failed or
+                                                         st.load_job is not None)):
+            return 0, False  # a late load still holds its slots: this request loads no more
         num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
         self.manager.touch(keys[:start + num_host])  # the prefix's first block most recent
         if start >= len(keys):
@@ -356,6 +359,8 @@ class OffloadingScheduler:
             return
         assert isinstance(meta, OffloadingWorkerMetadata), f"not the offloading worker's: {meta!r}"
         self.tier_stats.update(meta.tier_stats)
+        self.worker_stats.update(meta.worker_stats)
+        self._late.update(meta.late_jobs)
         for one in meta.results:
             job = self._jobs.get(one.job_id)
             if job is None:
@@ -374,6 +379,7 @@ class OffloadingScheduler:
                 self._sync_loads.pop(result.job_id, None)
                 self._finish_load(result, job)
                 self.manager.complete_load(job.pinned)
+        self._late = {j for j in self._late if j in self._jobs}
 
     def _finish_copy(self, result: JobResult, job: Job) -> None:
         """Every worker copied the store's blocks into host slots: its keys are ready (the
@@ -448,7 +454,9 @@ class OffloadingScheduler:
                 for e in self.manager.take_events()]
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs)
+        """A job is in flight that the workers still wait for (not one they gave up on: its
+        thread may never return, and the engine must not step forever for it)."""
+        return len(self._jobs) > len(self._late)
 
     def reset_cache(self) -> bool:
         """Drops the host tier (not disk or Redis: other engines may share them). False while
@@ -471,10 +479,11 @@ class OffloadingScheduler:
                     num_rejected_stores=m.num_rejected_stores,
                     num_deferred_blocks=m.num_deferred_blocks,
                     hit_tokens=self.stats.num_host_hit_tokens)
-        requests = dict(vars(self.stats), num_inflight_waits=self.waits.num_waits,
+        requests = dict(vars(self.stats), num_late_jobs=len(self._late),
+                        num_inflight_waits=self.waits.num_waits,
                         num_inflight_timeouts=self.waits.num_timeouts)
         out: dict[str, Any] = {"offload_block_tokens": self.offload_tokens, "host": host,
-                               "requests": requests}
+                               "requests": requests, "worker": dict(self.worker_stats)}
         hit_tokens = {DISK: self.stats.num_disk_hit_tokens, REDIS: self.stats.num_redis_hit_tokens}
         for medium in self.lower.media:
             tier = dict(self.tier_stats.get(medium, {}))

@@ -15,8 +15,11 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvport.connectors.offloading.config import OffloadingConfig, RedisTierConfig
+from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
 from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.transfer_threads import ThreadPoolHandler
 from kvport.connectors.offloading.transfers import BatchFn, OffloadingWorker, TransferFn
 
@@ -119,3 +122,22 @@ def build_tier_worker(host: HostTier, lower: Mapping[str, LowerTier] | None = No
         worker.register_handler(src, dst, ThreadPoolHandler(
             fn, threads, f"{src.lower()}-{dst.lower()}", batch=batch, **sizes))
     return worker
+
+
+def make_lower_tiers(config: OffloadingConfig, geometry: OffloadGeometry) -> dict[str, LowerTier]:
+    """The configured tiers below host, top down (disk, then Redis), by medium."""
+    lower: dict[str, LowerTier] = {}
+    disk = config.disk_tier
+    if disk is not None:
+        lower[DISK] = DiskTier(disk.root_dir, disk.max_bytes, geometry.disk_namespace,
+                               group_access=disk.group_access)
+    if config.redis_tier is not None:
+        lower[REDIS] = _redis_tier(config.redis_tier, geometry.disk_namespace)
+    return lower
+
+
+def _redis_tier(config: RedisTierConfig, namespace: bytes) -> LowerTier:
+    # Imported here: redis-py is an optional dependency (kvport[redis]).
+    from kvport.connectors.offloading.tiers.redis_tier import RedisTier
+
+    return RedisTier(config, namespace)

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvport.connectors.offloading.config import OffloadingConfig, RedisTierConfig
+from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.deadlines import Deadlines, WorkerStats
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import (
     DISK, HOST, REDIS, EngineBlocks, HostBlocks, LoadStoreSpec,
@@ -41,11 +42,14 @@ from kvport.connectors.offloading.mediums import (
 from kvport.connectors.offloading.metadata import (
     JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage, StoreJob,
 )
-from kvport.connectors.offloading.tiers.disk import DiskTier
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.tier_wiring import LowerTier, build_tier_worker
+from kvport.connectors.offloading.tier_wiring import (
+    LowerTier, build_tier_worker, make_lower_tiers,
+)
+from kvport.connectors.offloading.sync_parts import SYNC_GRACE_S, split_parts, sync_timeout
 from kvport.connectors.offloading.transfers import OffloadingWorker, TransferResult
+from kvport.connectors.offloading.write_throughs import WriteThroughs
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +58,6 @@ IDLE_WAIT_S = 0.002  # a step with no forward and no load in flight waits this l
 # A step with no forward and loads in flight waits for all of them, at most this long: requests
 # whose loads end together are then scheduled together, and prefill in one batched step.
 LOAD_WAIT_S = 0.05
-# Synchronous loads: copied in parts of about this many bytes, so that a copy that is late is
-# stopped between parts, and exactly the blocks not copied are recomputed. A part copies in
-# about 8 ms here; 16 MiB parts cost about 10 % more per load (SmolLM2, 90 MiB: 12.0 vs 10.7 ms).
-SYNC_PART_BYTES = 64 << 20
-# A synchronous load may take SYNC_SLACK_S plus its bytes at SYNC_MIN_GIB_S (a fifth of the
-# slowest host copy measured here); then the parts not started are cancelled, and the one
-# running gets SYNC_GRACE_S to end (a part copies in a few ms).
-SYNC_MIN_GIB_S = 1.0
-SYNC_SLACK_S = 0.05
-SYNC_GRACE_S = 0.05
 __all__ = ["OffloadingConnectorWorker", "Stage", "TransferKey"]
 
 
@@ -90,33 +84,7 @@ class _Load:
     # result waits until they ended, so its host slots stay pinned while they read them.
     parts: dict[TransferKey, list[int]] = field(default_factory=dict)
     reported: bool = False
-
-
-@dataclass
-class _WriteThrough:
-    """A store's writes to the lower tiers, reported as one WRITE stage when all ended."""
-
-    left: int
-    failed: set[int] = field(default_factory=set)  # not written: positions among the sent slots
-
-
-def make_lower_tiers(config: OffloadingConfig, geometry: OffloadGeometry) -> dict[str, LowerTier]:
-    """The configured tiers below host, top down (disk, then Redis), by medium."""
-    lower: dict[str, LowerTier] = {}
-    disk = config.disk_tier
-    if disk is not None:
-        lower[DISK] = DiskTier(disk.root_dir, disk.max_bytes, geometry.disk_namespace,
-                               group_access=disk.group_access)
-    if config.redis_tier is not None:
-        lower[REDIS] = _redis_tier(config.redis_tier, geometry.disk_namespace)
-    return lower
-
-
-def _redis_tier(config: RedisTierConfig, namespace: bytes) -> LowerTier:
-    # Imported here: redis-py is an optional dependency (kvport[redis]).
-    from kvport.connectors.offloading.tiers.redis_tier import RedisTier
-
-    return RedisTier(config, namespace)
+    late: bool = False  # its promotions passed load_timeout_s: reported failed, no copy follows
 
 
 class OffloadingConnectorWorker:
@@ -131,12 +99,15 @@ class OffloadingConnectorWorker:
         self.lower: dict[str, LowerTier] = {}  # medium -> tier below host, top down
         self.transfers: OffloadingWorker | None = None
         self._stores: dict[int, StoreJob] = {}  # job id -> store whose copy is in flight
-        self._writes: dict[int, _WriteThrough] = {}  # job id -> its write-throughs in flight
+        self.writes = WriteThroughs()  # of stores whose copy ended
         self._loads: dict[int, _Load] = {}  # job id -> load in flight
         self._in_flight: set[TransferKey] = set()  # submitted to the transfers, not reported
         self._ready: list[_Load] = []  # loads done, to report in this step's get_finished
         self._results: list[JobResult] = []  # for the next worker metadata
         self._load_errors: set[int] = set()
+        self._deadlines = Deadlines()  # promotions and write-throughs in flight
+        self._late: list[int] = []  # job ids given up on, for the next worker metadata
+        self.stats = WorkerStats()
 
     def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool,
                            geometry: OffloadGeometry) -> None:
@@ -164,6 +135,8 @@ class OffloadingConnectorWorker:
             if job.sync:
                 sync.append(load)
                 continue
+            if job.promotions:
+                self._deadlines.start(job.job_id, self.config.load_timeout_s)
             for promotion in job.promotions:
                 self._submit(TransferKey(job.job_id, Stage.PROMOTION, promotion.src.medium()),
                              promotion.src, promotion.dst)
@@ -177,9 +150,10 @@ class OffloadingConnectorWorker:
         at once (the copy threads take them back to back). Bounded: parts not done in time fail
         their blocks, which the engine recomputes."""
         transfers = self._transfers()
-        parts = [(load, part) for load in loads for part in self._parts(load.job)]
+        parts = [(load, part) for load in loads
+                 for part in split_parts(load.job, self._factor(), self._slot_bytes())]
         num_bytes = sum(len(src.slot_ids) for _, (src, _) in parts) * self._slot_bytes()
-        timeout = SYNC_SLACK_S + num_bytes / (SYNC_MIN_GIB_S * 2**30)
+        timeout = sync_timeout(num_bytes)
         deadline = time.monotonic() + timeout
         for i, (load, (src, dst)) in enumerate(parts):
             key = TransferKey(load.job.job_id, part=i)
@@ -199,15 +173,6 @@ class OffloadingConnectorWorker:
                 self._load_errors.update(load.engine_failed)
             else:
                 self._finish_sync_load(load)
-
-    def _parts(self, job: LoadJob) -> list[tuple[HostBlocks, EngineBlocks]]:
-        """A load's copy in parts of about SYNC_PART_BYTES, in token order."""
-        f, skip, slots = self._factor(), job.dst.skip, job.src.slot_ids
-        step = max(1, SYNC_PART_BYTES // self._slot_bytes())
-        return [(HostBlocks(slots[a:a + step]),
-                 EngineBlocks(job.dst.block_ids[max(0, a * f - skip):(a + step) * f - skip],
-                              skip if a == 0 else 0))
-                for a in range(0, len(slots), step)]
 
     def _on_sync_part(self, load: _Load, key: TransferKey, result: TransferResult) -> None:
         blocks = load.parts.pop(key)
@@ -240,8 +205,34 @@ class OffloadingConnectorWorker:
         self._on_finished(transfers.get_finished())
         if not did_forward:
             self._wait_without_forward()
+        late = self._give_up_late_jobs()
         ready, self._ready = self._ready, []
-        return {self._finish_load(load) for load in ready}
+        return {self._finish_load(load) for load in ready} | late
+
+    def _give_up_late_jobs(self) -> set[str]:
+        """Abandon the promotions and write-throughs past their deadline (deadlines.py); the
+        requests of late loads, reported loaded with all their blocks failed."""
+        late: set[str] = set()
+        for job_id in self._deadlines.take_expired():
+            keys = [k for k in self._in_flight if k.job_id == job_id]
+            self._late.append(job_id)
+            load = self._loads.get(job_id)
+            if load is not None:
+                load.late = True
+                load.engine_failed = sorted(set(load.engine_failed) | set(load.job.dst.block_ids))
+                self._load_errors.update(load.engine_failed)
+                late.add(load.job.req_id)
+                self.stats.add(num_late_loads=1)
+                logger.warning("OffloadingConnector: a load from a lower tier is not done after "
+                               "%.1f s (load_timeout_s); its blocks are recomputed",
+                               self.config.load_timeout_s)
+            else:
+                self.stats.add(num_late_writes=1)
+                logger.warning("OffloadingConnector: a write-through is not done after %.1f s "
+                               "(write_timeout_s); given up, its host slots stay pinned until "
+                               "it returns", self.config.write_timeout_s)
+            self.stats.add(num_replaced_threads=self._transfers().abandon(keys))
+        return late
 
     def _wait_without_forward(self) -> None:
         """A step with nothing to compute: wait for every asynchronous load in flight (a
@@ -250,8 +241,8 @@ class OffloadingConnectorWorker:
         transfers = self._transfers()
         deadline = time.monotonic() + LOAD_WAIT_S
         while True:
-            loads = [k for k in self._in_flight
-                     if (load := self._loads.get(k.job_id)) is not None and not load.parts]
+            loads = [k for k in self._in_flight if (load := self._loads.get(k.job_id))
+                     is not None and not load.parts and not load.late]
             if not loads:
                 if self._in_flight and not self._ready:
                     transfers.wait(self._in_flight, timeout=IDLE_WAIT_S)
@@ -262,7 +253,7 @@ class OffloadingConnectorWorker:
                 return
             transfers.wait(loads, timeout=left)
             done = transfers.get_finished()
-            if not done:  # done, but behind a job that is not (reported in order): no spinning
+            if not done:  # the wait timed out
                 return
             self._on_finished(done)
 
@@ -292,27 +283,19 @@ class OffloadingConnectorWorker:
         self._results.append(JobResult(job.job_id, result.success, sorted(failed)))
         if not job.writes:
             return
-        good = [i for i in range(len(job.dst.slot_ids)) if i not in failed]
-        if not good:
+        writes = self.writes.start(job, failed)
+        if not writes:
             self._results.append(JobResult(job.job_id, True, stage=Stage.WRITE))
             return
-        self._writes[job.job_id] = _WriteThrough(len(job.writes))
-        src = HostBlocks([job.dst.slot_ids[i] for i in good])
-        for write in job.writes:
-            dst = type(write)([write.keys[i] for i in good])
+        self._deadlines.start(job.job_id, self.config.write_timeout_s)
+        for src, dst in writes:
             self._submit(TransferKey(job.job_id, Stage.WRITE, dst.medium()), src, dst)
 
     def _on_written(self, job_id: int, result: TransferResult) -> None:
-        """One lower tier's write-through of a store ended (written, skipped or failed: the tier
-        counts which); the last one reports the store's WRITE stage."""
-        write = self._writes[job_id]
-        write.left -= 1
-        write.failed.update(result.failed_indices)
-        if write.left > 0:
-            return  # another tier still reads the slots: they stay pinned
-        del self._writes[job_id]
-        self._results.append(JobResult(job_id, not write.failed, sorted(write.failed),
-                                       stage=Stage.WRITE))
+        done = self.writes.ended(job_id, result.failed_indices)
+        if done is not None:
+            self._deadlines.end(job_id)
+            self._results.append(done)
 
     def _on_promoted(self, load: _Load, medium: str, result: TransferResult) -> None:
         """One lower tier's promotion finished; once all have, copy every block that is in host
@@ -325,6 +308,12 @@ class OffloadingConnectorWorker:
                                 for i in result.failed_indices]
         load.promotions_left -= 1
         if load.promotions_left:
+            return
+        self._deadlines.end(job.job_id)
+        if load.late:  # its request was reported already; its slots are free to reuse now
+            del self._loads[job.job_id]
+            self._results.append(JobResult(job.job_id, False, load.engine_failed,
+                                           list(range(job.num_promoted))))
             return
         load.promote_failed.sort()
         bad = {num_host + p for p in load.promote_failed}  # offload block positions in src
@@ -360,13 +349,14 @@ class OffloadingConnectorWorker:
         return errors
 
     def build_worker_meta(self) -> OffloadingWorkerMetadata | None:
-        if not self._results:
+        if not self._results and not self._late:
             return None
         results, self._results = self._results, []
+        late, self._late = self._late, []
         stats = {HOST: self.host.stats.snapshot()} if self.host is not None else {}
         for medium, tier in self.lower.items():
             stats[medium] = tier.stats.snapshot()
-        return OffloadingWorkerMetadata(results, stats)
+        return OffloadingWorkerMetadata(results, stats, late, self.stats.snapshot())
 
     shutdown_timeout_s = 30.0  # how long shutdown waits for stores and write-throughs
 

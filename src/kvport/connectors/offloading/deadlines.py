@@ -1,0 +1,69 @@
+"""When the worker half stops waiting for a job's lower-tier I/O, and what it counts.
+
+A promotion (disk or Redis into host memory) or a write-through (host memory to disk or Redis)
+runs I/O that can hang: a hard NFS mount, a failing disk that retries, a stuck FUSE daemon, a
+Redis reply that never comes. The worker gives each such stage a deadline when it submits it
+(`load_timeout_s`, `write_timeout_s`); one still running then is *late*:
+
+    a late load     its request is reported loaded with every engine block a load error (the
+                    engine recomputes them); its promotions are abandoned (their threads are
+                    replaced, so later jobs overtake them); no copy to the engine ever starts,
+                    and its host slots stay pinned until the promotions' threads return
+    a late write    abandoned the same way; its store no longer keeps the engine stepping, and
+                    its host slots stay pinned until the write's thread returns
+
+Copies between host memory and the engine's pool have no deadline: they move memory and cannot
+hang, and the block-reuse fence must wait for them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class WorkerStats:
+    """The worker half's own cumulative counters (snapshot() for metrics)."""
+
+    num_late_loads: int = 0  # async loads whose promotions passed load_timeout_s
+    num_late_writes: int = 0  # write-throughs that passed write_timeout_s
+    num_replaced_threads: int = 0  # transfer threads started in place of stuck ones
+    num_dropped_at_shutdown: int = 0  # stores or write-throughs still running at shutdown's end
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+
+class Deadlines:
+    """Job id -> the monotonic time its lower-tier stage is late. Worker thread only."""
+
+    def __init__(self) -> None:
+        self._at: dict[int, float] = {}
+
+    def start(self, job_id: int, seconds: float) -> None:
+        assert job_id not in self._at, f"job {job_id} already has a deadline"
+        self._at[job_id] = time.monotonic() + seconds
+
+    def end(self, job_id: int) -> None:
+        """The stage ended (in time or not): no deadline any more."""
+        self._at.pop(job_id, None)
+
+    def take_expired(self) -> list[int]:
+        """The jobs whose deadline passed, in id order; each is returned once."""
+        now = time.monotonic()
+        late = sorted(j for j, at in self._at.items() if at <= now)
+        for j in late:
+            del self._at[j]
+        return late
+
+    def __len__(self) -> int:
+        return len(self._at)
