@@ -49,10 +49,10 @@ class SoakConfig:
     model: str = "builtin:tiny-llama"
     dtype: str = "float32"
     block_size: int = 16
-    num_kv_blocks: int = 96
+    num_kv_blocks: int = 64
     concurrency: int = 4
     host_bytes: int = 1 << 20
-    disk_max_bytes: int = 2 << 20
+    disk_max_bytes: int = 3 << 20
     redis_maxmemory_bytes: int = 4 << 20
     sample_every_s: float = 1.0
     threads: int = 1

@@ -50,9 +50,9 @@ class ChildConfig:
     incarnation: int = 0
     dtype: str = "float32"
     block_size: int = 16
-    num_kv_blocks: int = 96
+    num_kv_blocks: int = 64
     concurrency: int = 4
-    shared_fraction: float = 0.7
+    shared_fraction: float = 0.8
     stats_every_s: float = 0.5
     threads: int = 1
     extra: dict[str, Any] = field(default_factory=dict)

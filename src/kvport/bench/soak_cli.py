@@ -27,9 +27,9 @@ def add_soak_parser(commands: Any) -> None:
                         "instead of a redis-server of the soak's own")
     p.add_argument("--model", default="builtin:tiny-llama")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    p.add_argument("--num-kv-blocks", type=int, default=96, help="the engine's KV pool")
+    p.add_argument("--num-kv-blocks", type=int, default=64, help="the engine's KV pool")
     p.add_argument("--host-mib", type=float, default=1.0, help="host tier size")
-    p.add_argument("--disk-mib", type=float, default=2.0, help="the disk tier's max_bytes")
+    p.add_argument("--disk-mib", type=float, default=3.0, help="the disk tier's max_bytes")
     p.add_argument("--redis-maxmemory-mib", type=float, default=4.0,
                    help="maxmemory of the soak's own redis-server (allkeys-lru)")
     p.add_argument("--sample-every", type=float, default=1.0, metavar="S")

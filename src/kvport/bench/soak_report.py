@@ -108,12 +108,12 @@ def summarize(config: dict[str, Any], bounds: SoakBounds, disk_max_bytes: int,
               final_disk: DiskUsage, logs: dict[int, str], wall_s: float) -> dict[str, Any]:
     rows = [_row(t, ticks[i - 1] if i else None) for i, t in enumerate(ticks)]
     live = [(t, r) for t, r in zip(ticks, rows) if t.ready and t.process is not None]
-    first = [p for p in live if p[0].incarnation == live[0][0].incarnation][:WINDOW] \
-        if live else []
-    last = [p for p in live if p[0].incarnation == live[-1][0].incarnation][-WINDOW:] \
-        if live else []
-    start = _figures([t for t, _ in first], [r for _, r in first[:1]])
-    end = _figures([t for t, _ in last], [r for _, r in last[-1:]])
+    # Steps reach the soak up to half a second late (the child's stats lines), so the windows
+    # are the first and last samples that hold steps; the other figures are the first and last
+    # samples of a ready process.
+    stepped = [t for t, _ in live if t.step_ms]
+    start = _figures(stepped[:WINDOW], [r for _, r in live[:1]])
+    end = _figures(stepped[-WINDOW:], [r for _, r in live[-1:]])
     peak = {k: max((r[k] for _, r in live if r[k] is not None), default=None)
             for k in ("rss_bytes", "fds", "threads")}
     peak["disk_bytes"] = max((r["disk_bytes"] for r in rows), default=0)
