@@ -17,7 +17,7 @@ import pytest
 import kvport
 from kvport.bench.soak_child import SoakWorkload
 from kvport.bench.soak_probe import DiskUsage, ProcessSample, disk_usage, sample_process
-from kvport.bench.soak_reference import Mismatch, ReferenceCheck
+from kvport.bench.soak_reference import Mismatch, ReferenceCheck, check_outputs
 from kvport.bench.soak_report import Incarnation, SoakBounds, Tick, format_soak, summarize
 
 SRC = str(Path(kvport.__file__).resolve().parents[1])
@@ -60,6 +60,27 @@ def test_the_workload_repeats_shared_prompts_across_restarts_and_never_a_unique_
         {4, 8, 16}
     again = SoakWorkload(7, 0, 0.5)  # seeded: the same stream again
     assert [p.token_ids for p in first[:20]] == [again.next().token_ids for _ in range(20)]
+
+
+def test_the_reference_finds_an_answer_that_differs_and_counts_failed_requests() -> None:
+    from kvport import LLM, SamplingParams
+
+    prompt = list(range(40, 90))
+    llm = LLM("builtin:tiny-llama", block_size=16, num_kv_blocks=32, seed=0)
+    try:
+        right = list(llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0,
+                                                            ignore_eos=True),
+                                  use_tqdm=False)[0].outputs[0].token_ids)
+    finally:
+        llm.shutdown()
+    wrong = right[:2] + [(right[2] + 1) % 256] + right[3:]
+    records = [{"prompt": prompt, "max_tokens": 4, "output": out, "status": status,
+                "prompt_kind": "shared", "incarnation": i}
+               for i, (out, status) in enumerate(((right, "length"), (wrong, "length"),
+                                                  ([], "ERROR")))]
+    check = check_outputs(records, "builtin:tiny-llama", "float32", 16, 32, 1)
+    assert (check.checked, check.distinct_prompts, check.failed_requests) == (2, 1, 1)
+    assert [(m.incarnation, m.first_difference) for m in check.mismatches] == [(1, 2)]
 
 
 # ---- the report's bounds (built from records, no process) ----------------------------------
@@ -140,6 +161,21 @@ def test_descriptor_growth_beyond_its_bound_fails_the_run() -> None:
     assert _summary(ticks=ticks)["ok"]  # not bounded unless asked
     result = _summary(ticks=ticks, bounds=SoakBounds(max_fd_growth=8))
     assert result["violations"] == ["fd growth 20 > 8"]
+
+
+def test_the_command_exits_1_when_a_bound_breaks(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    import kvport.bench.soak
+    from kvport.bench.cli import main
+
+    broken = _summary(final_temp=1)
+    monkeypatch.setattr(kvport.bench.soak, "run_soak", lambda cfg: broken)
+    out = tmp_path / "r.json"
+    assert main(["bench", "soak", "--duration", "1", "--out", str(out)]) == 1
+    assert json.loads(out.read_text())["violations"] == broken["violations"]
+    monkeypatch.setattr(kvport.bench.soak, "run_soak", lambda cfg: _summary())
+    assert main(["bench", "soak", "--duration", "1"]) == 0
+    assert main(["bench", "soak", "--duration", "0"]) == 2  # a bad value: its message, exit 2
 
 
 # ---- one short soak, for real --------------------------------------------------------------
