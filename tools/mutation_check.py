@@ -755,7 +755,8 @@ MUTANTS: list[Mutant] = [
         "the reference check compares every answer, token by token"),
     Mutant(
         "soak-disk-bounded", "src/kvport/bench/soak_report.py",
-        "    bound(\"disk bytes\", peak[\"disk_bytes\"], disk_max_bytes + bounds.disk_slack_bytes)\n",
+        "    bound(\"disk bytes\", peak[\"disk_bytes\"], "
+        "disk_max_bytes + bounds.disk_slack_bytes)\n",
         "",
         ("tests/bench/test_soak.py::test_disk_use_above_max_bytes_plus_slack_fails_the_run",),
         "disk use above max_bytes (plus slack) fails the soak"),
@@ -769,13 +770,15 @@ MUTANTS: list[Mutant] = [
         "soak-restart-hits-disk", "src/kvport/bench/soak_report.py",
         "    if kills and not restarted_disk_hits:\n",
         "    if False:\n",
-        ("tests/bench/test_soak.py::test_a_restart_without_disk_hits_or_a_run_without_kills_fails",),
+        ("tests/bench/test_soak.py::"
+         "test_a_restart_without_disk_hits_or_a_run_without_kills_fails",),
         "a restarted process that never hits the disk fails the soak (the cache must survive)"),
     Mutant(
         "soak-min-kills", "src/kvport/bench/soak_report.py",
         "    if kills < bounds.min_kills:\n",
         "    if False:\n",
-        ("tests/bench/test_soak.py::test_a_restart_without_disk_hits_or_a_run_without_kills_fails",),
+        ("tests/bench/test_soak.py::"
+         "test_a_restart_without_disk_hits_or_a_run_without_kills_fails",),
         "a soak without its kills proves nothing: it fails"),
     Mutant(
         "soak-crash-is-a-violation", "src/kvport/bench/soak_report.py",
