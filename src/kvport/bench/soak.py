@@ -17,27 +17,26 @@ shuts down); temp files left after that are a violation.
 
 from __future__ import annotations
 
-import json
 import queue
+import os
 import random
+import signal
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvport.bench.soak_child import ChildConfig
-from kvport.bench.soak_probe import disk_usage, redis_sample, sample_process
+from kvport.bench.soak_process import ChildProcess, Life, Lines, drain, log_tail
+from kvport.bench.soak_probe import DiskUsage, disk_usage, redis_sample, sample_process
 from kvport.bench.soak_redis import LocalRedis, delete_tenant_keys, redis_client
 from kvport.bench.soak_reference import check_outputs
-from kvport.bench.soak_report import Incarnation, SoakBounds, Tick, summarize
+from kvport.bench.soak_report import SoakBounds, Tick, summarize
 
 READY_DEADLINE_S = 180.0  # a child's start (imports, model, tiers) on a busy machine
-STOP_DEADLINE_S = 120.0  # a stopped child's drain and shutdown
 
 
 @dataclass(frozen=True)
@@ -78,55 +77,6 @@ class SoakConfig:
         return max(2.0, 0.25 * self.kill_every_s)
 
 
-@dataclass
-class _Life:
-    """What the soak books of one workload process while it runs (frozen as an Incarnation
-    for the report)."""
-
-    index: int
-    started_s: float
-    pid: int = 0
-    ready_s: float | None = None
-    startup_s: float | None = None
-    ended_s: float | None = None
-    end: str | None = None
-    clean_exit: bool = False
-    requests: int = 0
-    last_metrics: dict[str, Any] | None = None
-
-    def frozen(self) -> Incarnation:
-        return Incarnation(index=self.index, pid=self.pid, started_s=self.started_s,
-                           ready_s=self.ready_s, startup_s=self.startup_s, ended_s=self.ended_s,
-                           end=self.end or "running at the end", clean_exit=self.clean_exit,
-                           requests=self.requests, metrics=self.last_metrics)
-
-
-class _Child:
-    """One workload process and the thread that reads its report lines into a queue."""
-
-    def __init__(self, life: _Life, argv: list[str], log: Path, lines: queue.Queue[Any]) -> None:
-        self.info = life
-        self.log = log.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log)
-        self.info.pid = self.proc.pid
-        self.reader = threading.Thread(target=self._read, args=(lines,), daemon=True)
-        self.reader.start()
-
-    def _read(self, lines: queue.Queue[Any]) -> None:
-        assert self.proc.stdout is not None, "stdout is a pipe"
-        for raw in self.proc.stdout:
-            try:
-                lines.put((self.info.index, json.loads(raw)))
-            except ValueError:
-                pass  # the line SIGKILL cut short: always the last one
-        lines.put((self.info.index, None))
-
-    def close(self) -> None:
-        self.reader.join(timeout=30)
-        assert not self.reader.is_alive(), "the reader ends at the child's EOF"
-        self.log.close()
-
-
 def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     """Run the soak; the result (as written to JSON), with `violations` (empty: all bounds
     held)."""
@@ -163,146 +113,107 @@ def _kv_transfer_config(cfg: SoakConfig, disk_root: Path, url: str,
 def _soak(cfg: SoakConfig, root: Path, url: str, tenant: str) -> dict[str, Any]:
     disk_root = root / "disk"
     kv = _kv_transfer_config(cfg, disk_root, url, tenant)
-    launcher = [p for p in (shutil.which("setpriv"),) if p]
-    prefix = [launcher[0], "--pdeathsig", "KILL"] if launcher else []  # dies with the soak
+    setpriv = shutil.which("setpriv")
+    prefix = [setpriv, "--pdeathsig", "KILL"] if setpriv else []  # children die with the soak
     rng = random.Random(cfg.seed)
-    lines: queue.Queue[Any] = queue.Queue()
-    incarnations: list[_Life] = []
+    lines: Lines = queue.Queue()
+    lives: list[Life] = []
     requests: list[dict[str, Any]] = []
     ticks: list[Tick] = []
     admin = redis_client(url)
+    t0 = time.monotonic()
+    end_at = t0 + cfg.duration_s
 
-    def start(index: int) -> _Child:
+    def start(index: int) -> ChildProcess:
         child_cfg = ChildConfig(model=cfg.model, kv_transfer_config=kv, seed=cfg.seed,
                                 incarnation=index, dtype=cfg.dtype, block_size=cfg.block_size,
                                 num_kv_blocks=cfg.num_kv_blocks, concurrency=cfg.concurrency,
                                 threads=cfg.threads)
         argv = [*prefix, sys.executable, "-m", "kvport.bench.soak_child", child_cfg.to_json()]
-        life = _Life(index=index, started_s=time.monotonic() - t0)
-        incarnations.append(life)
-        return _Child(life, argv, root / f"child-{index}.log", lines)
+        life = Life(index=index, started_s=time.monotonic() - t0)
+        lives.append(life)
+        return ChildProcess(life, argv, root / f"child-{index}.log", lines)
 
-    t0 = time.monotonic()
-    end_at = t0 + cfg.duration_s
     child = start(0)
     kill_at: float | None = None
     next_sample = t0 + cfg.sample_every_s
-    pending_steps: list[float] = []
-    pending_requests = 0
+    steps: list[float] = []  # since the last sample
+    finished = 0
     try:
         while True:
             now = time.monotonic()
-            info = child.info
-            if info.ready_s is not None and kill_at is None:
-                kill_at = t0 + info.ready_s + cfg.kill_every_s * rng.uniform(0.5, 1.5)
+            life = child.life
+            if life.ready_s is not None and kill_at is None:
+                kill_at = t0 + life.ready_s + cfg.kill_every_s * rng.uniform(0.5, 1.5)
             if now >= next_sample:
                 ticks.append(Tick(
-                    t_s=now - t0, incarnation=info.index, ready=info.ready_s is not None,
-                    process=sample_process(info.pid),
-                    disk=disk_usage(disk_root), redis=redis_sample(admin),
-                    step_ms=tuple(pending_steps), requests=pending_requests,
-                    metrics=info.last_metrics))
-                pending_steps, pending_requests = [], 0
+                    t_s=now - t0, incarnation=life.index, ready=life.ready_s is not None,
+                    process=sample_process(life.pid),
+                    disk=_disk_sample(child, disk_root, cfg.disk_max_bytes),
+                    redis=redis_sample(admin), step_ms=tuple(steps), requests=finished,
+                    metrics=life.last_metrics))
+                steps, finished = [], 0
                 next_sample = now + cfg.sample_every_s
-            if child.proc.poll() is not None and info.end is None:
-                info.end = f"exited unexpectedly ({child.proc.returncode})"
-                info.ended_s = now - t0
-            if info.end is not None:  # it died: restart, or end the soak if the time is up
+            if child.exited() and life.end is None:
+                life.end, life.ended_s = f"exited unexpectedly ({child.proc.returncode})", now - t0
+                if life.ready_s is None:  # it cannot start: restarting it would only repeat that
+                    raise RuntimeError(f"soak child {life.index} exited before it was ready: "
+                                       f"{child.log_tail()}")
+            if life.end is not None:  # it died: restart it, or end the soak if the time is up
                 child.close()
-                _drain(lines, incarnations, requests, t0)
+                drain(lines, lives, requests, now - t0)
                 if now >= end_at:
                     break
-                child, kill_at = start(info.index + 1), None
+                child, kill_at = start(life.index + 1), None
                 continue
-            usable = info.ready_s is not None and info.requests > 0
+            usable = life.ready_s is not None and life.requests > 0
             if usable and now >= end_at:
-                _stop(child, t0)
+                child.stop(t0)
                 child.close()
-                _drain(lines, incarnations, requests, t0)
+                drain(lines, lives, requests, time.monotonic() - t0)
                 break
+            # Not in the last restart_margin_s: the last process must get to start (sweeping
+            # what the killed ones left) and to stop cleanly.
             if (usable and kill_at is not None and now >= kill_at
                     and end_at - now > cfg.restart_margin_s):
-                child.proc.kill()
-                child.proc.wait(timeout=60)
-                info.end, info.ended_s = "killed", time.monotonic() - t0
+                child.kill(time.monotonic() - t0)
                 continue
-            if info.ready_s is None and now - t0 - info.started_s > READY_DEADLINE_S:
-                raise RuntimeError(f"soak child {info.index} not ready within "
-                                   f"{READY_DEADLINE_S} s; see {child.log.name}")
+            if life.ready_s is None and now - t0 - life.started_s > READY_DEADLINE_S:
+                raise RuntimeError(f"soak child {life.index} not ready within "
+                                   f"{READY_DEADLINE_S} s: {child.log_tail()}")
             wait = max(0.0, min(next_sample, kill_at or next_sample, end_at) - now)
             try:
                 index, record = lines.get(timeout=min(wait, 0.2))
             except queue.Empty:
                 continue
-            steps, done = _apply(index, record, incarnations, requests, t0)
-            pending_steps.extend(steps)
-            pending_requests += done
+            if record is not None:
+                more, done = lives[index].book(record, time.monotonic() - t0, requests)
+                steps.extend(more)
+                finished += done
     finally:
-        if child.proc.poll() is None:
-            child.proc.kill()
-            child.proc.wait(timeout=60)
+        child.close()
         admin.close()
     final_disk = disk_usage(disk_root)
     wall_s = time.monotonic() - t0
-    logs = {i.index: _tail(root / f"child-{i.index}.log") for i in incarnations
-            if i.end not in ("killed", "stopped")}
+    logs = {life.index: log_tail(root / f"child-{life.index}.log") for life in lives
+            if life.end not in ("killed", "stopped")}
     reference = check_outputs(requests, cfg.model, cfg.dtype, cfg.block_size, cfg.num_kv_blocks,
                               cfg.threads)
     return summarize(asdict(cfg), cfg.bounds, cfg.disk_max_bytes,
-                     [i.frozen() for i in incarnations], ticks, reference, final_disk, logs,
+                     [life.frozen() for life in lives], ticks, reference, final_disk, logs,
                      wall_s)
 
 
-def _apply(index: int, record: dict[str, Any] | None, incarnations: list[_Life],
-           requests: list[dict[str, Any]], t0: float) -> tuple[list[float], int]:
-    """Book one report line of child `index`; returns (its step times, requests finished)."""
-    if record is None:
-        return [], 0
-    info = incarnations[index]
-    kind = record.get("kind")
-    if kind == "ready":
-        info.ready_s = time.monotonic() - t0
-        info.startup_s = float(record["startup_s"])
-    elif kind == "request":
-        info.requests += 1
-        record["incarnation"] = index
-        requests.append(record)
-        return [], 1
-    elif kind == "stats":
-        info.last_metrics = record["metrics"]
-        return [float(x) for x in record["step_ms"]], 0
-    elif kind == "done":
-        info.clean_exit = True
-    return [], 0
-
-
-def _drain(lines: queue.Queue[Any], incarnations: list[_Life],
-           requests: list[dict[str, Any]], t0: float) -> None:
-    """Book what is queued (a dead child's last lines) without waiting."""
-    while True:
-        try:
-            index, record = lines.get_nowait()
-        except queue.Empty:
-            return
-        _apply(index, record, incarnations, requests, t0)
-
-
-def _stop(child: _Child, t0: float) -> None:
-    """SIGTERM, then wait for the drain and shutdown (SIGKILL after STOP_DEADLINE_S)."""
-    child.proc.terminate()
+def _disk_sample(child: ChildProcess, disk_root: Path, max_bytes: int) -> DiskUsage:
+    """The disk root's use. A walk races with the tier's writes (a run evicted after the walk
+    saw it, and the run that took its place), so one that finds more than max_bytes is taken
+    again with the writer stopped (SIGSTOP): a snapshot, which the report then holds to the
+    bound. Only then: a stopped process would lengthen the step times measured."""
+    use = disk_usage(disk_root)
+    if use.bytes <= max_bytes or child.exited():
+        return use
+    os.kill(child.proc.pid, signal.SIGSTOP)
     try:
-        child.proc.wait(timeout=STOP_DEADLINE_S)
-        child.info.end = "stopped" if child.proc.returncode == 0 else \
-            f"stop failed ({child.proc.returncode})"
-    except subprocess.TimeoutExpired:
-        child.proc.kill()
-        child.proc.wait(timeout=60)
-        child.info.end = f"did not stop within {STOP_DEADLINE_S} s"
-    child.info.ended_s = time.monotonic() - t0
-
-
-def _tail(path: Path, chars: int = 2000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
+        return disk_usage(disk_root)
+    finally:
+        os.kill(child.proc.pid, signal.SIGCONT)
