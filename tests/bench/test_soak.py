@@ -127,7 +127,8 @@ def test_a_healthy_run_holds_every_bound() -> None:
 
 
 def test_an_answer_that_differs_from_the_reference_fails_the_run() -> None:
-    bad = Mismatch(1, "shared", 64, 4, 2, (1, 2, 3, 4), (1, 2, 9, 4))
+    bad = Mismatch(1, "shared", 64, 4, 2, (1, 2, 3, 4), (1, 2, 9, 4), 48, 32, 0,
+                   tuple(range(64)))
     result = _summary(reference=ReferenceCheck(10, 4, (bad,), 0))
     assert not result["ok"] and "1 of 10 answers differ" in result["violations"][0]
 

@@ -129,6 +129,7 @@ def serve(cfg: ChildConfig, out: TextIO) -> None:
     workload = SoakWorkload(cfg.seed, cfg.incarnation, cfg.shared_fraction)
     _emit(out, {"kind": "ready", "pid": os.getpid(), "startup_s": time.monotonic() - started})
     in_flight: dict[str, SoakPrompt] = {}
+    external: dict[str, int] = {}
     step_ms: list[float] = []
     last_stats = time.monotonic()
     n = 0
@@ -144,12 +145,22 @@ def serve(cfg: ChildConfig, out: TextIO) -> None:
         t0 = time.perf_counter()
         finished = engine.step()
         step_ms.append((time.perf_counter() - t0) * 1000.0)
+        for rid in in_flight:
+            # the engine resets this when a parked request resumes: the largest value seen is
+            # what the connector loaded (for a mismatch's report)
+            req = engine.scheduler.requests.get(rid)
+            if req is not None:
+                external[rid] = max(external.get(rid, 0), req.num_external_computed_tokens)
         for req in finished:
             prompt = in_flight.pop(req.request_id)
             _emit(out, {"kind": "request", "prompt": list(prompt.token_ids),
                         "max_tokens": prompt.max_tokens, "prompt_kind": prompt.kind,
                         "output": list(req.output_token_ids),
-                        "status": req.status.finish_reason or req.status.name})
+                        "status": req.status.finish_reason or req.status.name,
+                        "cached": req.num_cached_tokens or 0,
+                        "external": max(external.pop(req.request_id, 0),
+                                        req.num_external_computed_tokens),
+                        "preemptions": req.num_preemptions})
         if time.monotonic() - last_stats >= cfg.stats_every_s:
             _emit(out, {"kind": "stats", "step_ms": step_ms, "metrics": llm.get_metrics()})
             step_ms = []

@@ -19,6 +19,12 @@ class Mismatch:
     first_difference: int  # output token index
     expected: tuple[int, ...]
     got: tuple[int, ...]
+    # what the engine said of the request: its prompt tokens not computed (local prefix hits
+    # and loaded), loaded by the connector, preemptions; and the prompt, to replay it
+    cached: int
+    external: int
+    preemptions: int
+    prompt: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,10 @@ def check_outputs(requests: list[dict[str, Any]], model: str, dtype: str, block_
         if got != expected:
             at = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b),
                       min(len(expected), len(got)))
-            mismatches.append(Mismatch(int(r["incarnation"]), str(r["prompt_kind"]),
-                                       len(r["prompt"]), int(r["max_tokens"]), at,
-                                       expected, got))
+            mismatches.append(Mismatch(
+                int(r["incarnation"]), str(r["prompt_kind"]), len(r["prompt"]),
+                int(r["max_tokens"]), at, expected, got, int(r.get("cached", -1)),
+                int(r.get("external", -1)), int(r.get("preemptions", -1)),
+                tuple(r["prompt"])))
     return ReferenceCheck(checked=len(ok), distinct_prompts=len(wanted),
                           mismatches=tuple(mismatches), failed_requests=len(requests) - len(ok))
