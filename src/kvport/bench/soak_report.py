@@ -120,6 +120,7 @@ def summarize(config: dict[str, Any], bounds: SoakBounds, disk_max_bytes: int,
     kills = sum(i.end == "killed" for i in incarnations)
     restarted_disk_hits = sum(_hits(i.metrics)["disk"] for i in incarnations if i.index > 0)
     per_process = [{**{k: v for k, v in asdict(i).items() if k != "metrics"},
+                    **_life_figures([r for t, r in live if t.incarnation == i.index]),
                     "hit_tokens": _hits(i.metrics),
                     "disk_evictions": ((i.metrics or {}).get("connector", {})
                                        .get("disk", {}).get("evictions")),
@@ -172,6 +173,13 @@ def summarize(config: dict[str, Any], bounds: SoakBounds, disk_max_bytes: int,
             "violations": violations, "ok": not violations}
 
 
+def _life_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One process's RSS, descriptors and threads: [first, last, max] of its ready samples
+    (growth within a process, which the run's start vs end would blur across restarts)."""
+    return {k: [rows[0][k], rows[-1][k], max(r[k] for r in rows)] if rows else None
+            for k in ("rss_bytes", "fds", "threads")}
+
+
 def _kv(metrics: dict[str, Any] | None, name: str) -> int:
     return int(((metrics or {}).get("kv_transfer") or {}).get(name, 0))
 
@@ -216,8 +224,14 @@ def format_soak(result: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                         for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    for p in result["processes"]:
+        rss, fds = p["rss_bytes"], p["fds"]
+        lines.append(f"  process {p['index']}: {p['end']} after {p['requests']} requests; RSS "
+                     + (f"{_fmt(rss[0], 'MiB')} -> {_fmt(rss[2], 'MiB')} MiB, fds max {fds[2]}"
+                        if rss else "-")
+                     + f"; hit tokens disk {p['hit_tokens']['disk']} redis "
+                       f"{p['hit_tokens']['redis']} host {p['hit_tokens']['host']}")
     lines.append(f"disk hit tokens after restarts: {result['restarted_disk_hit_tokens']}; "
-                 f"end: {'temp files left after the final stop: '}"
-                 f"{result['final_disk']['temp_files']}")
+                 f"temp files left after the final stop: {result['final_disk']['temp_files']}")
     lines += [f"VIOLATION: {v}" for v in result["violations"]] or ["all bounds held"]
     return "\n".join(lines)
