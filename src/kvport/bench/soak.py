@@ -17,11 +17,11 @@ shuts down); temp files left after that are a violation.
 
 from __future__ import annotations
 
-import queue
 import os
+import queue
 import random
-import signal
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -35,6 +35,7 @@ from kvport.bench.soak_probe import DiskUsage, disk_usage, redis_sample, sample_
 from kvport.bench.soak_redis import LocalRedis, delete_tenant_keys, redis_client
 from kvport.bench.soak_reference import check_outputs
 from kvport.bench.soak_report import SoakBounds, Tick, summarize
+from kvport.connectors.offloading.config import redacted_url
 
 READY_DEADLINE_S = 180.0  # a child's start (imports, model, tiers) on a busy machine
 
@@ -129,10 +130,10 @@ def _soak(cfg: SoakConfig, root: Path, url: str, tenant: str) -> dict[str, Any]:
                                 incarnation=index, dtype=cfg.dtype, block_size=cfg.block_size,
                                 num_kv_blocks=cfg.num_kv_blocks, concurrency=cfg.concurrency,
                                 threads=cfg.threads)
-        argv = [*prefix, sys.executable, "-m", "kvport.bench.soak_child", child_cfg.to_json()]
+        argv = [*prefix, sys.executable, "-m", "kvport.bench.soak_child"]
         life = Life(index=index, started_s=time.monotonic() - t0)
         lives.append(life)
-        return ChildProcess(life, argv, root / f"child-{index}.log", lines)
+        return ChildProcess(life, argv, child_cfg.to_json(), root / f"child-{index}.log", lines)
 
     child = start(0)
     kill_at: float | None = None
@@ -199,7 +200,8 @@ def _soak(cfg: SoakConfig, root: Path, url: str, tenant: str) -> dict[str, Any]:
             if life.end not in ("killed", "stopped")}
     reference = check_outputs(requests, cfg.model, cfg.dtype, cfg.block_size, cfg.num_kv_blocks,
                               cfg.threads)
-    return summarize(asdict(cfg), cfg.bounds, cfg.disk_max_bytes,
+    shown = {**asdict(cfg), "redis_url": redacted_url(cfg.redis_url) if cfg.redis_url else None}
+    return summarize(shown, cfg.bounds, cfg.disk_max_bytes,
                      [life.frozen() for life in lives], ticks, reference, final_disk, logs,
                      wall_s)
 

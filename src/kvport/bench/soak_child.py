@@ -1,4 +1,5 @@
-"""The workload process of `kvport bench soak` (python -m kvport.bench.soak_child CONFIG_JSON).
+"""The workload process of `kvport bench soak` (python -m kvport.bench.soak_child, its
+ChildConfig as JSON on stdin).
 
 It serves a mixed, seeded stream of requests in kvport's engine with the OffloadingConnector
 until SIGTERM (then it finishes what is in flight, drains the connector, shuts down and exits
@@ -174,10 +175,13 @@ def serve(cfg: ChildConfig, out: TextIO) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m kvport.bench.soak_child CONFIG_JSON", file=sys.stderr)
+    if len(args) > 1:
+        print("usage: python -m kvport.bench.soak_child [CONFIG_JSON] (default: stdin)",
+              file=sys.stderr)
         return 2
-    cfg = ChildConfig.from_json(args[0])
+    # stdin by default: the config holds the Redis URL, whose password a command line would
+    # show to every user of the machine (ps)
+    cfg = ChildConfig.from_json(args[0] if args else sys.stdin.read())
     signal.signal(signal.SIGTERM, _Stop.handler)
     # The protocol gets a private copy of stdout; fd 1 goes to stderr, so that a library's
     # print can never corrupt a report line.

@@ -64,12 +64,21 @@ class Life:
 class ChildProcess:
     """A running workload process; `close()` once it has exited (joins its reader)."""
 
-    def __init__(self, life: Life, argv: list[str], log: Path, lines: Lines) -> None:
+    def __init__(self, life: Life, argv: list[str], config: str, log: Path,
+                 lines: Lines) -> None:
+        """Start argv with `config` on its stdin (then closed)."""
         self.life = life
         self.log_path = log
         self._log = log.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log)
         life.pid = self.proc.pid
+        assert self.proc.stdin is not None, "stdin is a pipe"
+        try:
+            self.proc.stdin.write(config.encode())
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once: the soak sees it exit, with its log
         self._reader = threading.Thread(target=self._read, args=(lines,), daemon=True)
         self._reader.start()
 
