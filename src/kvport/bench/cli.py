@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from kvport.bench import name_list, run_bench_command
+from kvport.bench.soak_cli import add_soak_parser
 from kvport.bench.vllm_baseline import DEFAULT_VLLM_PYTHON
 from kvport.bench.workload_cli import add_workload_parsers
 
@@ -23,6 +24,7 @@ def add_bench_parser(subparsers: Any) -> None:
     _add_connector_overhead(commands)
     _add_transfer(commands)
     add_workload_parsers(commands)
+    add_soak_parser(commands)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
