@@ -159,8 +159,9 @@ class OffloadingScheduler:
         keys = self.geometry.keys(request.block_hashes)
         start = num_local // self.offload_tokens
         self._matches[rid] = _Match(num_local, start, keys[start:])
-        if not self.load_enabled or (st is not None and (st.load_failed or
-                                                         st.load_job is not None)):
+        if not self.load_enabled or (st is not None and st.load_failed):
+            return 0, False
+        if st is not None and st.load_job is not None:
             return 0, False  # a late load still holds its slots: this request loads no more
         num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
         self.manager.touch(keys[:start + num_host])  # the prefix's first block most recent
