@@ -145,7 +145,7 @@ class OffloadingScheduler:
         self.waits = InflightWaits(config.inflight_wait_s)
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
         self.worker_stats: dict[str, float] = {}  # the workers' own (deadlines.WorkerStats)
-        self._late: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
+        self._late_jobs: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -361,7 +361,7 @@ class OffloadingScheduler:
         assert isinstance(meta, OffloadingWorkerMetadata), f"not the offloading worker's: {meta!r}"
         self.tier_stats.update(meta.tier_stats)
         self.worker_stats.update(meta.worker_stats)
-        self._late.update(meta.late_jobs)
+        self._late_jobs.update(meta.late_jobs)
         for one in meta.results:
             job = self._jobs.get(one.job_id)
             if job is None:
@@ -380,7 +380,7 @@ class OffloadingScheduler:
                 self._sync_loads.pop(result.job_id, None)
                 self._finish_load(result, job)
                 self.manager.complete_load(job.pinned)
-        self._late = {j for j in self._late if j in self._jobs}
+        self._late_jobs = {j for j in self._late_jobs if j in self._jobs}
 
     def _finish_copy(self, result: JobResult, job: Job) -> None:
         """Every worker copied the store's blocks into host slots: its keys are ready (the
@@ -457,7 +457,7 @@ class OffloadingScheduler:
     def has_pending_work(self) -> bool:
         """A job is in flight that the workers still wait for (not one they gave up on: its
         thread may never return, and the engine must not step forever for it)."""
-        return len(self._jobs) > len(self._late)
+        return len(self._jobs) > len(self._late_jobs)
 
     def reset_cache(self) -> bool:
         """Drops the host tier (not disk or Redis: other engines may share them). False while
@@ -480,7 +480,7 @@ class OffloadingScheduler:
                     num_rejected_stores=m.num_rejected_stores,
                     num_deferred_blocks=m.num_deferred_blocks,
                     hit_tokens=self.stats.num_host_hit_tokens)
-        requests = dict(vars(self.stats), num_late_jobs=len(self._late),
+        requests = dict(vars(self.stats), num_late_jobs=len(self._late_jobs),
                         num_inflight_waits=self.waits.num_waits,
                         num_inflight_timeouts=self.waits.num_timeouts)
         out: dict[str, Any] = {"offload_block_tokens": self.offload_tokens, "host": host,
