@@ -206,10 +206,29 @@ MUTANTS: list[Mutant] = [
         "the worker writes a store through to disk itself: no scheduler step is needed"),
     Mutant(
         "shutdown-drains-stores", f"{OFFLOADING}/worker.py",
-        "        if pending and not self.transfers.wait(pending, self.shutdown_timeout_s):\n",
-        "        if False:\n",
+        "            self.transfers.wait(pending, left)\n",
+        "            break\n",
         (f"{STAGES}::test_shutdown_lets_the_write_throughs_finish",),
         "shutdown lets stores and write-throughs in flight finish instead of cancelling them"),
+    Mutant(
+        "shutdown-writes-through-late-copies", f"{OFFLOADING}/worker.py",
+        "            self._on_finished(self.transfers.get_finished())"
+        "  # a copy that ended starts its writes\n",
+        "            pass\n",
+        (f"{STAGES}::test_shutdown_writes_through_a_copy_that_ended_after_the_last_step",),
+        "shutdown starts the write-through of a store whose copy ended after the last step (D3)"),
+    Mutant(
+        "shutdown-counts-what-it-dropped", f"{OFFLOADING}/worker.py",
+        "            self.stats.add(num_dropped_at_shutdown=len(pending))\n",
+        "            pass\n",
+        (f"{STAGES}::test_shutdown_drops_what_runs_past_its_deadline_and_says_what",),
+        "what shutdown drops at its deadline is counted"),
+    Mutant(
+        "shutdown-skips-given-up-writes", f"{OFFLOADING}/worker.py",
+        "                       and k.job_id not in self._given_up]\n",
+        "                       ]\n",
+        (f"{FAULTS}::test_shutdown_does_not_wait_for_a_write_it_gave_up",),
+        "shutdown does not wait for a write-through already given up (write_timeout_s)"),
     Mutant(
         "a-stage-waits-for-every-worker", f"{OFFLOADING}/jobs.py",
         "        if self.num_workers == 1:\n",
@@ -738,6 +757,71 @@ MUTANTS: list[Mutant] = [
         ("tests/bench/test_workload_passes.py::"
          "test_targets_are_judged_on_the_median_of_the_passes",),
         "a run of passes is judged on its passes' median ratio, not on the pooled requests"),
+    # ---- deadlines (D2), shutdown (D3), write-through bound (D13), hash blocks (D17) --------
+    Mutant(
+        "late-loads-given-up", f"{OFFLOADING}/worker.py",
+        "        expired = self._deadlines.take_expired()\n",
+        "        expired: list[int] = []\n",
+        (f"{FAULTS}::test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it",),
+        "a promotion or write-through past its deadline is given up: generate() returns"),
+    Mutant(
+        "late-load-blocks-fail", f"{OFFLOADING}/worker.py",
+        "                load.engine_failed = sorted(set(load.engine_failed)"
+        " | set(load.job.dst.block_ids))\n",
+        "                pass\n",
+        (f"{FAULTS}::test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it",),
+        "a late load's blocks are load errors: the engine recomputes them, never uses them"),
+    Mutant(
+        "queued-jobs-get-a-second-deadline", f"{OFFLOADING}/worker.py",
+        "            if started.isdisjoint(keys)"
+        " and self._deadlines.extend_once(job_id, seconds):\n",
+        "            if False:\n",
+        (f"{FAULTS}::test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it",),
+        "a job only queued behind a stuck one runs on the replacement thread, not failed with it"),
+    Mutant(
+        "stuck-threads-replaced", f"{OFFLOADING}/transfer_threads.py",
+        "        for _ in range(started):\n            self._start_thread()\n",
+        "",
+        (f"{FAULTS}::test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it",),
+        "a stuck transfer's thread is replaced: later disk hits overtake it"),
+    Mutant(
+        "late-jobs-keep-nothing-stepping", f"{OFFLOADING}/scheduler.py",
+        "        return len(self._jobs) > len(self._late_jobs)\n",
+        "        return bool(self._jobs)\n",
+        (f"{FAULTS}::test_a_hung_write_through_is_given_up_and_its_slots_return_with_it",),
+        "a job the worker gave up on does not keep the engine stepping"),
+    Mutant(
+        "late-write-keeps-its-pins", f"{OFFLOADING}/worker.py",
+        "            self.stats.add(num_replaced_threads=transfers.abandon(keys))\n",
+        "            self.stats.add(num_replaced_threads=transfers.abandon(keys))\n"
+        "            if load is None:\n"
+        "                self._results.append(JobResult(job_id, False, stage=Stage.WRITE))\n",
+        (f"{FAULTS}::test_a_hung_write_through_is_given_up_and_its_slots_return_with_it",),
+        "a given-up write keeps its host slots pinned until its thread returns"),
+    Mutant(
+        "write-throughs-bounded", f"{OFFLOADING}/scheduler.py",
+        "            writes = []  # a slow lower tier: this store stays in host memory only\n",
+        "            pass\n",
+        (f"{STAGES}::test_write_throughs_behind_a_stuck_tier_leave_host_room_for_new_stores",),
+        "write-throughs hold at most WRITE_THROUGH_SHARE of the host slots (D13)"),
+    Mutant(
+        "mismatched-hashes-not-loaded", f"{OFFLOADING}/scheduler.py",
+        "        if not self._hashes_ok(request):\n",
+        "        if False:\n",
+        (f"{STAGES}::test_block_hashes_of_another_block_size_are_neither_loaded_nor_stored",),
+        "a request hashed in blocks unlike the KV block's is not matched (D17)"),
+    Mutant(
+        "mismatched-hashes-not-stored", f"{OFFLOADING}/scheduler.py",
+        "        if req is None or not self.store_enabled or not st.hashes_ok:\n",
+        "        if req is None or not self.store_enabled:\n",
+        (f"{STAGES}::test_block_hashes_of_another_block_size_are_neither_loaded_nor_stored",),
+        "a request hashed in blocks unlike the KV block's is not stored (D17)"),
+    Mutant(
+        "planned-promotions-kept-on-disk", f"{OFFLOADING}/worker.py",
+        "                self._keep_entries(promotion, True)\n",
+        "",
+        (f"{RACES}::test_a_run_a_planned_promotion_reads_is_not_evicted_by_a_write_through",),
+        "a write-through does not evict the disk run a planned promotion will read (D5)"),
     # --- soak ---
     Mutant(
         "soak-mismatch-is-a-violation", "src/kvport/bench/soak_report.py",

@@ -120,8 +120,14 @@ def worker_half(llm: LLM) -> OffloadingConnectorWorker:
 
 
 def assert_nothing_leaked(llm: LLM) -> None:
+    """No block, slot, pin, job or wait left behind, and the engine corrected no answer of the
+    connector and caught no exception of its hooks: where vLLM would crash, a scenario fails."""
     llm.engine.check_no_leaks()
     offloading_half(llm).check_no_leaks()
+    stats = llm.engine.scheduler.xfer.stats
+    assert (stats.num_bad_answers, stats.num_hook_errors) == (0, 0), \
+        f"corrected answers {stats.num_bad_answers}, hook errors {stats.num_hook_errors}"
+    assert offloading_half(llm).stats.num_mismatched_hashes == 0  # the check never misfires
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
 from kvport.trace.checker import check_file
 from offload_utils import (
     GREEDY, assert_nothing_leaked, host_metrics, make_llm, offload_config, prompts, run,
-    run_one_by_one,
+    offloading_half, run_bounded, run_one_by_one, worker_half,
 )
 from fault_tiers import wait_until
 
@@ -26,12 +26,13 @@ pytestmark = pytest.mark.usefixtures("no_faults")
 
 def faulty_llm(tmp_path: Path, faults: dict[tuple[str, str], dict[str, Any]],
                disk: bool = True, disk_bytes: int = 64 << 20, sync_host_loads: bool = True,
-               **kwargs: Any) -> LLM:
+               config: dict[str, Any] | None = None, **kwargs: Any) -> LLM:
+    """`config`: more kv_connector_extra_config keys (deadlines)."""
     faulty_connector.FAULTS.clear()
     faulty_connector.FAULTS.update(faults)
     ktc = offload_config(disk_dir=tmp_path if disk else None, disk_bytes=disk_bytes,
                          record_trace=str(tmp_path / "trace.jsonl"),
-                         sync_host_loads=sync_host_loads)
+                         sync_host_loads=sync_host_loads, **(config or {}))
     ktc["kv_connector_module_path"] = "faulty_connector"
     ktc["kv_connector"] = "FaultyOffloadingConnector"
     return make_llm(ktc, **kwargs)
@@ -124,8 +125,9 @@ def test_a_load_that_never_completes_holds_only_its_request(
     held = engine.add_request("held", prompts()[0], GREEDY)
     wait_until(lambda: bool(engine.step() or True) and 1 in
                faulty_connector.WRAPPERS[(HOST, ENGINE)].started)
-    # A request without hits is served while the load hangs (loads after the hung one would
-    # wait: completions are reported in submission order per direction).
+    # A request without hits is served while the load hangs. A copy between the engine and host
+    # memory has no deadline (it moves memory; the fence must wait for it): this load holds its
+    # request, and its blocks, until it returns.
     fresh = prompts(1, seed=7)[0]
     want = run(make_llm(), [fresh])[0][0]
     other = engine.add_request("other", fresh, GREEDY)
@@ -148,16 +150,82 @@ def test_a_load_that_never_completes_holds_only_its_request(
 
 def test_shutdown_with_a_hung_transfer_returns(tmp_path: Path) -> None:
     llm = faulty_llm(tmp_path, {(HOST, ENGINE): {"hold_on": {1}}}, disk=False,
-                     sync_host_loads=False)
+                     sync_host_loads=False, config={"shutdown_timeout_s": 0.2})
     run(llm, prompts()[:1])
     llm.reset_prefix_cache()
     llm.engine.add_request("held", prompts()[0], GREEDY)
     wait_until(lambda: bool(llm.engine.step() or True) and 1 in
                faulty_connector.WRAPPERS[(HOST, ENGINE)].started)
-    worker = llm.engine.runner.driver.connector.inner.worker_half  # type: ignore[union-attr]
-    worker.shutdown_timeout_s = 0.2
     start = time.monotonic()
     llm.engine.abort_requests(["held"])
     llm.shutdown()
     assert time.monotonic() - start < 5
     faulty_connector.WRAPPERS[(HOST, ENGINE)].release_all()
+
+
+# ---- deadlines: a lower tier's I/O that hangs (a hard NFS mount, a stuck FUSE daemon) ---------
+
+
+def settle(llm: LLM) -> None:
+    """Step until nothing is pending, the late jobs' threads included (bounded)."""
+    wait_until(lambda: bool(llm.engine.step() or True) and not llm.engine.has_pending_work()
+               and not llm.get_metrics()["connector"]["requests"]["num_late_jobs"])
+
+
+def test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it(
+    tmp_path: Path, reference: list[list[int]],
+) -> None:
+    llm = faulty_llm(tmp_path, {(DISK, HOST): {"hold_on": {1}}}, config={"load_timeout_s": 0.3})
+    assert run(llm, prompts())[0] == reference
+    assert llm.reset_prefix_cache(reset_connector=True)  # the host tier forgets: disk hits now
+    # The first promotion hangs. Its load is late after 0.3 s: its blocks are recomputed, and
+    # every later request's disk hits are served meanwhile (the stuck thread is replaced).
+    assert run_bounded(llm, prompts()) == reference
+    wrapper = faulty_connector.WRAPPERS[(DISK, HOST)]
+    assert wrapper.started >= {1, 2} and 1 not in wrapper.finished  # others overtook it
+    metrics = llm.get_metrics()["connector"]
+    # Late: the held call's loads only (a batch may hold several); loads queued behind it got
+    # a second deadline and ran on the thread that replaced the stuck one.
+    late = metrics["worker"]["num_late_loads"]
+    assert 1 <= late == metrics["requests"]["num_late_jobs"]
+    assert metrics["requests"]["num_disk_hit_tokens"] > 0
+    assert not llm.engine.has_pending_work()  # a late job keeps nothing stepping
+    wrapper.release_all()  # the read returns: its slots are free again
+    settle(llm)
+    assert worker_half(llm).stats.num_replaced_threads >= 1
+    assert llm.reset_prefix_cache(reset_connector=True)
+    assert run(llm, prompts())[0] == reference  # disk still serves, every entry intact
+    finish(llm, tmp_path)
+
+
+def test_a_hung_write_through_is_given_up_and_its_slots_return_with_it(
+    tmp_path: Path, reference: list[list[int]],
+) -> None:
+    llm = faulty_llm(tmp_path, {(HOST, DISK): {"hold_on": {1}}}, config={"write_timeout_s": 0.3})
+    assert run(llm, prompts())[0] == reference  # returns: the hung write stops keeping it busy
+    wait_until(lambda: bool(llm.engine.step() or True)
+               and worker_half(llm).stats.num_late_writes == 1)
+    assert not llm.engine.has_pending_work()
+    manager = offloading_half(llm).manager
+    assert manager.num_pinned > 0  # the given-up write's slots: its thread may still read them
+    wrapper = faulty_connector.WRAPPERS[(HOST, DISK)]
+    assert len(wrapper.finished) >= 2  # later write-throughs reached the disk
+    wrapper.release_all()
+    settle(llm)
+    assert manager.num_pinned == 0
+    assert run(llm, prompts())[0] == reference
+    finish(llm, tmp_path)
+
+
+def test_shutdown_does_not_wait_for_a_write_it_gave_up(tmp_path: Path) -> None:
+    llm = faulty_llm(tmp_path, {(HOST, DISK): {"hold_on": {1}}},
+                     config={"write_timeout_s": 0.3, "shutdown_timeout_s": 8.0})
+    run(llm, prompts()[:2])
+    wait_until(lambda: bool(llm.engine.step() or True)
+               and worker_half(llm).stats.num_late_writes == 1)
+    worker = worker_half(llm)
+    start = time.monotonic()
+    llm.shutdown()
+    assert time.monotonic() - start < 5  # not the 8 s shutdown_timeout_s
+    assert worker.stats.num_dropped_at_shutdown == 0  # given up before, not dropped now
+    faulty_connector.WRAPPERS[(HOST, DISK)].release_all()

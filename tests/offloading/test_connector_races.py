@@ -378,3 +378,37 @@ def test_a_hit_from_disk_and_redis_fails_only_the_redis_blocks(
     m = llm.get_metrics()
     assert m["kv_transfer"]["num_invalid_blocks"] == req.num_redis_hit_tokens // BLOCK_SIZE, m
     release_and_finish(llm, transfers)
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes of the disk tier's run files (names of one run share its inode)."""
+    return sum({p.stat().st_ino: p.stat().st_size for p in root.rglob("*.kvb")}.values())
+
+
+def test_a_run_a_planned_promotion_reads_is_not_evicted_by_a_write_through(
+        tmp_path: Path) -> None:
+    # A's promotion of P from disk is planned and held. Q's write-through needs room on a disk
+    # that holds P and little more: it may not evict P's run (skipped instead), so A's load
+    # finds every entry when it runs.
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    p, q = two_prompts(seed=13)
+    want = reference([p], params)
+    first, _ = controlled_llm(disk_dir=tmp_path)
+    assert run_bounded(first, [p], params) == want
+    first.shutdown()
+    size = disk_bytes(tmp_path)
+    llm, transfers = controlled_llm({"disk_bytes": size * 3 // 2}, disk_dir=tmp_path)
+    transfers.hold((DISK, HOST))
+    a = llm.engine.add_request("A", p, params)
+    llm.engine.step()
+    assert len(transfers.in_flight((DISK, HOST))) == 1  # P's promotion, planned and held
+    other = llm.engine.add_request("Q", q, params)
+    step_until(llm, lambda: other.is_finished and not transfers.in_flight((HOST, DISK)))
+    for _ in range(2):
+        llm.engine.step()  # Q's write-through reports
+    assert llm.get_metrics()["connector"]["disk"]["skipped_stores"] > 0  # Q's, not P's
+    transfers.release_all()
+    step_until(llm, lambda: a.is_finished)
+    assert [list(a.output_token_ids)] == want
+    assert offloading_half(llm).stats.num_failed_loads == 0 and a.num_cached_tokens >= 32
+    release_and_finish(llm, transfers)

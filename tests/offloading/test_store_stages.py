@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from offload_utils import (
-    assert_nothing_leaked, make_llm, offload_config, offloading_half, prompts, step_until,
+    assert_nothing_leaked, make_llm, offload_block_bytes, offload_config, offloading_half, prompts,
+    step_until,
 )
 
 from kvport import LLM, SamplingParams
@@ -20,14 +21,14 @@ from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
 from kvport.connectors.offloading.metadata import JobResult, OffloadingWorkerMetadata, Stage
-from kvport.connectors.offloading.scheduler import OffloadingScheduler
-from view_records import ViewNewRequest, ViewRequest, ViewSchedulerOutput
+from kvport.connectors.offloading.scheduler import WRITE_THROUGH_SHARE, OffloadingScheduler
+from view_records import ViewNewRequest, ViewRequest, ViewSchedulerOutput, chain_hashes
 
 PARAMS = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
 
 
-def controlled(kind: str, disk_dir: Path | None = None) -> tuple[LLM, Any]:
-    ktc = offload_config(disk_dir=disk_dir)
+def controlled(kind: str, disk_dir: Path | None = None, **extra: Any) -> tuple[LLM, Any]:
+    ktc = offload_config(disk_dir=disk_dir, **extra)
     ktc.update(kv_connector=kind, kv_connector_module_path="controlled_transfers")
     llm = make_llm(ktc)
     return llm, llm.engine.runner.driver.connector.worker_half.transfers  # type: ignore[union-attr]
@@ -44,7 +45,7 @@ def test_sync_stores_report_in_the_step_that_computed_them(sync: bool) -> None:
     assert stored == (5 if sync else 0)
     assert bool(transfers.in_flight((ENGINE, HOST))) is not sync
     transfers.release_all()
-    step_until(llm, lambda: not llm.engine.has_pending_work())
+    step_until(llm, lambda: half.manager.num_pinned == 0)  # the writes report in a step
     assert_nothing_leaked(llm)
 
 
@@ -79,6 +80,37 @@ def test_shutdown_lets_the_write_throughs_finish(tmp_path: Path) -> None:
     llm.shutdown()
     assert not transfers.in_flight((HOST, DISK))
     assert len(list(tmp_path.rglob("*.kvb"))) == 5  # every offload block reached the disk
+
+
+def test_shutdown_writes_through_a_copy_that_ended_after_the_last_step(tmp_path: Path) -> None:
+    """kvport's engine runs without sync_stores: the last step's store copies may end after its
+    last poll (Ctrl-C in generate(), a server stepping the engine itself). Shutdown polls them
+    and writes them through before it stops."""
+    llm, transfers = controlled("ControlledOffloadingConnector", disk_dir=tmp_path)
+    transfers.hold((ENGINE, HOST))
+    req = llm.engine.add_request("A", prompts(1)[0][:40], PARAMS)
+    step_until(llm, lambda: req.is_finished)
+    assert len(transfers.in_flight((ENGINE, HOST))) == 1  # the store's copy, held
+    transfers.release_all()  # it ends now, and no step polls it
+    worker = llm.engine.runner.driver.connector.worker_half  # type: ignore[union-attr]
+    llm.shutdown()
+    assert len(list(tmp_path.rglob("*.kvb"))) == 5  # every offload block reached the disk
+    assert worker.stats.num_dropped_at_shutdown == 0
+
+
+def test_shutdown_drops_what_runs_past_its_deadline_and_says_what(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    llm, transfers = controlled("SyncStoresControlledConnector", disk_dir=tmp_path,
+                                shutdown_timeout_s=0.3)
+    transfers.hold((HOST, DISK))
+    req = llm.engine.add_request("A", prompts(1)[0][:40], PARAMS)
+    step_until(llm, lambda: req.is_finished)
+    worker = llm.engine.runner.driver.connector.worker_half  # type: ignore[union-attr]
+    llm.shutdown()  # the write-through stays held: a disk that does not answer
+    assert worker.stats.num_dropped_at_shutdown == 1
+    assert "shutdown dropped 1 transfers" in caplog.text and "write to DISK" in caplog.text
+    assert not list(tmp_path.rglob("*.kvb"))
 
 
 # ---- several workers, at the scheduler half ---------------------------------------------------
@@ -142,3 +174,43 @@ def test_a_load_is_done_when_every_worker_reported_it() -> None:
     assert half.manager.num_pinned == 0 and half.stats.num_failed_loads == 1
     half.request_finished(again)
     half.check_no_leaks()
+
+
+def test_block_hashes_of_another_block_size_are_neither_loaded_nor_stored() -> None:
+    """A hash per 2 tokens for KV blocks of 4: key i would name a shorter prefix than the bytes
+    stored under it, so the request is left alone (and counted), never stored or loaded."""
+    config = OffloadingConfig(cpu_bytes_to_use=1 << 20, block_size=4)
+    spec = KVCacheSpec(num_blocks=16, block_size=4, num_layers=2, num_kv_heads=1, head_dim=8,
+                       dtype="float32", layout="test", hash_root=b"root")
+    half = OffloadingScheduler(config, OffloadGeometry.build(config, spec))
+    tokens = list(range(9))
+    for rid, hashes in (("A", chain_hashes(tokens, 2)), ("B", chain_hashes(tokens, 4))):
+        req = ViewRequest(rid, tokens, 4, block_hashes=hashes)
+        assert half.get_num_new_matched_tokens(req, 0) == (0, False)
+        half.update_state_after_alloc(req, [3, 4, 5], 0)
+        meta = half.build_connector_meta(ViewSchedulerOutput([ViewNewRequest(rid, [3, 4, 5], 0)],
+                                                             {rid: 9}))
+        assert len(meta.stores) == (0 if rid == "A" else 1)
+    assert half.stats.num_mismatched_hashes == 1
+
+
+
+def test_write_throughs_behind_a_stuck_tier_leave_host_room_for_new_stores(tmp_path: Path) -> None:
+    """A disk that takes no write: stores writing through hold at most WRITE_THROUGH_SHARE of
+    the host slots; later stores stay in host memory only (counted), and hits still come."""
+    slots = 24
+    llm, transfers = controlled("ControlledOffloadingConnector", disk_dir=tmp_path,
+                                cpu_bytes=slots * offload_block_bytes())
+    transfers.hold((HOST, DISK))
+    ps = prompts(6, seed=3)
+    llm.generate(ps, PARAMS, use_tqdm=False)
+    half = offloading_half(llm)
+    assert 0 < half.manager.num_pinned <= slots * WRITE_THROUGH_SHARE
+    assert half.stats.num_skipped_write_throughs > 0
+    assert half.manager.stats.num_rejected_stores == 0
+    llm.reset_prefix_cache()
+    cached = [o.num_cached_tokens for o in llm.generate(ps[-2:], PARAMS, use_tqdm=False)]
+    assert min(cached) > 0  # the last stores, kept in host memory only, are hits
+    transfers.release_all()
+    step_until(llm, lambda: half.manager.num_pinned == 0)  # the writes report in a step
+    assert_nothing_leaked(llm)

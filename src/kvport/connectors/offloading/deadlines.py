@@ -48,6 +48,7 @@ class Deadlines:
 
     def __init__(self) -> None:
         self._at: dict[int, float] = {}
+        self._extended: set[int] = set()  # jobs given a second deadline (extend_once)
 
     def start(self, job_id: int, seconds: float) -> None:
         assert job_id not in self._at, f"job {job_id} already has a deadline"
@@ -56,6 +57,17 @@ class Deadlines:
     def end(self, job_id: int) -> None:
         """The stage ended (in time or not): no deadline any more."""
         self._at.pop(job_id, None)
+        self._extended.discard(job_id)
+
+    def extend_once(self, job_id: int, seconds: float) -> bool:
+        """A fresh deadline for a job take_expired returned, once: a job that was only queued
+        behind a stuck one (whose thread is replaced now) gets its own time to run. False if
+        it had its second deadline already."""
+        if job_id in self._extended:
+            return False
+        self._extended.add(job_id)
+        self._at[job_id] = time.monotonic() + seconds
+        return True
 
     def take_expired(self) -> list[int]:
         """The jobs whose deadline passed, in id order; each is returned once."""

@@ -30,6 +30,9 @@ job per request and step. A full host tier (None) retries the next step. With lo
 job also names its keys' entries there: once a worker's copy is done, the worker writes the same
 slots through to disk and Redis by itself. When every worker reported the copy, the keys become
 ready and stay pinned until every worker reported the write (see jobs.py for the stages).
+Behind a slow lower tier those pins would grow until no slot is left for new stores: at most
+WRITE_THROUGH_SHARE of the host slots are planned for write-throughs at once; a store beyond
+that stays in host memory only (counted: num_skipped_write_throughs).
 
 The fence: `request_finished` returns False, so a finished or preempted request's blocks go back
 to the pool at once, while its store jobs may not have read them yet. Every step, the pending
@@ -71,6 +74,9 @@ if TYPE_CHECKING:
     from kvport.connectors.views import RequestView, SchedulerOutputView
 
 logger = logging.getLogger(__name__)
+# The share of host slots that stores writing through to lower tiers may hold at once: the rest
+# keeps room for new stores and promotions however slow disk or Redis is.
+WRITE_THROUGH_SHARE = 0.5
 
 
 @dataclass
@@ -83,6 +89,7 @@ class _ReqState:
     # A load of this request failed: it is not offered another one (the engine recomputes the
     # blocks; offering them again could fail the same way, forever).
     load_failed: bool = False
+    hashes_ok: bool = True  # one block hash per engine block (see HitStats)
 
 
 @dataclass
@@ -112,6 +119,11 @@ class HitStats:
     num_failed_stores: int = 0
     num_flushed_jobs: int = 0
     num_busy_answers: int = 0  # None answers: the request's own stores were still pending
+    # Admissions whose block hashes were not one per engine block (a hash block size unlike
+    # the KV block's): key i would name another prefix than the bytes under it, so the
+    # request is neither loaded nor stored.
+    num_mismatched_hashes: int = 0
+    num_skipped_write_throughs: int = 0  # stores kept in host memory only (WRITE_THROUGH_SHARE)
 
 
 def make_manager(config: OffloadingConfig, num_slots: int) -> PolicyManager:
@@ -146,6 +158,7 @@ class OffloadingScheduler:
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
         self.worker_stats: dict[str, float] = {}  # the workers' own (deadlines.WorkerStats)
         self._late_jobs: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
+        self._num_writing = 0  # keys of stores planned with write-throughs, until those end
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -156,6 +169,14 @@ class OffloadingScheduler:
         if st is not None and st.store_jobs:
             self.stats.num_busy_answers += 1
             return None, False  # its own stores are unreported: load them once they are
+        if not self._hashes_ok(request):
+            if rid not in self._matches:  # counted once per admission, not per retry
+                self.stats.num_mismatched_hashes += 1
+                logger.warning("OffloadingConnector: request %s has %d block hashes for %d tokens "
+                               "in blocks of %d; it is not offloaded", rid,
+                               len(request.block_hashes), request.num_tokens, self.block_size)
+            self._matches[rid] = _Match(num_local, 0, [])
+            return 0, False
         keys = self.geometry.keys(request.block_hashes)
         start = num_local // self.offload_tokens
         self._matches[rid] = _Match(num_local, start, keys[start:])
@@ -191,6 +212,10 @@ class OffloadingScheduler:
         self._matches[rid] = _Match(num_local, start, keys[start:], host_keys, lower, sync)
         return num_external, not sync
 
+    def _hashes_ok(self, request: RequestView) -> bool:
+        """One hash per full engine block: key i then names exactly the prefix stored under it."""
+        return len(request.block_hashes) == request.num_tokens // self.block_size
+
     def _being_written(self, keys: list[bytes], end: int, num_tokens: int) -> bool:
         """The hit run ends at `keys[end]` because another job is writing it to the host tier,
         and the request could use it (the prompt's last token is always computed)."""
@@ -205,7 +230,8 @@ class OffloadingScheduler:
         old = self._reqs.get(rid)
         match = self._matches.pop(rid, None)
         st = _ReqState(request, list(block_ids), store_jobs=set(old.store_jobs) if old else set(),
-                       load_failed=old is not None and old.load_failed)
+                       load_failed=old is not None and old.load_failed,
+                       hashes_ok=self._hashes_ok(request))
         self._reqs[rid] = st
         # Blocks new to this request may have been freed by another one with a store pending.
         if old is not None and old.block_ids and old.block_ids == block_ids[:len(old.block_ids)]:
@@ -326,7 +352,7 @@ class OffloadingScheduler:
     def _plan_store(self, rid: str, num_tokens_done: int) -> StoreJob | None:
         st = self._reqs[rid]
         req = st.request
-        if req is None or not self.store_enabled:
+        if req is None or not self.store_enabled or not st.hashes_ok:
             return None
         f = self.factor
         end = min(num_tokens_done // self.offload_tokens, len(req.block_hashes) // f,
@@ -349,6 +375,11 @@ class OffloadingScheduler:
                for b in st.block_ids[position[k] * f:(position[k] + 1) * f]]
         keys = list(out.keys_to_store)
         writes = [KEYED_BLOCKS[medium](keys) for medium in self.lower.media]
+        if writes and self._num_writing and \
+                self._num_writing + len(keys) > WRITE_THROUGH_SHARE * self.geometry.num_slots:
+            writes = []  # a slow lower tier: this store stays in host memory only
+            self.stats.num_skipped_write_throughs += 1
+        self._num_writing += len(keys) if writes else 0
         job_id = self._jobs.add(Job(STORE, rid, keys, src, writes_through=bool(writes)))
         st.store_jobs.add(job_id)
         self.stats.num_store_jobs += 1
@@ -411,6 +442,7 @@ class OffloadingScheduler:
         """Every worker's write-throughs ended (written, skipped or failed: each lower tier
         counts which); the slots they read may be reused."""
         self._jobs.pop(result.job_id)
+        self._num_writing -= len(job.keys)
         self.manager.complete_load(job.pinned)
         self.manager.complete_store(job.failed_keys, success=False)
 
@@ -506,6 +538,7 @@ class OffloadingScheduler:
         if len(self.waits):
             raise RuntimeError(f"OffloadingConnector: {len(self.waits)} requests still marked as "
                                f"waiting for another job's write")
+        assert self._jobs or not self._num_writing, f"{self._num_writing} keys still writing"
         if self._jobs or self.manager.num_pinned or self.manager.num_being_written:
             raise RuntimeError(f"OffloadingConnector: {len(self._jobs)} jobs in flight, "
                                f"{self.manager.num_pinned} pinned and "

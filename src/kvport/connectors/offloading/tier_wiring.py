@@ -33,7 +33,8 @@ class LowerTier(Protocol):
     and its own entries, by key. Runs on worker threads; never raises for its medium's faults
     (those are failed positions, counted in its stats). It may also have
     `load_batch_to_host(host, [(src, dst), ...]) -> [outcome, ...]`: several promotions in one
-    call (`batch_routes`)."""
+    call (`batch_routes`), and `protect(keys)` / `unprotect(keys)`: entries a planned promotion
+    will read, kept from eviction until then (the worker's `_keep_entries`)."""
 
     @property
     def stats(self) -> TierStats: ...

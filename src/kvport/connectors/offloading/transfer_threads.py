@@ -238,6 +238,11 @@ class ThreadPoolHandler(TransferHandler):
             self._end_locked([t for t in map(self._by_id.get, job_ids)
                               if t is not None and t.state is _QUEUED])
 
+    def started(self, job_ids: Iterable[JobId]) -> set[JobId]:
+        with self._lock:
+            return {j for j in job_ids
+                    if (t := self._by_id.get(j)) is None or t.state is not _QUEUED}
+
     def abandon(self, job_ids: Iterable[JobId]) -> int:
         """Give up waiting for the named jobs: queued ones are cancelled (reported failed); the
         thread of each running one is replaced by a new thread (at most MAX_STUCK_THREADS stuck

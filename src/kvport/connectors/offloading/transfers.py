@@ -78,6 +78,10 @@ class TransferHandler(ABC):
         """Cancel the named jobs that have not started (they report failed, their destination
         untouched); running ones go on. This default cancels nothing."""
 
+    def started(self, job_ids: Iterable[JobId]) -> set[JobId]:
+        """The named jobs that are running or ended, not queued. This default: all of them."""
+        return set(job_ids)
+
     def abandon(self, job_ids: Iterable[JobId]) -> int:
         """Stop waiting for the named jobs: cancel queued ones; a handler with threads replaces
         the thread of each running one, so later jobs overtake it. Running jobs still report
@@ -150,6 +154,13 @@ class OffloadingWorker:
         """Cancel the named jobs that have not started yet (see TransferHandler.cancel)."""
         for kind, ids in self._by_handler(job_ids).items():
             self._handlers[kind].cancel(ids)
+
+    def started(self, job_ids: Iterable[JobId]) -> set[JobId]:
+        """The named jobs that are running or ended (see TransferHandler.started)."""
+        out: set[JobId] = set()
+        for kind, ids in self._by_handler(job_ids).items():
+            out |= self._handlers[kind].started(ids)
+        return out
 
     def abandon(self, job_ids: Iterable[JobId]) -> int:
         """Abandon the named jobs (see TransferHandler.abandon); the threads started."""

@@ -29,8 +29,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-
 import torch
 
 from kvport.connectors.offloading.config import OffloadingConfig
@@ -40,7 +38,7 @@ from kvport.connectors.offloading.mediums import (
     DISK, HOST, REDIS, EngineBlocks, HostBlocks, LoadStoreSpec,
 )
 from kvport.connectors.offloading.metadata import (
-    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage, StoreJob,
+    JobResult, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Promotion, Stage, StoreJob,
 )
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.host import HostTier
@@ -49,6 +47,7 @@ from kvport.connectors.offloading.tier_wiring import (
 )
 from kvport.connectors.offloading.sync_parts import SYNC_GRACE_S, split_parts, sync_timeout
 from kvport.connectors.offloading.transfers import OffloadingWorker, TransferResult
+from kvport.connectors.offloading.worker_jobs import Load, TransferKey
 from kvport.connectors.offloading.write_throughs import WriteThroughs
 
 logger = logging.getLogger(__name__)
@@ -59,32 +58,6 @@ IDLE_WAIT_S = 0.002  # a step with no forward and no load in flight waits this l
 # whose loads end together are then scheduled together, and prefill in one batched step.
 LOAD_WAIT_S = 0.05
 __all__ = ["OffloadingConnectorWorker", "Stage", "TransferKey"]
-
-
-@dataclass(frozen=True)
-class TransferKey:
-    """The id a transfer is submitted under: the scheduler half's job id, the job's stage, and
-    for a promotion or a write-through the lower tier's medium (DISK, REDIS)."""
-
-    job_id: int
-    stage: Stage = Stage.COPY
-    medium: str = ""
-    part: int = 0  # a synchronous load's copy, in parts
-
-
-@dataclass
-class _Load:
-    job: LoadJob
-    engine_failed: list[int]  # engine block ids left without valid KV
-    promotions_left: int = 0  # promotions still running
-    promote_failed: list[int] = field(default_factory=list)  # positions among promoted slots
-    copy_dst: list[int] = field(default_factory=list)  # engine blocks of the HOST->ENGINE copy
-    # A synchronous load: its parts in flight (key -> their engine blocks). Parts still running
-    # when its step's forward had to start failed their blocks then (`reported`); the job's
-    # result waits until they ended, so its host slots stay pinned while they read them.
-    parts: dict[TransferKey, list[int]] = field(default_factory=dict)
-    reported: bool = False
-    late: bool = False  # its promotions passed load_timeout_s: reported failed, no copy follows
 
 
 class OffloadingConnectorWorker:
@@ -100,13 +73,14 @@ class OffloadingConnectorWorker:
         self.transfers: OffloadingWorker | None = None
         self._stores: dict[int, StoreJob] = {}  # job id -> store whose copy is in flight
         self.writes = WriteThroughs()  # of stores whose copy ended
-        self._loads: dict[int, _Load] = {}  # job id -> load in flight
+        self._loads: dict[int, Load] = {}  # job id -> load in flight
         self._in_flight: set[TransferKey] = set()  # submitted to the transfers, not reported
-        self._ready: list[_Load] = []  # loads done, to report in this step's get_finished
+        self._ready: list[Load] = []  # loads done, to report in this step's get_finished
         self._results: list[JobResult] = []  # for the next worker metadata
         self._load_errors: set[int] = set()
         self._deadlines = Deadlines()  # promotions and write-throughs in flight
         self._late: list[int] = []  # job ids given up on, for the next worker metadata
+        self._given_up: set[int] = set()  # late write-throughs, until their threads return
         self.stats = WorkerStats()
 
     def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool,
@@ -127,9 +101,9 @@ class OffloadingConnectorWorker:
                                     and k.job_id in meta.jobs_to_flush])
 
     def start_load_kv(self, meta: OffloadingConnectorMetadata) -> None:
-        sync: list[_Load] = []
+        sync: list[Load] = []
         for job in meta.loads:
-            load = _Load(job, engine_failed=list(job.unloadable),
+            load = Load(job, engine_failed=list(job.unloadable),
                          promotions_left=len(job.promotions))
             self._loads[job.job_id] = load
             if job.sync:
@@ -138,6 +112,7 @@ class OffloadingConnectorWorker:
             if job.promotions:
                 self._deadlines.start(job.job_id, self.config.load_timeout_s)
             for promotion in job.promotions:
+                self._keep_entries(promotion, True)
                 self._submit(TransferKey(job.job_id, Stage.PROMOTION, promotion.src.medium()),
                              promotion.src, promotion.dst)
             if not job.promotions:
@@ -145,7 +120,7 @@ class OffloadingConnectorWorker:
         if sync:
             self._run_sync_loads(sync)
 
-    def _run_sync_loads(self, loads: list[_Load]) -> None:
+    def _run_sync_loads(self, loads: list[Load]) -> None:
         """Copy the step's synchronous loads now, before its forward reads them, all submitted
         at once (the copy threads take them back to back). Bounded: parts not done in time fail
         their blocks, which the engine recomputes."""
@@ -174,7 +149,7 @@ class OffloadingConnectorWorker:
             else:
                 self._finish_sync_load(load)
 
-    def _on_sync_part(self, load: _Load, key: TransferKey, result: TransferResult) -> None:
+    def _on_sync_part(self, load: Load, key: TransferKey, result: TransferResult) -> None:
         blocks = load.parts.pop(key)
         if not load.reported:
             load.engine_failed += [blocks[i] for i in result.failed_indices]
@@ -182,7 +157,7 @@ class OffloadingConnectorWorker:
             del self._loads[load.job.job_id]
             self._results.append(JobResult(load.job.job_id, False, sorted(load.engine_failed)))
 
-    def _finish_sync_load(self, load: _Load) -> None:
+    def _finish_sync_load(self, load: Load) -> None:
         """Every part ended in time: the failed blocks are this step's load errors (the engine
         recomputes them); a synchronous load reports no finished_recving."""
         job = load.job
@@ -213,10 +188,18 @@ class OffloadingConnectorWorker:
         """Abandon the promotions and write-throughs past their deadline (deadlines.py); the
         requests of late loads, reported loaded with all their blocks failed."""
         late: set[str] = set()
-        for job_id in self._deadlines.take_expired():
+        transfers = self._transfers()
+        expired = self._deadlines.take_expired()
+        # NOTE: all looked at before any is abandoned: a replacement thread takes a queued job
+        started = transfers.started(k for k in self._in_flight if k.job_id in expired)
+        for job_id in expired:
             keys = [k for k in self._in_flight if k.job_id == job_id]
-            self._late.append(job_id)
             load = self._loads.get(job_id)
+            seconds = self.config.load_timeout_s if load else self.config.write_timeout_s
+            if started.isdisjoint(keys) and self._deadlines.extend_once(job_id, seconds):
+                continue  # only queued behind a stuck job, whose thread is replaced below
+            self._late.append(job_id)
+            self._deadlines.end(job_id)
             if load is not None:
                 load.late = True
                 load.engine_failed = sorted(set(load.engine_failed) | set(load.job.dst.block_ids))
@@ -227,11 +210,12 @@ class OffloadingConnectorWorker:
                                "%.1f s (load_timeout_s); its blocks are recomputed",
                                self.config.load_timeout_s)
             else:
+                self._given_up.add(job_id)
                 self.stats.add(num_late_writes=1)
                 logger.warning("OffloadingConnector: a write-through is not done after %.1f s "
                                "(write_timeout_s); given up, its host slots stay pinned until "
                                "it returns", self.config.write_timeout_s)
-            self.stats.add(num_replaced_threads=self._transfers().abandon(keys))
+            self.stats.add(num_replaced_threads=transfers.abandon(keys))
         return late
 
     def _wait_without_forward(self) -> None:
@@ -295,13 +279,15 @@ class OffloadingConnectorWorker:
         done = self.writes.ended(job_id, result.failed_indices)
         if done is not None:
             self._deadlines.end(job_id)
+            self._given_up.discard(job_id)
             self._results.append(done)
 
-    def _on_promoted(self, load: _Load, medium: str, result: TransferResult) -> None:
+    def _on_promoted(self, load: Load, medium: str, result: TransferResult) -> None:
         """One lower tier's promotion finished; once all have, copy every block that is in host
         memory now to the engine."""
         job = load.job
         (promotion,) = [p for p in job.promotions if p.src.medium() == medium]
+        self._keep_entries(promotion, False)
         num_host = len(job.src.slot_ids) - job.num_promoted
         position = {slot: i for i, slot in enumerate(job.src.slot_ids[num_host:])}
         load.promote_failed += [position[promotion.dst.slot_ids[i]]
@@ -329,14 +315,22 @@ class OffloadingConnectorWorker:
                 dst += blocks
         self._start_copy(load, HostBlocks(slots), EngineBlocks(dst, 0 if 0 in bad else skip))
 
-    def _start_copy(self, load: _Load, src: HostBlocks, dst: EngineBlocks) -> None:
+    def _keep_entries(self, promotion: Promotion, keep: bool) -> None:
+        """A tier with `protect` (disk) keeps a promotion's entries from eviction by this
+        process's own write-throughs until the promotion ended."""
+        hook = getattr(self.lower.get(promotion.src.medium()), "protect" if keep else "unprotect",
+                       None)
+        if hook is not None:
+            hook(promotion.src.keys)
+
+    def _start_copy(self, load: Load, src: HostBlocks, dst: EngineBlocks) -> None:
         if src.slot_ids:
             load.copy_dst = dst.block_ids
             self._submit(TransferKey(load.job.job_id), src, dst)
         else:  # nothing to copy: reported by this step's get_finished
             self._ready.append(load)
 
-    def _finish_load(self, load: _Load) -> str:
+    def _finish_load(self, load: Load) -> str:
         job = load.job
         del self._loads[job.job_id]
         self._load_errors.update(load.engine_failed)
@@ -358,19 +352,31 @@ class OffloadingConnectorWorker:
             stats[medium] = tier.stats.snapshot()
         return OffloadingWorkerMetadata(results, stats, late, self.stats.snapshot())
 
-    shutdown_timeout_s = 30.0  # how long shutdown waits for stores and write-throughs
-
     def shutdown(self) -> None:
-        """Lets stores and write-throughs in flight finish (bounded: `shutdown_timeout_s`), so
-        what the engine computed reaches the host and disk tiers; then cancels what is left
-        (loads nobody waits for) and stops the transfer threads."""
+        """Drains what the engine computed into the tiers, stage by stage, within
+        `shutdown_timeout_s` in all: each store's copy (engine to host), then the write-through
+        that copy starts (host to disk and Redis), so a store whose copy ended after the last
+        step still reaches the disk. Loads nobody waits for, and writes already given up, are not
+        waited for. What is still running at the deadline is dropped, logged and counted
+        (`num_dropped_at_shutdown`); then the transfer threads stop."""
         if self.transfers is None:
             return
-        pending = [k for k in self._in_flight if k.stage is not Stage.PROMOTION
-                   and k.job_id not in self._loads]
-        if pending and not self.transfers.wait(pending, self.shutdown_timeout_s):
-            logger.warning("OffloadingConnector: %d stores or write-throughs still running after "
-                           "%.0f s at shutdown; abandoned", len(pending), self.shutdown_timeout_s)
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        while True:
+            self._on_finished(self.transfers.get_finished())  # a copy that ended starts its writes
+            pending = [k for k in self._in_flight if k.job_id not in self._loads
+                       and k.job_id not in self._given_up]
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
+                break
+            self.transfers.wait(pending, left)
+        if pending:
+            self.stats.add(num_dropped_at_shutdown=len(pending))
+            stages = sorted(f"{k.stage.value}{' to ' + k.medium if k.medium else ''}"
+                            for k in pending)
+            logger.warning("OffloadingConnector: shutdown dropped %d transfers still running after "
+                           "%.1f s (shutdown_timeout_s): %s", len(pending),
+                           self.config.shutdown_timeout_s, ", ".join(stages))
         self.transfers.shutdown(0.0)
         for tier in self.lower.values():
             tier.close()

@@ -1,0 +1,34 @@
+"""The worker half's records of its transfers in flight: the key each transfer is submitted
+under, and an asynchronous or synchronous load's progress through its stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvport.connectors.offloading.metadata import LoadJob, Stage
+
+
+@dataclass(frozen=True)
+class TransferKey:
+    """The id a transfer is submitted under: the scheduler half's job id, the job's stage, and
+    for a promotion or a write-through the lower tier's medium (DISK, REDIS)."""
+
+    job_id: int
+    stage: Stage = Stage.COPY
+    medium: str = ""
+    part: int = 0  # a synchronous load's copy, in parts
+
+
+@dataclass
+class Load:
+    job: LoadJob
+    engine_failed: list[int]  # engine block ids left without valid KV
+    promotions_left: int = 0  # promotions still running
+    promote_failed: list[int] = field(default_factory=list)  # positions among promoted slots
+    copy_dst: list[int] = field(default_factory=list)  # engine blocks of the HOST->ENGINE copy
+    # A synchronous load: its parts in flight (key -> their engine blocks). Parts still running
+    # when its step's forward had to start failed their blocks then (`reported`); the job's
+    # result waits until they ended, so its host slots stay pinned while they read them.
+    parts: dict[TransferKey, list[int]] = field(default_factory=dict)
+    reported: bool = False
+    late: bool = False  # its promotions passed load_timeout_s: reported failed, no copy follows
