@@ -52,7 +52,7 @@ def _ancestor_problem(prefix: str, uid: int) -> str | None:
     if st.st_uid not in (0, uid):
         return f"{prefix} is owned by uid {st.st_uid}"
     if st.st_mode & _OTHERS_WRITE and not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):
-        return f"{prefix} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        return f"{prefix} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 

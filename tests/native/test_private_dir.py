@@ -79,7 +79,7 @@ def test_a_parent_others_can_write_is_refused(tmp_path: Path, mode: int) -> None
         os.chown(child, OTHER, -1)
         uid = OTHER
     problem = private_dir.dir_problem(child, uid)
-    assert problem is not None and problem.startswith(f"{parent} is writable by others")
+    assert problem is not None and problem.startswith(f"{parent} is writable by group or others")
 
 
 def test_a_parent_of_another_user_is_refused(tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_a_symlink_above_is_checked_both_ways(tmp_path: Path) -> None:
     assert private_dir.dir_problem(link / "kernels") is None  # ours all the way
     real.chmod(0o777)  # only on the resolved path: real/deep/kernels
     problem = private_dir.dir_problem(link / "kernels")
-    assert problem is not None and problem.startswith(f"{real} is writable by others")
+    assert problem is not None and problem.startswith(f"{real} is writable by group or others")
     real.chmod(0o700)
     assert private_dir.dir_problem(link / "kernels") is None
     if os.geteuid() == 0:
@@ -163,6 +163,6 @@ def test_the_first_acceptable_candidate_wins_and_the_refusals_say_why(tmp_path: 
     path, refused = private_dir.first_private_dir(
         [shared / "kernels", blocked / "kernels", tmp_path / "good"])
     assert path == tmp_path / "good"
-    assert refused[0].startswith(f"{shared} is writable by others")
+    assert refused[0].startswith(f"{shared} is writable by group or others")
     assert refused[1].startswith(f"{blocked / 'kernels'} cannot be created")
     assert private_dir.first_private_dir([shared]) == (None, [private_dir.dir_problem(shared)])
