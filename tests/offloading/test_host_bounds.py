@@ -5,12 +5,15 @@ negative ids would wrap to the other end (review D14)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
-from needs import native_switched_off
+from needs import native_switched_off, require
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
+from kvport.connectors.offloading.tiers import block_copy
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segments, row_runs
 from kvport.connectors.offloading.tiers.host import (
     STRATEGIES, HostTier, copy_rows, copy_rows_numpy,
@@ -138,3 +141,29 @@ def test_slots_out_of_range_are_refused_with_the_same_error() -> None:
         host.store(EngineBlocks([0]), HostBlocks([NUM_SLOTS]))
     with pytest.raises(IdOutOfRangeError, match=r"slot -1 out of range"):
         host.slot(-1)
+
+
+@pytest.mark.parametrize(("block", "row", "to_host"),
+                         [(NUM_BLOCKS, 0, False), (-1, 0, False), (0, NUM_SLOTS, True),
+                          (0, -1, True)])
+@pytest.mark.parametrize("split", [False, True])
+def test_the_c_copy_refuses_an_id_past_either_end_of_either_side(
+        block: int, row: int, to_host: bool, split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """block_copy.c's own check (review M4): the pool and the host rows are views with a guard
+    row on each side, so an unchecked id writes into memory this test owns, where it shows."""
+    require(not native_switched_off() and block_copy.available(), "block_copy.c must build")
+    if split:  # the job is checked whole before its parts are handed to the helper
+        monkeypatch.setattr(block_copy, "_MIN_SPLIT_BYTES", 1)
+    pool_whole = torch.arange((NUM_BLOCKS + 2) * 64, dtype=torch.uint8).view(NUM_BLOCKS + 2, 64)
+    rows_whole = torch.full((NUM_SLOTS + 2, 64), 7, dtype=torch.uint8)
+    before = pool_whole.clone(), rows_whole.clone()
+    pool, rows = pool_whole[1:NUM_BLOCKS + 1], rows_whole[1:NUM_SLOTS + 1]
+    copier = block_copy.BlockCopier.for_pool(EnginePool.block_major(pool), rows)
+    assert copier is not None
+    with ThreadPoolExecutor(1) as helpers, \
+            pytest.raises(IdOutOfRangeError, match=rf"engine block {block} <-> host row {row} "
+                                                   rf"\(pair 1\): out of range, the pool has "
+                                                   rf"{NUM_BLOCKS} blocks and the tier "
+                                                   rf"{NUM_SLOTS} rows"):
+        copier.copy([1, block], [2, row], to_host, helpers, 1)
+    assert torch.equal(pool_whole, before[0]) and torch.equal(rows_whole, before[1])
