@@ -900,7 +900,8 @@ MUTANTS: list[Mutant] = [
         "a library is built 0o755 whatever the umask"),
     Mutant(
         "example-default-private", "src/kvport/connectors/example.py",
-        "            if problem is not None:\n                raise ValueError(f\"ExampleConnector:",
+        "            if problem is not None:\n"
+        "                raise ValueError(f\"ExampleConnector:",
         "            if False:\n                raise ValueError(f\"ExampleConnector:",
         ("tests/connectors/test_example.py::test_the_default_store_is_private_to_the_user",),
         "ExampleConnector's default store is refused where another user could read or fill it"),
@@ -925,7 +926,8 @@ MUTANTS: list[Mutant] = [
         "the numpy copy checks ids: take(mode='clip') would copy the wrong block (D14)"),
     Mutant(
         "host-strategies-check-ids", f"{OFFLOADING}/tiers/host.py",
-        "    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])\n    if strategy == \"runs\":",
+        "    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])\n"
+        "    if strategy == \"runs\":",
         "    if strategy == \"runs\":",
         (f"{TESTS}/test_host_bounds.py::test_copy_rows_refuses_a_destination_row_out_of_range",),
         "the torch strategies check ids before copying any piece"),
@@ -967,7 +969,8 @@ MUTANTS: list[Mutant] = [
         "decode attention runs its table check before any read"),
     Mutant(
         "store-kv-slot-bounds", "src/kvport/model/paged_attention.c",
-        "        if (slot_blocks[t] < 0 || slot_blocks[t] >= g->num_blocks || slot_offsets[t] < 0 ||\n"
+        "        if (slot_blocks[t] < 0 || slot_blocks[t] >= g->num_blocks || "
+        "slot_offsets[t] < 0 ||\n"
         "            slot_offsets[t] >= g->block_size)\n",
         "        if (0)\n",
         ("tests/model/test_kernel_bounds.py::"

@@ -151,7 +151,9 @@ def test_the_c_copy_refuses_an_id_past_either_end_of_either_side(
         block: int, row: int, to_host: bool, split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """block_copy.c's own check (review M4): the pool and the host rows are views with a guard
     row on each side, so an unchecked id writes into memory this test owns, where it shows."""
-    require(not native_switched_off() and block_copy.available(), "block_copy.c must build")
+    if native_switched_off():
+        pytest.skip("native code switched off on purpose (KVPORT_NATIVE_KERNELS=0)")
+    require(block_copy.available(), "block_copy.c did not build (kvport.native warned)")
     if split:  # the job is checked whole before its parts are handed to the helper
         monkeypatch.setattr(block_copy, "_MIN_SPLIT_BYTES", 1)
     pool_whole = torch.arange((NUM_BLOCKS + 2) * 64, dtype=torch.uint8).view(NUM_BLOCKS + 2, 64)
