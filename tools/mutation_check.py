@@ -863,14 +863,14 @@ MUTANTS: list[Mutant] = [
         "    if st.st_mode & _OTHERS_WRITE:\n        return f\"{name} is writable",
         "    if False:\n        return f\"{name} is writable",
         ("tests/native/test_native.py::"
-         "test_a_library_someone_else_could_have_written_is_not_loaded",),
+         "test_a_library_someone_else_could_have_written_is_replaced_not_loaded",),
         "a group- or world-writable library is never loaded"),
     Mutant(
         "private-file-regular", "src/kvport/private_dir.py",
         "    if not stat.S_ISREG(st.st_mode):\n",
         "    if False:\n",
         ("tests/native/test_native.py::"
-         "test_a_library_someone_else_could_have_written_is_not_loaded",),
+         "test_a_library_someone_else_could_have_written_is_replaced_not_loaded",),
         "only a regular file is loaded (a FIFO would hang the load)"),
     Mutant(
         "private-file-owner", "src/kvport/private_dir.py",
@@ -883,7 +883,7 @@ MUTANTS: list[Mutant] = [
         "    problem = private_dir.file_problem(path)\n    if problem is not None:\n",
         "    problem = private_dir.file_problem(path)\n    if False:\n",
         ("tests/native/test_native.py::"
-         "test_a_library_someone_else_could_have_written_is_not_loaded",),
+         "test_a_library_someone_else_could_have_written_is_replaced_not_loaded",),
         "the library is checked right before it is loaded"),
     Mutant(
         "native-private-build-dir", "src/kvport/native.py",

@@ -11,8 +11,9 @@ that nobody but this user can change (kvport.private_dir): the cache's `kernels`
 is one, else `$TMPDIR/kvport-<uid>/kernels` (made 0o700). The file itself is checked right
 before it is loaded: a regular file (not a symlink) of this user, writable by nobody else.
 
-Where it cannot be built or loaded safely (no compiler, a failed build, no private directory, a
-file someone else could have changed), `load` returns None after one warning that says why and
+A file found there that fails those checks is never loaded: it is replaced by a fresh build.
+Where a library cannot be built or loaded safely (no compiler, a failed build, no private
+directory, a file that cannot be replaced), `load` returns None after one warning that says why and
 what the caller does instead. `KVPORT_NATIVE_KERNELS=0` turns every library off.
 """
 
@@ -111,7 +112,14 @@ def load(spec: NativeLibrary) -> ctypes.CDLL | None:
     try:
         if not os.path.lexists(path):
             _build(spec, compiler, path)
-        return _dlopen(path)
+        try:
+            return _dlopen(path)
+        except UnsafeLibraryError as exc:
+            # Only this user can write the directory, so the file is replaced by a fresh build
+            # (os.replace: a new inode, whatever was there); the file refused is never loaded.
+            logger.warning("%s; building it again", exc)
+            _build(spec, compiler, path)
+            return _dlopen(path)
     except UnsafeLibraryError as exc:
         logger.warning("%s: %s", exc, spec.without)
         return None

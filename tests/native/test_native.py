@@ -83,22 +83,39 @@ def test_with_no_private_directory_nothing_native_runs(
 
 
 @pytest.mark.parametrize("how", ["group-writable", "symlink", "fifo"])
-def test_a_library_someone_else_could_have_written_is_not_loaded(
+def test_a_library_someone_else_could_have_written_is_replaced_not_loaded(
         probe: native.NativeLibrary, tmp_path: Path, caplog: pytest.LogCaptureFixture,
         how: str) -> None:
     assert native.load(probe) is not None
     [so] = built(tmp_path / "cache" / "kernels")
+    real = tmp_path / "elsewhere.so"
     if how == "group-writable":
         so.chmod(0o775)
     else:
-        real = tmp_path / "elsewhere.so"
         so.rename(real)
         so.symlink_to(real) if how == "symlink" else os.mkfifo(so)
     with caplog.at_level(logging.WARNING, logger="kvport.native"):
-        assert native.load(probe) is None  # a fresh load: the warning, then the Python path
+        lib = native.load(probe)
     reason = {"group-writable": "is writable by group or others (mode 775)",
               "symlink": "is a symlink", "fifo": "is not a regular file"}[how]
-    assert f"refusing to load {so}: {so} {reason}" in caplog.text and WITHOUT in caplog.text
+    assert f"refusing to load {so}: {so} {reason}; building it again" in caplog.text
+    assert lib is not None and lib.kvport_probe() == 42
+    st = so.lstat()  # a fresh build in its place: ours, 0o755, a regular file
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755
+    if how != "group-writable":
+        assert real.is_file()  # what the symlink pointed at is left alone
+
+
+def test_a_refused_library_that_cannot_be_replaced_leaves_the_python_path(
+        probe: native.NativeLibrary, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert native.load(probe) is not None
+    [so] = built(tmp_path / "cache" / "kernels")
+    so.unlink()
+    so.mkdir()  # a directory of that name: not a library, and os.replace cannot overwrite it
+    with caplog.at_level(logging.WARNING, logger="kvport.native"):
+        assert native.load(probe) is None
+    assert f"refusing to load {so}: {so} is not a regular file" in caplog.text
+    assert "could not build probe.c" in caplog.text and WITHOUT in caplog.text
 
 
 def test_the_real_libraries_build_here() -> None:
