@@ -889,6 +889,191 @@ MUTANTS: list[Mutant] = [
         ("tests/bench/test_soak_bench.py::"
          "test_disk_usage_counts_a_run_once_for_all_its_names_and_sees_temp_files",),
         "a run's bytes count once, not once per key's hard link"),
+    # --- native ---
+    Mutant(
+        "private-dir-owner", "src/kvport/private_dir.py",
+        "    if st.st_uid != uid:\n        return f\"{lexical} is owned by uid",
+        "    if False:\n        return f\"{lexical} is owned by uid",
+        ("tests/native/test_private_dir.py::test_a_directory_of_another_user_is_refused",),
+        "a directory of another user is not where native code is built or loaded"),
+    Mutant(
+        "private-dir-mode", "src/kvport/private_dir.py",
+        "    if st.st_mode & _OTHERS_WRITE:\n        return f\"{lexical} is writable",
+        "    if False:\n        return f\"{lexical} is writable",
+        ("tests/native/test_private_dir.py::"
+         "test_a_directory_writable_by_group_or_others_is_refused_and_left_as_it_is",
+         "tests/native/test_native.py::"
+         "test_a_cache_others_can_write_is_passed_over_for_the_user_temp_dir"),
+        "a directory others can write is not where native code is built or loaded (D15)"),
+    Mutant(
+        "private-dir-symlink", "src/kvport/private_dir.py",
+        "    if stat.S_ISLNK(st.st_mode):\n        return f\"{lexical} is a symlink\"\n",
+        "",
+        ("tests/native/test_private_dir.py::test_a_symlinked_directory_is_refused",),
+        "the private directory itself is not a symlink someone could re-point"),
+    Mutant(
+        "private-dir-parent-mode", "src/kvport/private_dir.py",
+        "    if st.st_mode & _OTHERS_WRITE and not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):",
+        "    if False:",
+        ("tests/native/test_private_dir.py::test_a_parent_others_can_write_is_refused",),
+        "a parent others can write lets them swap our directory for theirs"),
+    Mutant(
+        "private-dir-sticky-needs-root", "src/kvport/private_dir.py",
+        "not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):",
+        "not (st.st_mode & stat.S_ISVTX):",
+        ("tests/native/test_private_dir.py::test_a_parent_others_can_write_is_refused",),
+        "only a root-owned sticky parent (/tmp) protects its entries from other users"),
+    Mutant(
+        "private-dir-parent-owner", "src/kvport/private_dir.py",
+        "    if st.st_uid not in (0, uid):\n",
+        "    if False:\n",
+        ("tests/native/test_private_dir.py::test_a_parent_of_another_user_is_refused",),
+        "a parent owned by another user is theirs to rearrange"),
+    Mutant(
+        "private-dir-resolved-chain", "src/kvport/private_dir.py",
+        "_prefixes(lexical) + _prefixes(resolved)",
+        "_prefixes(lexical)",
+        ("tests/native/test_private_dir.py::test_a_symlink_above_is_checked_both_ways",),
+        "the directories a symlinked path resolves to are checked too"),
+    Mutant(
+        "private-dir-made-0o700", "src/kvport/private_dir.py",
+        "            missing.mkdir(mode=0o700)\n",
+        "            missing.mkdir()\n",
+        ("tests/native/test_private_dir.py::"
+         "test_a_new_directory_is_made_0o700_with_each_missing_parent",),
+        "each directory kvport makes for itself is 0o700, whatever the umask"),
+    Mutant(
+        "private-file-mode", "src/kvport/private_dir.py",
+        "    if st.st_mode & _OTHERS_WRITE:\n        return f\"{name} is writable",
+        "    if False:\n        return f\"{name} is writable",
+        ("tests/native/test_native.py::"
+         "test_a_library_someone_else_could_have_written_is_replaced_not_loaded",),
+        "a group- or world-writable library is never loaded"),
+    Mutant(
+        "private-file-regular", "src/kvport/private_dir.py",
+        "    if not stat.S_ISREG(st.st_mode):\n",
+        "    if False:\n",
+        ("tests/native/test_native.py::"
+         "test_a_library_someone_else_could_have_written_is_replaced_not_loaded",),
+        "only a regular file is loaded (a FIFO would hang the load)"),
+    Mutant(
+        "private-file-owner", "src/kvport/private_dir.py",
+        "    if st.st_uid != uid:\n        return f\"{name} is owned by uid",
+        "    if False:\n        return f\"{name} is owned by uid",
+        ("tests/native/test_private_dir.py::test_a_file_is_checked_for_type_owner_and_mode",),
+        "a library of another user is never loaded"),
+    Mutant(
+        "native-checks-the-library", "src/kvport/native.py",
+        "    problem = private_dir.file_problem(path)\n    if problem is not None:\n",
+        "    problem = private_dir.file_problem(path)\n    if False:\n",
+        ("tests/native/test_native.py::"
+         "test_a_library_someone_else_could_have_written_is_replaced_not_loaded",),
+        "the library is checked right before it is loaded"),
+    Mutant(
+        "native-private-build-dir", "src/kvport/native.py",
+        "    directory, refused = private_dir.first_private_dir(kernel_dir_candidates())\n",
+        "    directory, refused = kernel_dir_candidates()[0], []\n",
+        ("tests/native/test_native.py::"
+         "test_a_cache_others_can_write_is_passed_over_for_the_user_temp_dir",),
+        "native code is built and loaded only in a private directory (D15)"),
+    Mutant(
+        "native-built-0o755", "src/kvport/native.py",
+        "        os.chmod(partial, 0o755)",
+        "        pass",
+        ("tests/native/test_native.py::test_built_in_the_cache_0o755_in_a_0o700_directory",),
+        "a library is built 0o755 whatever the umask"),
+    Mutant(
+        "example-default-private", "src/kvport/connectors/example.py",
+        "            if problem is not None:\n"
+        "                raise ValueError(f\"ExampleConnector:",
+        "            if False:\n                raise ValueError(f\"ExampleConnector:",
+        ("tests/connectors/test_example.py::test_the_default_store_is_private_to_the_user",),
+        "ExampleConnector's default store is refused where another user could read or fill it"),
+    Mutant(
+        "row-checks-negative", f"{OFFLOADING}/tiers/row_checks.py",
+        "min(a) >= 0 and max(a) < num_a",
+        "max(a) < num_a",
+        (f"{TESTS}/test_host_bounds.py::test_copy_segments_refuses_a_negative_block_it_would_wrap",
+         f"{TESTS}/test_host_bounds.py::test_the_checks_find_the_first_bad_pair_on_either_side"),
+        "a negative id is refused, not wrapped to the other end of the pool (D14)"),
+    Mutant(
+        "row-checks-past-the-end", f"{OFFLOADING}/tiers/row_checks.py",
+        "min(b) >= 0 and max(b) < num_b",
+        "min(b) >= 0",
+        (f"{TESTS}/test_host_bounds.py::test_copy_rows_refuses_a_destination_row_out_of_range",),
+        "an id past the end is refused, not clipped to the last row (D14)"),
+    Mutant(
+        "host-numpy-checks-ids", f"{OFFLOADING}/tiers/host.py",
+        "    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])\n    num_bytes",
+        "    num_bytes",
+        (f"{TESTS}/test_host_bounds.py::test_the_numpy_copy_refuses_a_source_row_it_would_clip",),
+        "the numpy copy checks ids: take(mode='clip') would copy the wrong block (D14)"),
+    Mutant(
+        "host-strategies-check-ids", f"{OFFLOADING}/tiers/host.py",
+        "    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])\n"
+        "    if strategy == \"runs\":",
+        "    if strategy == \"runs\":",
+        (f"{TESTS}/test_host_bounds.py::test_copy_rows_refuses_a_destination_row_out_of_range",),
+        "the torch strategies check ids before copying any piece"),
+    Mutant(
+        "copy-segments-checks-ids", f"{OFFLOADING}/tiers/engine_pool.py",
+        "    check_pairs(block_ids, pool.num_blocks, row_ids, rows.shape[0])\n",
+        "",
+        (f"{TESTS}/test_host_bounds.py::test_copy_segments_refuses_a_host_row_out_of_range",
+         f"{TESTS}/test_host_bounds.py::test_copy_segments_refuses_a_negative_block_it_would_wrap"),
+        "a pool of several segments checks ids: slices would copy fewer or other rows"),
+    Mutant(
+        "block-copy-c-bounds", f"{OFFLOADING}/tiers/block_copy.c",
+        "        if (host_rows[i] < 0 || host_rows[i] >= num_rows || blocks[i] < 0 ||\n"
+        "            blocks[i] >= num_blocks)\n",
+        "        if (0)\n",
+        (f"{TESTS}/test_host_bounds.py::"
+         "test_the_c_copy_refuses_an_id_past_either_end_of_either_side",),
+        "review M4: the C copy checks every id; one out of range writes over other memory"),
+    Mutant(
+        "paged-attention-block-bounds", "src/kvport/model/paged_attention.c",
+        "            if (id < 0 || id >= g->num_blocks)\n",
+        "            if (0)\n",
+        ("tests/model/test_kernel_bounds.py::"
+         "test_decode_attention_refuses_a_block_outside_the_pool",),
+        "decode attention reads no block outside the pool (D14)"),
+    Mutant(
+        "paged-attention-length-bounds", "src/kvport/model/paged_attention.c",
+        "        if (len < 0 || len > g->table_len * g->block_size)\n",
+        "        if (0)\n",
+        ("tests/model/test_kernel_bounds.py::"
+         "test_decode_attention_refuses_a_length_beyond_its_table",),
+        "a length beyond its block table is refused, not read past the table's row"),
+    Mutant(
+        "paged-attention-checks-first", "src/kvport/model/paged_attention.c",
+        "    if (bad != 0)\n        return bad;\n",
+        "",
+        ("tests/model/test_kernel_bounds.py::"
+         "test_decode_attention_refuses_a_block_outside_the_pool",),
+        "decode attention runs its table check before any read"),
+    Mutant(
+        "store-kv-slot-bounds", "src/kvport/model/paged_attention.c",
+        "        if (slot_blocks[t] < 0 || slot_blocks[t] >= g->num_blocks || "
+        "slot_offsets[t] < 0 ||\n"
+        "            slot_offsets[t] >= g->block_size)\n",
+        "        if (0)\n",
+        ("tests/model/test_kernel_bounds.py::"
+         "test_store_kv_refuses_a_slot_outside_the_pool_and_writes_nothing",),
+        "the KV write writes no slot outside the pool (D14)"),
+    Mutant(
+        "kernels-raise-on-bad-table", "src/kvport/model/kernels.py",
+        "    if rc > 0:  # an id or length out of range: C read nothing\n",
+        "    if False:\n",
+        ("tests/model/test_kernel_bounds.py::"
+         "test_decode_attention_refuses_a_block_outside_the_pool",),
+        "a table the C code refused is an error, not a silent fallback to torch"),
+    Mutant(
+        "kernels-raise-on-bad-slot", "src/kvport/model/kernels.py",
+        "    if bad >= 0:\n        raise kernel_checks.slot_error",
+        "    if False:\n        raise kernel_checks.slot_error",
+        ("tests/model/test_kernel_bounds.py::"
+         "test_store_kv_refuses_a_slot_outside_the_pool_and_writes_nothing",),
+        "a slot the C code refused is an error, not a write reported done"),
 ]
 
 

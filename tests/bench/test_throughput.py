@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from needs import require
 
 from kvport.bench import prompt_sampler, resolve_model_dir, special_token_ids, time_tasks
 from kvport.bench.cli import format_throughput, main
@@ -130,7 +131,7 @@ def test_missing_transformers_gives_an_install_hint(monkeypatch: pytest.MonkeyPa
 
 def test_end_to_end_tiny_run_writes_the_documented_schema(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("transformers")
+    require("transformers", "transformers is in the test extra: pip install 'kvport[test]'")
     out = tmp_path / "result.json"
     rc = main(["bench", "throughput", "--model", TINY, "--batch-sizes", "1,2", "--prompt-len", "8",
                "--decode-tokens", "16", "--prefill-len", "32", "--repeats", "1",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import require
 
 from kvport.bench import resolve_model_dir, special_token_ids
 from kvport.bench.cli import main
@@ -37,6 +38,7 @@ from kvport.bench.workloads import (
 from kvport.connectors.factory import registered_connectors
 from kvport.model.tokenizer import Tokenizer
 
+MATPLOTLIB = "matplotlib is in the test extra: pip install 'kvport[test]'"
 TINY = "builtin:tiny-llama"
 MT = MultiTurnSpec(users=3, rounds=3, system_len=32, context_len=48, question_len=8,
                    answer_tokens=4)
@@ -360,10 +362,10 @@ def test_cli_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     extra = json.dumps({"kv_connector": "ExampleConnector",
                         "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}})
-    plot = ["--plot", str(png)] if _has_matplotlib() else []
+    require("matplotlib", MATPLOTLIB)
     rc = main(["bench", "long-doc", "--model", TINY, "--configs", "no-connector,ideal",
                "--kv-transfer-config", extra, "--docs", "2", "--doc-len", "64", "--queries", "2",
-               "--max-tokens", "3", "--json", str(out), *plot])
+               "--max-tokens", "3", "--json", str(out), "--plot", str(png)])
     assert rc == 0
     result = json.loads(out.read_text())
     _check_schema(result, "long-doc")
@@ -371,8 +373,7 @@ def test_cli_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert result["model_fallback"] is None  # the model was given
     assert result["params"]["workload"]["doc_len"] == 64
     assert "TTFT p50" in capsys.readouterr().out
-    if plot:
-        assert png.read_bytes()[:4] == b"\x89PNG"
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_cli_says_when_it_falls_back_to_tiny_llama(
@@ -422,14 +423,8 @@ def test_percentile_interpolates() -> None:
     assert percentile([1.0, 2.0], 90) == pytest.approx(1.9)
 
 
-def _has_matplotlib() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("matplotlib") is not None
-
-
-@pytest.mark.skipif(not _has_matplotlib(), reason="matplotlib (the bench extra) not installed")
 def test_plot_draws_one_line_per_configuration(tmp_path: Path) -> None:
+    require("matplotlib", MATPLOTLIB)
     recs = [{"index": i, "phase": i, "ttft_s": 0.1 * (i + 1)} for i in range(3)]
     result = {"workload": "multi-turn", "model": TINY, "ideal": None,
               "configs": [{"name": "no-connector", "per_request": recs},

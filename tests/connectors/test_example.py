@@ -6,6 +6,8 @@ from __future__ import annotations
 import filecmp
 import os
 import pickle
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,7 +70,8 @@ def store(root: Path, prompt: list[int], kv: torch.Tensor, block_ids: list[int])
     return key
 
 
-def test_config_default_and_errors() -> None:
+def test_config_default_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     conn = create_connector(KVTransferConfig("ExampleConnector"), KVConnectorRole.SCHEDULER)
     assert isinstance(conn, ExampleConnector)
     assert os.path.basename(conn.root) == "example" and "kvport" in conn.root
@@ -78,6 +81,21 @@ def test_config_default_and_errors() -> None:
     with pytest.raises(ValueError, match="shared_storage_path"):
         create_connector(KVTransferConfig("ExampleConnector", kv_connector_extra_config={
             "shared_storage_path": 3}), KVConnectorRole.SCHEDULER)
+
+
+def test_the_default_store_is_private_to_the_user(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """$TMPDIR/kvport-<uid>/example, 0o700 (not a shared /tmp/kvport/example that any local user
+    could read, or fill with entries of their own); refused where someone else got there first."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    conn = create_connector(KVTransferConfig("ExampleConnector"), KVConnectorRole.SCHEDULER)
+    root = tmp_path / f"kvport-{os.getuid()}" / "example"
+    assert isinstance(conn, ExampleConnector) and conn.root == str(root)
+    assert stat.S_IMODE(root.stat().st_mode) == stat.S_IMODE(root.parent.stat().st_mode) == 0o700
+    root.chmod(0o777)
+    with pytest.raises(ValueError, match=rf"the default shared_storage_path is not private "
+                                         rf"\({root} is writable by group or others"):
+        create_connector(KVTransferConfig("ExampleConnector"), KVConnectorRole.SCHEDULER)
 
 
 @pytest.mark.parametrize(("num_prompt", "aligned"),

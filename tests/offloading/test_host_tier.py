@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from needs import native_switched_off, require
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
 from kvport.connectors.offloading.tiers import block_copy
@@ -196,8 +197,16 @@ def test_a_load_into_consecutive_engine_blocks_from_scattered_slots() -> None:
 
 # ---- the native copy (block_copy.c) ---------------------------------------------------------
 
-needs_native = pytest.mark.skipif(not block_copy.available(),
-                                  reason="block_copy.c not built (KVPORT_NATIVE_KERNELS=0)")
+@pytest.fixture
+def native_block_copy() -> None:
+    """block_copy.c must build (every supported machine has a C compiler): a failed build fails
+    these tests rather than skipping them, unless native code was switched off on purpose."""
+    if native_switched_off():
+        pytest.skip("native code switched off on purpose (KVPORT_NATIVE_KERNELS=0)")
+    require(block_copy.available(), "block_copy.c did not build (see kvport.native's warning)")
+
+
+needs_native = pytest.mark.usefixtures("native_block_copy")
 
 
 @needs_native

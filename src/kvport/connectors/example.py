@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvport import private_dir
 from kvport.connectors import example_storage as storage
 from kvport.connectors.base import (
     ForwardContext, KVConnectorBase, KVConnectorMetadata, KVConnectorRole,
@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 
 def _default_storage_path() -> str:
-    return os.path.join(tempfile.gettempdir(), "kvport", "example")
+    # Per user, made 0o700 (__post_init__): entries hold prompts' KV, and /tmp is everyone's.
+    return str(private_dir.user_temp_path() / "example")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class ExampleConnectorConfig:
         if not self.shared_storage_path:
             raise ValueError("ExampleConnector: shared_storage_path must be a non-empty path, "
                              "got ''")
+        if self.shared_storage_path == _default_storage_path():
+            _, problem = private_dir.ensure_private_dir(self.shared_storage_path)
+            if problem is not None:
+                raise ValueError(f"ExampleConnector: the default shared_storage_path is not "
+                                 f"private ({problem}); set shared_storage_path")
 
 
 @dataclass(frozen=True)

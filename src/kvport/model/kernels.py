@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from kvport import native
+from kvport.model import kernel_checks
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("paged_attention.c", "small_matmul.c"))
@@ -36,7 +37,7 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 class _Geometry(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "n", "heads", "kv_heads", "head_dim", "block_size", "table_len", "q_tok", "q_head",
-        "kv_block", "kv_kv", "kv_tok", "kv_head", "o_tok", "o_head")] + [
+        "kv_block", "kv_kv", "kv_tok", "kv_head", "o_tok", "o_head", "num_blocks")] + [
         ("scale", ctypes.c_float), ("bf16", ctypes.c_int32)]
 
 
@@ -46,12 +47,12 @@ def _library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     fn = lib.kvport_decode_attention
-    fn.argtypes = [ctypes.POINTER(_Geometry)] + [ctypes.c_void_p] * 5
+    fn.argtypes = [ctypes.POINTER(_Geometry)] + [ctypes.c_void_p] * 6
     fn.restype = ctypes.c_int
     store = lib.kvport_store_kv
     store.argtypes = [ctypes.POINTER(_Geometry), *[ctypes.c_void_p] * 4, ctypes.c_int64,
                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-    store.restype = None
+    store.restype = ctypes.c_int64
     matmul = lib.kvport_small_matmul
     matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     matmul.restype = None
@@ -66,53 +67,51 @@ def decode_attention(q: torch.Tensor, layer_cache: torch.Tensor, block_tables: t
                      lens: torch.Tensor, scale: float) -> torch.Tensor | None:
     """Attention of q (n, heads, head_dim), one query per sequence, over the first lens[i] keys
     of sequence i's blocks in `layer_cache` (blocks, 2, block_size, kv_heads, head_dim), a
-    strided view of the pool; None where the kernel cannot run (take the torch path)."""
+    strided view of the pool; None where the kernel cannot run (take the torch path). A length
+    beyond its table or a block id outside the pool raises KernelInputError (a ValueError)."""
     lib = _library()
     if lib is None or q.dtype not in DTYPES or layer_cache.dtype != q.dtype:
         return None
+    kernel_checks.check_decode(q, layer_cache, block_tables, lens)
     n, heads, head_dim = q.shape
-    _, two, block_size, kv_heads, d = layer_cache.shape
-    assert two == 2 and d == head_dim and heads % kv_heads == 0, \
-        f"q {tuple(q.shape)} does not fit the pool's layer view {tuple(layer_cache.shape)}"
-    assert q.stride(-1) == 1 and layer_cache.stride(-1) == 1 and layer_cache.stride(-2) == d, \
-        "the head dimension must be contiguous"
-    assert block_tables.dtype == lens.dtype == torch.int64 and block_tables.is_contiguous() \
-        and lens.is_contiguous() and block_tables.shape[0] == lens.shape[0] == n, \
-        "block tables and lengths: contiguous int64, one row per sequence"
+    num_blocks, _, block_size, kv_heads, _ = layer_cache.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if n == 0:
         return out
     geometry = _Geometry(
         n, heads, kv_heads, head_dim, block_size, block_tables.shape[1], q.stride(0),
         q.stride(1), layer_cache.stride(0), layer_cache.stride(1), layer_cache.stride(2),
-        layer_cache.stride(3), out.stride(0), out.stride(1), scale, DTYPES[q.dtype])
+        layer_cache.stride(3), out.stride(0), out.stride(1), num_blocks, scale, DTYPES[q.dtype])
+    where = (ctypes.c_int64 * 2)(-1, -1)
     rc = lib.kvport_decode_attention(ctypes.byref(geometry), q.data_ptr(),
                                      layer_cache.data_ptr(), block_tables.data_ptr(),
-                                     lens.data_ptr(), out.data_ptr())
+                                     lens.data_ptr(), out.data_ptr(), where)
+    if rc > 0:  # an id or length out of range: C read nothing
+        raise kernel_checks.table_error(rc, (where[0], where[1]), block_tables, lens, num_blocks,
+                                        block_size)
     return out if rc == 0 else None
 
 
 def store_kv(layer_cache: torch.Tensor, slot_blocks: torch.Tensor, slot_offsets: torch.Tensor,
              k: torch.Tensor, v: torch.Tensor) -> bool:
     """layer_cache[slot_blocks[t], 0 / 1, slot_offsets[t]] = k[t] / v[t] for every token t (k, v:
-    (T, kv_heads, head_dim), heads side by side); False where the kernel cannot (torch path)."""
+    (T, kv_heads, head_dim), heads side by side); False where the kernel cannot (torch path). A
+    slot outside the pool raises KernelInputError (a ValueError), nothing written."""
     lib = _library()
     if lib is None or not (k.dtype == v.dtype == layer_cache.dtype):
         return False
+    kernel_checks.check_store(layer_cache, slot_blocks, slot_offsets, k, v)
     t, kv_heads, head_dim = k.shape
-    assert v.shape == k.shape and layer_cache.shape[3:] == (kv_heads, head_dim), \
-        f"K/V {tuple(k.shape)} do not fit the pool's layer view {tuple(layer_cache.shape)}"
-    assert k.stride()[1:] == v.stride()[1:] == (head_dim, 1) \
-        and layer_cache.stride()[3:] == (head_dim, 1), "K/V rows must be contiguous per token"
-    assert slot_blocks.dtype == slot_offsets.dtype == torch.int64 \
-        and slot_blocks.is_contiguous() and slot_offsets.is_contiguous() \
-        and len(slot_blocks) == len(slot_offsets) == t, "one int64 slot per token"
-    geometry = _Geometry(n=t, kv_heads=kv_heads, head_dim=head_dim,
+    num_blocks, _, block_size = layer_cache.shape[:3]
+    geometry = _Geometry(n=t, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
                          kv_block=layer_cache.stride(0), kv_kv=layer_cache.stride(1),
-                         kv_tok=layer_cache.stride(2), kv_head=layer_cache.stride(3))
-    lib.kvport_store_kv(ctypes.byref(geometry), layer_cache.data_ptr(), slot_blocks.data_ptr(),
-                        slot_offsets.data_ptr(), k.data_ptr(), k.stride(0), v.data_ptr(),
-                        v.stride(0), k.element_size())
+                         kv_tok=layer_cache.stride(2), kv_head=layer_cache.stride(3),
+                         num_blocks=num_blocks)
+    bad = lib.kvport_store_kv(ctypes.byref(geometry), layer_cache.data_ptr(),
+                              slot_blocks.data_ptr(), slot_offsets.data_ptr(), k.data_ptr(),
+                              k.stride(0), v.data_ptr(), v.stride(0), k.element_size())
+    if bad >= 0:
+        raise kernel_checks.slot_error(bad, slot_blocks, slot_offsets, num_blocks, block_size)
     return True
 
 
@@ -143,12 +142,8 @@ def small_matmul(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None
     lib = _library()
     if lib is None:
         return None
+    kernel_checks.check_matmul(x, tiled, bias, n, TILE)
     m, k = x.shape
-    assert x.dtype == tiled.dtype == torch.float32 and tiled.shape[1:] == (k, TILE) \
-        and tiled.shape[0] * TILE >= n and tiled.is_contiguous(), \
-        f"x {tuple(x.shape)} {x.dtype} does not fit the tiled weight {tuple(tiled.shape)}"
-    assert bias is None or (bias.dtype == torch.float32 and bias.shape == (n,)
-                            and bias.is_contiguous()), "bias: contiguous float32, one per column"
     x = x.contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     lib.kvport_small_matmul(x.data_ptr(), tiled.data_ptr(),

@@ -12,6 +12,9 @@
  *                                                       kv_block, kv_kv, kv_tok, kv_head
  *   out  (n, heads, head_dim)                          o_tok, o_head
  *   tables (n, table_len) int64 block ids; lens (n,) int64: the keys sequence i sees
+ * Every block id a call would read or write is checked against num_blocks first (like
+ * block_copy.c): an id out of range returns an error code, having touched nothing, instead of
+ * reading or writing memory outside the pool.
  * Query heads h * group .. h * group + group - 1 share KV head h (GQA, as in the checkpoints).
  * Scores, softmax and sums are float32; bfloat16 is widened on load and the output rounded to
  * nearest even, as torch rounds.
@@ -26,6 +29,7 @@
 typedef struct {
     int64_t n, heads, kv_heads, head_dim, block_size, table_len;
     int64_t q_tok, q_head, kv_block, kv_kv, kv_tok, kv_head, o_tok, o_head;
+    int64_t num_blocks; /* blocks in the pool: every id must be in [0, num_blocks) */
     float scale;
     int32_t bf16; /* 1: every tensor is bfloat16, 0: float32 */
 } Geometry;
@@ -122,12 +126,38 @@ static inline __attribute__((always_inline)) void attend(
     }
 }
 
+/* 0 when every sequence's length fits its table (0 <= lens[i] <= table_len * block_size) and
+ * every block its keys lie in is in [0, num_blocks); else KVPORT_BAD_LEN (where[0] = i) or
+ * KVPORT_BAD_BLOCK (where[0] = i, where[1] = the table column), for the first one found. */
+#define KVPORT_BAD_LEN 1
+#define KVPORT_BAD_BLOCK 2
+int kvport_check_tables(const Geometry *g, const int64_t *tables, const int64_t *lens,
+                        int64_t *where) {
+    for (int64_t i = 0; i < g->n; i++) {
+        const int64_t len = lens[i];
+        where[0] = i;
+        if (len < 0 || len > g->table_len * g->block_size)
+            return KVPORT_BAD_LEN;
+        for (int64_t b = 0; b * g->block_size < len; b++) {
+            const int64_t id = tables[i * g->table_len + b];
+            where[1] = b;
+            if (id < 0 || id >= g->num_blocks)
+                return KVPORT_BAD_BLOCK;
+        }
+    }
+    return 0;
+}
+
 /* out = attention of each sequence's one query over its first lens[i] keys. A task is one
  * sequence, or one of its KV heads when there are fewer sequences than threads. Returns 0, or
  * -1 when a task could not get its scratch memory (out is then incomplete: the caller falls
- * back). */
+ * back), or kvport_check_tables' code (nothing read or written). */
 int kvport_decode_attention(const Geometry *g, const void *q, const void *kv,
-                            const int64_t *tables, const int64_t *lens, void *out) {
+                            const int64_t *tables, const int64_t *lens, void *out,
+                            int64_t *where) {
+    const int bad = kvport_check_tables(g, tables, lens, where);
+    if (bad != 0)
+        return bad;
     const int64_t group = g->heads / g->kv_heads, d = g->head_dim, elem = g->bf16 ? 2 : 4;
     const int64_t split = g->n < omp_get_max_threads() ? g->kv_heads : 1;
     const int64_t per_task = g->kv_heads / split;
@@ -154,10 +184,15 @@ int kvport_decode_attention(const Geometry *g, const void *q, const void *kv,
 
 /* pool[slot_blocks[t], 0 (K) / 1 (V), slot_offsets[t]] = k[t], v[t] for the step's n tokens, all
  * their KV heads: one call per layer instead of two index_put ops (the rows are head_dim
- * elements of `elem` bytes; any dtype). */
-void kvport_store_kv(const Geometry *g, void *kv, const int64_t *slot_blocks,
-                     const int64_t *slot_offsets, const void *k, int64_t k_tok,
-                     const void *v, int64_t v_tok, int64_t elem) {
+ * elements of `elem` bytes; any dtype). Returns -1, or the first token whose block is not in
+ * [0, num_blocks) or whose offset is not in [0, block_size), having written nothing. */
+int64_t kvport_store_kv(const Geometry *g, void *kv, const int64_t *slot_blocks,
+                        const int64_t *slot_offsets, const void *k, int64_t k_tok,
+                        const void *v, int64_t v_tok, int64_t elem) {
+    for (int64_t t = 0; t < g->n; t++)
+        if (slot_blocks[t] < 0 || slot_blocks[t] >= g->num_blocks || slot_offsets[t] < 0 ||
+            slot_offsets[t] >= g->block_size)
+            return t;
     const int64_t row = g->head_dim * elem;
 #pragma omp parallel for schedule(static) if (g->n > 256)
     for (int64_t t = 0; t < g->n; t++) {
@@ -168,4 +203,5 @@ void kvport_store_kv(const Geometry *g, void *kv, const int64_t *slot_blocks,
             memcpy(dst + (g->kv_kv + h * g->kv_head) * elem, vt + h * g->head_dim * elem, row);
         }
     }
+    return -1;
 }

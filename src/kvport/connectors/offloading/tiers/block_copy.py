@@ -19,6 +19,7 @@ import torch
 from kvport import native
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.parts import run_in_parts
+from kvport.connectors.offloading.tiers.row_checks import pair_error
 
 LIBRARY = native.NativeLibrary(
     "block-copy", (Path(__file__).with_name("block_copy.c"),),
@@ -56,13 +57,17 @@ class BlockCopier:
 
     def __init__(self, lib: ctypes.CDLL, segments: Sequence[torch.Tensor],
                  host: torch.Tensor) -> None:
-        assert host.dim() == 2 and host.is_contiguous(), "host rows: a contiguous 2-D tensor"
+        # ValueErrors, not asserts (python -O strips those): C trusts these shapes
+        if not (host.dim() == 2 and host.is_contiguous()):
+            raise ValueError(f"host rows: a contiguous 2-D tensor, got shape "
+                             f"{tuple(host.shape)} strides {host.stride()}")
+        if not all(s.dim() == 2 and s.is_contiguous() for s in segments):
+            raise ValueError("each segment: contiguous (num_blocks, page), got "
+                             f"{[(tuple(s.shape), s.stride()) for s in segments]}")
         page_bytes = [s.shape[1] * s.element_size() for s in segments]
-        assert all(s.dim() == 2 and s.is_contiguous() for s in segments), \
-            "each segment: contiguous (num_blocks, page)"
-        assert sum(page_bytes) == host.shape[1] * host.element_size(), \
-            f"pages of {page_bytes} bytes do not fill a host row of " \
-            f"{host.shape[1] * host.element_size()}"
+        if sum(page_bytes) != host.shape[1] * host.element_size():
+            raise ValueError(f"pages of {page_bytes} bytes do not fill a host row of "
+                             f"{host.shape[1] * host.element_size()}")
         self._fn = lib.kvport_copy_blocks
         self._check = lib.kvport_check_blocks
         self._keep = (tuple(segments), host)  # the memory the pointers below point into
@@ -83,7 +88,8 @@ class BlockCopier:
              helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0) -> None:
         """Host row row_ids[i] <- engine block block_ids[i] (`to_host`), or the reverse."""
         n = len(block_ids)
-        assert len(row_ids) == n, (len(row_ids), n)
+        if len(row_ids) != n:
+            raise ValueError(f"{n} engine blocks pair with {len(row_ids)} host rows")
         # array.array, not numpy: 0.8 us for 8 ids against 4.6 (np.asarray and .ctypes.data),
         # 6 % of a job of 8 blocks of 32 KiB
         blocks, rows = array.array("q", block_ids), array.array("q", row_ids)
@@ -95,12 +101,9 @@ class BlockCopier:
         bad = (self._check(r, self._num_rows, b, self._num_blocks, n) if split else
                self._copy(to_host, r, b, n))
         if bad >= 0:
-            raise IndexError(f"engine block {blocks[bad]} <-> host row {rows[bad]} (pair {bad}): "
-                             f"out of range, the pool has {self._num_blocks} blocks and the "
-                             f"tier {self._num_rows} rows")
-        if not split:
+            raise pair_error(blocks, self._num_blocks, rows, self._num_rows, bad)
+        if not split or helpers is None:
             return
-        assert helpers is not None
         # ids checked above: each part copies (returns -1)
         run_in_parts(n, k, lambda lo, hi: self._copy(to_host, r + 8 * lo, b + 8 * lo, hi - lo),
                      helpers)

@@ -26,6 +26,8 @@ from itertools import pairwise
 import numpy as np
 import torch
 
+from kvport.connectors.offloading.tiers.row_checks import check_pairs
+
 _WIDE_TYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
 _MIN_SPLIT_BYTES = 1 << 20  # below this, handing copies to a helper thread costs more than it saves
 
@@ -99,7 +101,8 @@ class EnginePool:
 def row_runs(src_rows: Sequence[int], dst_rows: Sequence[int]) -> list[tuple[int, int, int]]:
     """Merge (src, dst) row pairs into maximal runs `(src_start, dst_start, length)` where both
     sides advance by one row per pair."""
-    assert len(src_rows) == len(dst_rows), (len(src_rows), len(dst_rows))
+    if len(src_rows) != len(dst_rows):
+        raise ValueError(f"{len(src_rows)} source rows pair with {len(dst_rows)} destinations")
     runs: list[tuple[int, int, int]] = []
     for s, d in zip(src_rows, dst_rows):
         if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
@@ -115,10 +118,12 @@ def copy_segments(pool: EnginePool, rows: torch.Tensor, block_ids: Sequence[int]
                   rows_np: np.ndarray | None = None) -> None:
     """rows[row_ids[i]] <-> engine block block_ids[i], every segment (`to_host`: engine -> host
     rows, else host rows -> engine). `rows` is (num_rows, pool.row_elems) of pool.dtype;
-    `rows_np`, if given, its numpy view."""
+    `rows_np`, if given, its numpy view. Every id is checked first (IdOutOfRangeError, nothing
+    copied): a slice past the end would copy fewer rows, a negative start the wrong ones."""
     if strategy not in ("numpy", "runs"):
         raise ValueError(f"copy strategy {strategy!r} moves one-segment pools only; a pool of "
                          f"{len(pool.segments)} segments copies with 'numpy' or 'runs'")
+    check_pairs(block_ids, pool.num_blocks, row_ids, rows.shape[0])
     runs = row_runs(block_ids, row_ids)
     if strategy == "runs":
         ops = [(seg, col, s, d, n) for seg, col in zip(pool.segments, pool.offsets)

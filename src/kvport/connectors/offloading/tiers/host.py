@@ -39,6 +39,7 @@ from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.block_copy import BlockCopier
 from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segments, row_runs
 from kvport.connectors.offloading.tiers.parts import run_in_parts
+from kvport.connectors.offloading.tiers.row_checks import IdOutOfRangeError, check_rows
 
 STRATEGIES = ("native", "numpy", "runs", "gather", "index", "cat")
 DEFAULT_STRATEGY = "native"
@@ -54,19 +55,23 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: Sequence[int],
               helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0) -> None:
     """dst[dst_rows[i]] = src[src_rows[i]] for 2-D tensors with equal row sizes. With `helpers`
     (numpy strategy only), the rows are split evenly between the calling thread and
-    `num_helpers` tasks on them."""
+    `num_helpers` tasks on them. Every id is checked first (IdOutOfRangeError, nothing copied)."""
     if strategy == "native":
         copier = BlockCopier.for_pool(EnginePool.block_major(src), dst)
         if copier is not None:
             copier.copy(src_rows, dst_rows, to_host=True)
             return
         strategy = "numpy"
+    if strategy == "numpy":  # it checks the ids itself
+        copy_rows_numpy(src.numpy(), dst.numpy(), list(src_rows), list(dst_rows), helpers,
+                        num_helpers)
+        return
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown copy strategy {strategy!r}; expected one of {STRATEGIES}")
+    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])
     if strategy == "runs":
         for s, d, n in row_runs(src_rows, dst_rows):
             dst[d:d + n].copy_(src[s:s + n])
-    elif strategy == "numpy":
-        copy_rows_numpy(src.numpy(), dst.numpy(), list(src_rows), list(dst_rows), helpers,
-                        num_helpers)
     elif strategy == "gather":
         _gather_scatter(src, dst, list(src_rows), list(dst_rows))
     elif strategy == "index":
@@ -79,8 +84,6 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: Sequence[int],
         for _, d, n in row_runs(range(len(dst_rows)), dst_rows):
             dst[d:d + n].copy_(gathered[pos:pos + n])
             pos += n
-    else:
-        raise ValueError(f"unknown copy strategy {strategy!r}; expected one of {STRATEGIES}")
 
 
 def plan_pieces(src_rows: list[int], dst_rows: list[int]) -> list[tuple[int, int, int]]:
@@ -120,7 +123,9 @@ def _gather_scatter(src: torch.Tensor, dst: torch.Tensor, src_rows: list[int],
 
 def copy_rows_numpy(src: np.ndarray, dst: np.ndarray, src_rows: list[int], dst_rows: list[int],
                     helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0) -> None:
-    """copy_rows' numpy strategy on numpy views (the host tier keeps them, see HostTier)."""
+    """copy_rows' numpy strategy on numpy views (the host tier keeps them, see HostTier); every
+    id checked first (IdOutOfRangeError, nothing copied)."""
+    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])
     num_bytes = len(src_rows) * dst.strides[0]
     if helpers is None or num_helpers < 1 or num_bytes < _MIN_SPLIT_BYTES:
         _gather_scatter_numpy(src, dst, src_rows, dst_rows)
@@ -154,7 +159,8 @@ def _gather_scatter_numpy(src_np: np.ndarray, dst_np: np.ndarray, src_rows: list
     for i, j, kind in pieces:
         d, s = dst_rows[i], src_rows[i]
         if kind == 0:
-            # mode="clip": with the default "raise" numpy buffers `out` (an extra copy).
+            # mode="clip": with the default "raise" numpy buffers `out` (an extra copy). It
+            # would clip an id out of range, so copy_rows_numpy checked them all first.
             np.take(src_np, src_rows[i:j], axis=0, out=dst_np[d:d + j - i], mode="clip")
         elif kind == 1:
             dst_np[dst_rows[i:j]] = src_np[s:s + j - i]
@@ -238,7 +244,7 @@ class HostTier:
     def slot(self, slot_id: int) -> torch.Tensor:
         """One slot's bytes, (slot_bytes,) uint8: a view the disk tier reads and writes."""
         if not 0 <= slot_id < self.num_slots:
-            raise IndexError(f"slot {slot_id} out of range [0, {self.num_slots})")
+            raise IdOutOfRangeError(f"slot {slot_id} out of range [0, {self.num_slots})")
         return self.buffer[slot_id]
 
     def store(self, src: EngineBlocks, dst: HostBlocks) -> TransferOutcome:
@@ -285,7 +291,8 @@ class HostTier:
             copy_segments(pool, rows, block_ids, row_ids, to_host, strategy, self._helpers,
                           k, self._rows_np)
         elif strategy == "numpy":
-            assert self._pool_np is not None
+            if self._pool_np is None:
+                raise RuntimeError("HostTier: the numpy strategy lost its pool's numpy view")
             if to_host:
                 copy_rows_numpy(self._pool_np, self._rows_np, block_ids, row_ids,
                                 self._helpers, k)
@@ -305,7 +312,7 @@ class HostTier:
     def _check_slots(self, slot_ids: Sequence[int]) -> None:
         bad = [s for s in slot_ids if not 0 <= s < self.num_slots]
         if bad:
-            raise IndexError(f"slots {bad} out of range [0, {self.num_slots})")
+            raise IdOutOfRangeError(f"slots {bad} out of range [0, {self.num_slots})")
 
 
 def _slot_rows(slot_ids: list[int], f: int) -> list[int]:
