@@ -45,7 +45,7 @@ def test_sync_stores_report_in_the_step_that_computed_them(sync: bool) -> None:
     assert stored == (5 if sync else 0)
     assert bool(transfers.in_flight((ENGINE, HOST))) is not sync
     transfers.release_all()
-    step_until(llm, lambda: half.manager.num_pinned == 0)  # the writes report in a step
+    step_until(llm, lambda: not llm.engine.has_pending_work())
     assert_nothing_leaked(llm)
 
 
