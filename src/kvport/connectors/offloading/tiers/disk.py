@@ -202,10 +202,16 @@ class DiskTier:
             return self._evict_locked(entry, size, keep)
 
     def _evict_locked(self, entry: Any, size: int, keep: frozenset[RunId]) -> bool:
-        eviction = self.index.make_room(entry.used + size - self.max_bytes, keep)
-        if eviction is None:
-            return False
-        if eviction.keys:
+        """Evict (the ledger's lock held) until the ledger says a run of `size` fits. A run
+        the index counts may free less than its size, or nothing: another process evicted it
+        (or some of its names) meanwhile, so the ledger, not the index, says when to stop."""
+        while True:
+            eviction = self.index.make_room(entry.used + size - self.max_bytes, keep)
+            if eviction is None:
+                self.stats.set(shared_bytes=entry.used)
+                return False
+            if not eviction.keys:
+                break
             self._update_occupancy()
             # A job reading the run already keeps reading it; the space is freed (and the
             # ledger's count falls) with the last name.
