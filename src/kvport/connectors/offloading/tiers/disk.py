@@ -244,7 +244,11 @@ class DiskTier:
                 return None
             entry.used += size
             self.stats.set(shared_bytes=entry.used)
-            return tmp
+        if entry.lost is not None:  # not counted (a full file system): the run is not written
+            unlink_quietly(tmp)
+            self._count_write_error(entry.lost, num_keys)
+            return None
+        return tmp
 
     # --- store ----------------------------------------------------------------------------------
 
