@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
@@ -117,3 +119,25 @@ def assert_accounted(disk: DiskTier) -> DirState:
 def ids_of(state: DirState, candidates: range) -> list[int]:
     """The ids among candidates whose keys have a name."""
     return [i for i in candidates if key(i) in state.names]
+
+
+def mount_tmpfs(where: Path, options: str) -> None:
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True,
+                   capture_output=True)
+
+
+@pytest.fixture()
+def small_fs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """mount(options) -> a fresh tmpfs mounted with them; all unmounted at the end."""
+    mounted: list[Path] = []
+
+    def mount(options: str) -> Path:
+        where = tmp_path / f"fs{len(mounted)}"
+        mount_tmpfs(where, options)
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=True)

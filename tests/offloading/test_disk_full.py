@@ -7,39 +7,17 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from disk_chaos import NS, assert_accounted, dir_state, key, load, run_size, store
+from disk_chaos import NS, assert_accounted, dir_state, key, load, store
+from disk_chaos import small_fs  # noqa: F401  (a fixture: mount fails the test, never skips)
 
 from kvport.connectors.offloading.tiers.disk import DiskTier
 
 LIMIT = 1 << 30  # far above the file system's size: the file system, not the limit, is full
-
-
-def _mount(where: Path, options: str) -> None:
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True,
-                   capture_output=True)
-
-
-@pytest.fixture()
-def small_fs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """mount(options) -> a fresh tmpfs mounted with them; all unmounted at the end."""
-    mounted: list[Path] = []
-
-    def mount(options: str) -> Path:
-        where = tmp_path / f"fs{len(mounted)}"
-        _mount(where, options)
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", "-l", str(where)], check=True)
 
 
 def _fill(fs: Path) -> Path:
