@@ -138,3 +138,25 @@ def test_inodes_full_makes_creates_mkdirs_and_links_fail_and_stores_skip(
     expected |= set(mixed)
     assert load(disk, sorted(expected)) == expected
     assert_accounted(DiskTier(fs, LIMIT, NS))
+
+
+def test_a_restart_on_a_full_file_system_serves_and_stores_resume(
+        small_fs: Callable[[str], Path], enospc: list[str]) -> None:
+    """An engine restarted while its disk is full (inodes and pages): the tier starts (its
+    hard-link check cannot run, which is no reason to refuse), loads what is there, skips
+    stores, and stores once space frees."""
+    fs = small_fs("size=2m,nr_inodes=64")
+    first = DiskTier(fs, LIMIT, NS)
+    assert store(first, [1, 2]) == []
+    first.close()
+    filler = _fill(fs)
+    fillers = _leave_inodes(fs, 0)
+    disk = DiskTier(fs, LIMIT, NS)
+    assert "open" in enospc, enospc
+    assert load(disk, [1, 2]) == {1, 2}
+    assert store(disk, [3]) == [0] and disk.stats.snapshot()["skipped_stores"] == 1
+    filler.unlink()
+    for f in fillers:
+        f.unlink()
+    assert store(disk, [3]) == [] and load(disk, [1, 2, 3]) == {1, 2, 3}
+    assert_accounted(DiskTier(fs, LIMIT, NS))

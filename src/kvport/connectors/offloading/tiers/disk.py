@@ -55,7 +55,7 @@ from kvport.connectors.offloading.tiers import DiskTierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
     DiskLocation, ScannedName, check_pairs, checksum, disk_namespace, key_digest, unlink_quietly,
 )
-from kvport.connectors.offloading.tiers.disk_files import RunFiles, RunId
+from kvport.connectors.offloading.tiers.disk_files import SWEEP_EVERY_S, RunFiles, RunId
 from kvport.connectors.offloading.tiers.disk_index import RunIndex
 from kvport.connectors.offloading.tiers.disk_ledger import Ledger, remove_names_locked
 from kvport.connectors.offloading.tiers.disk_load import DiskLoader, publish_occupancy
@@ -134,13 +134,19 @@ class DiskTier:
 
     def _check_hard_links(self) -> None:
         """Refuse, at construction, a directory whose file system cannot hard-link (FAT, some
-        network file systems): every key's name is a link to its run file."""
+        network file systems): every key's name is a link to its run file. A full file system
+        (an engine restarted on a full disk) cannot tell: the tier starts, its stores are
+        skipped until space frees, and a file system without links fails each one."""
         a = self.location.temp_path_str()
         b = self.location.temp_path_str()
         try:
             os.close(os.open(a, _CREATE_FLAGS, self.location.file_mode))
             os.link(a, b)
         except OSError as exc:
+            if exc.errno in _FULL_DISK:
+                logger.warning("disk tier %s: the file system is full (%s); stores are skipped "
+                               "until space frees", self.dir, exc)
+                return
             raise OSError(exc.errno, f"disk tier root_dir {str(self.dir.parent)!r}: cannot create "
                           f"hard links there ({exc.strerror}); the disk tier names each key by a "
                           f"hard link to its run file: use a directory on ext4, xfs, btrfs or "
@@ -269,9 +275,10 @@ class DiskTier:
         (skipped for room or a full disk, or failed: counted; nothing half-written stays)."""
         start = time.perf_counter()
         todo = [i for i, key in enumerate(keys) if not self._held(key)]
+        # runs others evicted: their space is freed at close (before a write, always)
+        self.files.close_unlinked(0.0 if todo else SWEEP_EVERY_S)
         if not todo:
             return []
-        self.files.close_unlinked()  # runs others evicted: their space is freed at close
         # The runs of this job's held keys stay: the job counts them as stored.
         keep = frozenset(r for r in self.index.runs_of(keys) if r is not None)
         size = run_bytes(len(todo), payloads[0].nbytes)

@@ -21,7 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from kvport.connectors.offloading.tiers import DiskTierStats, TierStats
-from kvport.connectors.offloading.tiers.disk_files import OpenRun, RunFiles, RunId, file_stamp
+from kvport.connectors.offloading.tiers.disk_files import (
+    SWEEP_EVERY_S, OpenRun, RunFiles, RunId, file_stamp,
+)
 from kvport.connectors.offloading.tiers.disk_format import DiskLocation
 from kvport.connectors.offloading.tiers.disk_index import RunIndex
 from kvport.connectors.offloading.tiers.disk_ledger import Ledger
@@ -66,6 +68,8 @@ class DiskLoader:
         if not keys:
             return []
         start = time.perf_counter()
+        # runs other processes evicted: their space is freed at close (not on every job: cost)
+        self.files.close_unlinked(SWEEP_EVERY_S)
         payload_bytes = outs[0].nbytes
         runs: dict[RunId, OpenRun] = {}  # the runs this job reads, in use until it ends
         # runs of this job whose header said no, and what it said: read once a job
