@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from disk_chaos import NS, assert_accounted, dir_state, load, run_size, store
+import pytest
+from disk_chaos import NS, assert_accounted, dir_state, key, load, run_size, store
+from fault_tiers import evict_name
 
+from kvport.connectors.offloading.tiers import disk_load
 from kvport.connectors.offloading.tiers.disk import DiskTier
 
 
@@ -42,3 +45,30 @@ def test_a_store_that_finds_only_others_runs_is_skipped_not_over_the_limit(
     assert a.stats.snapshot()["skipped_stores"] == 1
     assert dir_state(a.dir).named_bytes == limit
     assert_accounted(DiskTier(tmp_path, limit, NS))
+
+
+def test_runs_another_process_evicted_are_closed_by_loads_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that only loads frees the space of runs others evicted (their last descriptor
+    is its), sweeping at most every SWEEP_EVERY_S (0 here: every job)."""
+    monkeypatch.setattr(disk_load, "SWEEP_EVERY_S", 0.0)
+    limit = 4 * run_size(2)
+    a = DiskTier(tmp_path, limit, NS)
+    b = DiskTier(tmp_path, limit, NS)
+    assert store(b, [1, 2]) == [] and store(b, [3]) == []
+    assert load(a, [1, 3]) == {1, 3} and len(a.files) == 2  # both runs open in A
+    evict_name(b, key(1))
+    evict_name(b, key(2))  # run 1-2 has no name left: A's descriptor holds its space
+    assert load(a, [3]) == {3}
+    assert len(a.files) == 1
+    assert_accounted(DiskTier(tmp_path, limit, NS))
+
+
+def test_a_sweep_of_unlinked_runs_is_not_repeated_within_its_interval(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, 1 << 20, NS)
+    assert store(disk, [1]) == [] and store(disk, [2]) == []
+    assert load(disk, [1, 2]) == {1, 2}
+    assert disk.files.close_unlinked(3600.0) == 0  # nothing to close; the clock starts
+    evict_name(disk, key(1))
+    assert disk.files.close_unlinked(3600.0) == 0  # within the interval: no sweep
+    assert disk.files.close_unlinked(0.0) == 1
