@@ -939,6 +939,13 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_chaos.py::"
          "test_kill_9_at_each_point_leaves_exact_entries_and_no_temp_file",),
         "a killed writer's temp file is removed (and uncounted) by the next process to start"),
+    Mutant(
+        "diskchaos-symlinked-key-directory-removed", f"{OFFLOADING}/tiers/disk_format.py",
+        "            if entry.is_symlink():\n",
+        "            if False:\n",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_symlink_in_place_of_a_key_directory_is_removed_at_start",),
+        "no load or store goes through a symlink planted in place of a key directory"),
 ]
 
 

@@ -205,3 +205,22 @@ def test_huge_counts_are_bad_without_reading_them() -> None:
     assert _parse(RUN_FIXED.pack(RUN_MAGIC, RUN_VERSION + 1, 0, 0, DIGEST, 0, 0)) is \
         Verdict.OTHER_FORMAT
     assert isinstance(_parse(bytes(_valid_run(3))), RunHeader)
+
+
+def test_a_symlink_in_place_of_a_key_directory_is_removed_at_start(tmp_path: Path) -> None:
+    """`<ns>/<key hex[:2]>` a symlink to another directory holding a valid run: O_NOFOLLOW
+    guards only the last name, so the start removes such a link before any load or store goes
+    through it."""
+    target = _copy_of_a_run(tmp_path, 7)
+    disk = DiskTier(tmp_path / "root", LIMIT, NS)
+    elsewhere = tmp_path / "planted"
+    elsewhere.mkdir()
+    shutil.copyfile(target, elsewhere / disk.path(key(7)).name)
+    disk.path(key(7)).parent.symlink_to(elsewhere)
+    again = DiskTier(tmp_path / "root", LIMIT, NS)
+    assert not os.path.lexists(disk.path(key(7)).parent)
+    assert again.stats.snapshot()["rejected"] == 1
+    assert load(again, [7]) == set() and store(again, [7]) == []
+    assert stat.S_ISDIR(os.lstat(disk.path(key(7)).parent).st_mode)
+    assert (elsewhere / disk.path(key(7)).name).stat().st_nlink == 1  # nothing linked there
+    assert_accounted(again)

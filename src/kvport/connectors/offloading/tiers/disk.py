@@ -34,7 +34,8 @@ Privacy: files are created 0o600 and directories 0o700 (0o640 / 0o750 with `grou
 `root_dir` is created if missing; the namespace directory must be this user's and writable by
 nobody else (else the tier refuses to start: anyone who can write there can plant entries).
 Names are opened with O_NOFOLLOW and O_NONBLOCK and must be regular files: a symlink or a FIFO at
-a key's name is removed, never followed or waited on.
+a key's name is removed, never followed or waited on; a symlink in place of a key directory is
+removed at start.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class DiskTier:
         if scan.swept:
             logger.warning("disk tier %s: removed %d temp files of writers that died",
                            self.dir, scan.swept)
-        self.stats.add(swept_temp_files=scan.swept)
+        self.stats.add(swept_temp_files=scan.swept, rejected=scan.rejected)
         for names in sorted(runs.values(), key=lambda n: n[0].mtime_ns):  # oldest run first
             self.index.add(names[0].inode, names[0].size, [n.key for n in names])
         if not self._make_room(0):  # a restart with a smaller max_bytes trims the oldest runs
