@@ -101,12 +101,12 @@ def test_a_fifo_at_a_name_neither_hangs_a_load_nor_a_store(tmp_path: Path) -> No
 def test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     disk = DiskTier(tmp_path / "root", LIMIT, NS)
+    ledger = disk.dir / ".ledger"  # private too, and given its bytes at once (disk_ledger)
+    assert stat.S_IMODE(ledger.stat().st_mode) == 0o600 and ledger.stat().st_size == 8
     assert store(disk, [1]) == []
     assert stat.S_IMODE(disk.path(key(1)).stat().st_mode) == 0o600
     assert stat.S_IMODE(disk.path(key(1)).parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(disk.dir.stat().st_mode) == 0o700
-    ledger = disk.dir / ".ledger"  # private too, and given its bytes at once (disk_ledger)
-    assert stat.S_IMODE(ledger.stat().st_mode) == 0o600 and ledger.stat().st_size == 8
     disk.dir.chmod(0o777)  # our own directory, too wide: narrowed, with a warning
     DiskTier(tmp_path / "root", LIMIT, NS)
     assert stat.S_IMODE(disk.dir.stat().st_mode) == 0o700 and "had mode 777" in caplog.text
