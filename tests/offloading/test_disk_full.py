@@ -14,6 +14,10 @@ from typing import Any
 import pytest
 from disk_chaos import NS, assert_accounted, dir_state, key, load, store
 from disk_chaos import small_fs  # noqa: F401  (a fixture: mount fails the test, never skips)
+from fault_tiers import wait_until
+from offload_utils import (
+    assert_nothing_leaked, make_llm, offload_config, prompts, run, run_one_by_one,
+)
 
 from kvport.connectors.offloading.tiers.disk import DiskTier
 
@@ -160,3 +164,25 @@ def test_a_restart_on_a_full_file_system_serves_and_stores_resume(
         f.unlink()
     assert store(disk, [3]) == [] and load(disk, [1, 2, 3]) == {1, 2, 3}
     assert_accounted(DiskTier(fs, LIMIT, NS))
+
+
+def test_the_engine_serves_on_a_full_file_system_and_its_stores_resume(
+        small_fs: Callable[[str], Path], reference: list[list[int]]) -> None:
+    """kvport's engine with its disk tier on a full tmpfs: outputs equal to no connector, the
+    write-throughs skipped and counted; once space frees they are written, and loaded."""
+    fs = small_fs("size=8m")
+    filler = _fill(fs)
+    llm = make_llm(offload_config(disk_dir=fs, disk_bytes=64 << 20))
+    assert run(llm, prompts())[0] == reference
+    disk = llm.get_metrics()["connector"]["disk"]
+    assert disk["skipped_stores"] > 0 and disk["blocks_stored"] == 0, disk
+    filler.unlink()
+    assert llm.reset_prefix_cache(reset_connector=True)  # the host tier's copies gone too
+    assert run(llm, prompts())[0] == reference
+    wait_until(lambda: llm.get_metrics()["connector"]["disk"]["blocks_stored"] > 0)
+    assert llm.reset_prefix_cache(reset_connector=True)
+    tokens, _ = run_one_by_one(llm)
+    assert tokens == reference
+    assert llm.get_metrics()["connector"]["disk"]["blocks_loaded"] > 0
+    assert_nothing_leaked(llm)
+    llm.shutdown()
