@@ -855,11 +855,9 @@ MUTANTS: list[Mutant] = [
          "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
         "the ledger's bytes are allocated at open, so a later full disk cannot fail its writes"),
     Mutant(
-        "diskchaos-full-disk-at-start-is-no-refusal", f"{OFFLOADING}/tiers/disk.py",
-        "            if exc.errno in _FULL_DISK:\n                logger.warning(\"disk tier %s: "
-        "the file system is full",
-        "            if False:\n                logger.warning(\"disk tier %s: "
-        "the file system is full",
+        "diskchaos-full-disk-at-start-is-no-refusal", f"{OFFLOADING}/tiers/disk_setup.py",
+        "        if exc.errno in FULL_DISK:\n",
+        "        if False:\n",
         (f"{TESTS}/test_disk_full.py::"
          "test_a_restart_on_a_full_file_system_serves_and_stores_resume",),
         "an engine restarted on a full disk starts and serves what the disk holds"),
@@ -912,23 +910,23 @@ MUTANTS: list[Mutant] = [
          "test_a_symlink_at_a_name_is_never_followed_and_is_removed",),
         "the start's scan never indexes a symlink or FIFO as an entry"),
     Mutant(
-        "diskchaos-another-users-directory-refused", f"{OFFLOADING}/tiers/disk.py",
-        "        if not self._group_access:\n",
-        "        if False:\n",
+        "diskchaos-another-users-directory-refused", f"{OFFLOADING}/tiers/disk_setup.py",
+        "    if not group_access:\n",
+        "    if False:\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
         "a namespace directory of another user is refused (its entries could be planted)"),
     Mutant(
-        "diskchaos-wide-directory-narrowed", f"{OFFLOADING}/tiers/disk.py",
-        "            if mode & ~self.location.dir_mode:\n",
-        "            if False:\n",
+        "diskchaos-wide-directory-narrowed", f"{OFFLOADING}/tiers/disk_setup.py",
+        "        if mode & ~location.dir_mode:\n",
+        "        if False:\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
         "our namespace directory with too wide a mode is narrowed to 0o700"),
     Mutant(
-        "diskchaos-world-writable-directory-refused", f"{OFFLOADING}/tiers/disk.py",
-        "        if mode & stat.S_IWOTH:\n",
-        "        if False:\n",
+        "diskchaos-world-writable-directory-refused", f"{OFFLOADING}/tiers/disk_setup.py",
+        "    if mode & stat.S_IWOTH:\n",
+        "    if False:\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
         "even with group_access, a directory every user may write is refused"),

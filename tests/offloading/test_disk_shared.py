@@ -68,7 +68,7 @@ def test_a_sweep_of_unlinked_runs_is_not_repeated_within_its_interval(tmp_path: 
     disk = DiskTier(tmp_path, 1 << 20, NS)
     assert store(disk, [1]) == [] and store(disk, [2]) == []
     assert load(disk, [1, 2]) == {1, 2}
-    assert disk.files.close_unlinked(3600.0) == 0  # nothing to close; the clock starts
+    assert disk.files.close_unlinked(3600.0) == 0  # nothing to close (the loads swept too)
     evict_name(disk, key(1))
     assert disk.files.close_unlinked(3600.0) == 0  # within the interval: no sweep
     assert disk.files.close_unlinked(0.0) == 1
