@@ -944,6 +944,13 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_hostile.py::"
          "test_a_symlink_in_place_of_a_key_directory_is_removed_at_start",),
         "no load or store goes through a symlink planted in place of a key directory"),
+    Mutant(
+        "diskchaos-ledger-must-be-a-file", f"{OFFLOADING}/tiers/disk_ledger.py",
+        "            if not stat.S_ISREG(os.fstat(fd).st_mode):",
+        "            if False:",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_fifo_or_symlink_at_the_ledger_is_refused_at_start",),
+        "a FIFO planted at the ledger is refused at start with a clear error"),
 ]
 
 

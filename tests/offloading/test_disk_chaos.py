@@ -2,7 +2,7 @@
 
 - kill -9 of a writer at each injected point (disk_chaos_child.KILL_POINTS), several seeds; after
   each, a fresh tier: every named key loads byte-exact, the dead writer's temp files are swept,
-  and the ledger equals the bytes the names hold.
+  and the ledger equals the bytes the names hold. KVPORT_DISK_CHAOS_SEEDS: seeds per point.
 - Power loss (the tier does not fsync): the data of named files zeroed or cut short, metadata
   kept: misses only, never wrong bytes; bad names removed; the accounting adds up.
 - Four processes on one small root: reads exact, usage within max_bytes under the ledger's lock,
@@ -37,7 +37,7 @@ from kvport.connectors.offloading.tiers.disk_runs import header_size
 
 HERE = Path(__file__).resolve().parent
 CHILD = str(HERE / "disk_chaos_child.py")
-SEEDS = range(3)
+SEEDS = range(int(os.environ.get("KVPORT_DISK_CHAOS_SEEDS", "3")))  # 25: 200 kills
 MAX_BYTES = 10 * run_size(4)  # about a third of NUM_KEYS' entries: stores evict
 ANSWER_S = 30.0  # one writer's run (300 ops at most), on 2 shared cores
 

@@ -224,3 +224,18 @@ def test_a_symlink_in_place_of_a_key_directory_is_removed_at_start(tmp_path: Pat
     assert stat.S_ISDIR(os.lstat(disk.path(key(7)).parent).st_mode)
     assert (elsewhere / disk.path(key(7)).name).stat().st_nlink == 1  # nothing linked there
     assert_accounted(again)
+
+
+def test_a_fifo_or_symlink_at_the_ledger_is_refused_at_start(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path, LIMIT, NS)
+    disk.close()
+    ledger = disk.dir / ".ledger"
+    ledger.unlink()
+    os.mkfifo(ledger)
+    with pytest.raises(OSError, match="is not a regular file"):
+        DiskTier(tmp_path, LIMIT, NS)
+    ledger.unlink()
+    ledger.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):  # O_NOFOLLOW: ELOOP
+        DiskTier(tmp_path, LIMIT, NS)
+    assert not (tmp_path / "elsewhere").exists()

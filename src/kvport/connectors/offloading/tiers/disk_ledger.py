@@ -24,6 +24,7 @@ open stays allocated until that process closes it (disk_files closes such runs a
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -55,7 +56,12 @@ class Ledger:
         it stays short, and writes that fail are counted as skipped stores (`locked`)."""
         if self._fd < 0:
             flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-            fd = self._fd = os.open(self.path, flags, self._mode)
+            fd = os.open(self.path, flags | os.O_NONBLOCK, self._mode)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted there: refused
+                os.close(fd)
+                raise OSError(errno.EINVAL, f"disk tier ledger {str(self.path)!r} is not a "
+                              f"regular file")
+            self._fd = fd
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 if os.fstat(fd).st_size < _USED.size:
