@@ -102,6 +102,8 @@ def test_kill_9_at_each_point_leaves_exact_entries_and_no_temp_file(tmp_path: Pa
     assert zygote.returncode == 0
     assert all(killed[p] >= 2 for p in KILL_POINTS), killed  # each point came, mostly
     assert named >= 8  # the writers stored something that survived
+    print(json.dumps({"writers": len(SEEDS) * len(KILL_POINTS), "killed": killed,
+                      "most_keys_named": named}))
 
 
 def _damage(path: Path, how: str, rng: random.Random, n: int) -> set[int]:
