@@ -1074,6 +1074,152 @@ MUTANTS: list[Mutant] = [
         ("tests/model/test_kernel_bounds.py::"
          "test_store_kv_refuses_a_slot_outside_the_pool_and_writes_nothing",),
         "a slot the C code refused is an error, not a write reported done"),
+    # --- diskchaos ---
+    Mutant(
+        "diskchaos-other-format-is-the-runs-verdict", f"{OFFLOADING}/tiers/disk_load.py",
+        "            header = bad.get(run_id) or read_run_header(",
+        "            header = (Verdict.BAD if run_id in bad else None) or read_run_header(",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_run_of_another_format_version_is_a_miss_for_every_key_and_left_alone",),
+        "every key of another version's run is a miss left alone, not 'bad' from the second on"),
+    Mutant(
+        "diskchaos-other-format-is-a-miss", f"{OFFLOADING}/tiers/disk_runs.py",
+        "    if version != RUN_VERSION:\n        return Verdict.OTHER_FORMAT\n",
+        "",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_run_of_another_format_version_is_a_miss_for_every_key_and_left_alone",),
+        "a run file of another format version is a miss and left alone, not deleted (D12)"),
+    Mutant(
+        "diskchaos-header-within-the-file", f"{OFFLOADING}/tiers/disk_runs.py",
+        "            or h > file_size):\n",
+        "            ):\n",
+        (f"{TESTS}/test_disk_hostile.py::test_huge_counts_are_bad_without_reading_them",),
+        "a damaged count never makes the header parser read or allocate past the file"),
+    Mutant(
+        "diskchaos-evicts-until-the-ledger-fits", f"{OFFLOADING}/tiers/disk.py",
+        "            self.stats.add(evictions=len(eviction.keys))\n",
+        "            self.stats.add(evictions=len(eviction.keys))\n            break\n",
+        (f"{TESTS}/test_disk_shared.py::"
+         "test_eviction_goes_on_until_the_shared_ledger_says_the_run_fits",),
+        "eviction stops when the shared ledger, not this process's index, says the run fits"),
+    Mutant(
+        "diskchaos-lost-ledger-write-undoes-the-reserve", f"{OFFLOADING}/tiers/disk.py",
+        "        if entry.lost is not None:",
+        "        if False:",
+        (f"{TESTS}/test_disk_full.py::"
+         "test_data_pages_full_from_the_first_store_skips_stores_and_they_resume",),
+        "a reserve the ledger could not count is not written"),
+    Mutant(
+        "diskchaos-ledger-write-failure-is-not-raised", f"{OFFLOADING}/tiers/disk_ledger.py",
+        "                    except OSError as exc:\n                        entry.lost = exc\n",
+        "                    except OSError as exc:\n                        raise\n",
+        (f"{TESTS}/test_disk_full.py::"
+         "test_data_pages_full_from_the_first_store_skips_stores_and_they_resume",),
+        "a full file system makes a skipped store, never an OSError out of it"),
+    Mutant(
+        "diskchaos-ledger-gets-its-bytes-at-open", f"{OFFLOADING}/tiers/disk_ledger.py",
+        "                if os.fstat(fd).st_size < _USED.size:\n",
+        "                if False:\n",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
+        "the ledger's bytes are allocated at open, so a later full disk cannot fail its writes"),
+    Mutant(
+        "diskchaos-full-disk-at-start-is-no-refusal", f"{OFFLOADING}/tiers/disk_setup.py",
+        "        if exc.errno in FULL_DISK:\n",
+        "        if False:\n",
+        (f"{TESTS}/test_disk_full.py::"
+         "test_a_restart_on_a_full_file_system_serves_and_stores_resume",),
+        "an engine restarted on a full disk starts and serves what the disk holds"),
+    Mutant(
+        "diskchaos-loads-close-runs-others-evicted", f"{OFFLOADING}/tiers/disk_load.py",
+        "        self.files.close_unlinked(SWEEP_EVERY_S)\n",
+        "",
+        (f"{TESTS}/test_disk_shared.py::test_runs_another_process_evicted_are_closed_by_loads_too",),
+        "a process that only loads does not pin the space of runs others evicted"),
+    Mutant(
+        "diskchaos-unlinked-sweep-rate-limited", f"{OFFLOADING}/tiers/disk_files.py",
+        "            if now - self._swept < every_s:\n",
+        "            if False:\n",
+        (f"{TESTS}/test_disk_shared.py::"
+         "test_a_sweep_of_unlinked_runs_is_not_repeated_within_its_interval",),
+        "loads sweep the open runs at most every SWEEP_EVERY_S (a sweep costs ~0.1 ms)"),
+    Mutant(
+        "diskchaos-entry-checksum-checked", f"{OFFLOADING}/tiers/disk_read.py",
+        "        elif checksum(views[j]) != entries[k][2]:\n",
+        "        elif False:\n",
+        (f"{TESTS}/test_disk_chaos.py::"
+         "test_power_loss_of_named_files_data_is_misses_never_wrong_bytes",
+         f"{TESTS}/test_disk_tier.py::test_corrupt_entry_is_a_miss_and_removed"),
+        "M3: a torn, zeroed or rotten entry is a miss, never wrong bytes (there is no fsync)"),
+    Mutant(
+        "diskchaos-symlink-never-followed", f"{OFFLOADING}/tiers/disk_load.py",
+        "_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_symlink_at_a_name_is_never_followed_and_is_removed",),
+        "a symlink planted at a key's name is never read through (D9)"),
+    Mutant(
+        "diskchaos-only-regular-files-are-runs", f"{OFFLOADING}/tiers/disk_load.py",
+        "            if not stat.S_ISREG(st.st_mode):\n                os.close(fd)\n",
+        "            if False:\n                os.close(fd)\n",
+        (f"{TESTS}/test_disk_hostile.py::test_a_fifo_at_a_name_neither_hangs_a_load_nor_a_store",),
+        "a FIFO (or other non-file) at a key's name is a miss and removed (D9)"),
+    Mutant(
+        "diskchaos-store-removes-a-non-file-name", f"{OFFLOADING}/tiers/disk.py",
+        "            if not held:\n                self.ledger.remove_names([path])\n",
+        "            if False:\n                self.ledger.remove_names([path])\n",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_symlink_at_a_name_is_never_followed_and_is_removed",),
+        "a store replaces a symlink or FIFO at its key's name with its own entry"),
+    Mutant(
+        "diskchaos-scan-indexes-regular-files-only", f"{OFFLOADING}/tiers/disk_format.py",
+        "            if not stat.S_ISREG(st.st_mode):\n                return",
+        "            if False:\n                return",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_symlink_at_a_name_is_never_followed_and_is_removed",),
+        "the start's scan never indexes a symlink or FIFO as an entry"),
+    Mutant(
+        "diskchaos-another-users-directory-refused", f"{OFFLOADING}/tiers/disk_setup.py",
+        "    if not group_access:\n",
+        "    if False:\n",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
+        "a namespace directory of another user is refused (its entries could be planted)"),
+    Mutant(
+        "diskchaos-wide-directory-narrowed", f"{OFFLOADING}/tiers/disk_setup.py",
+        "        if mode & ~location.dir_mode:\n",
+        "        if False:\n",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
+        "our namespace directory with too wide a mode is narrowed to 0o700"),
+    Mutant(
+        "diskchaos-world-writable-directory-refused", f"{OFFLOADING}/tiers/disk_setup.py",
+        "    if mode & stat.S_IWOTH:\n",
+        "    if False:\n",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
+        "even with group_access, a directory every user may write is refused"),
+    Mutant(
+        "diskchaos-dead-writers-temps-swept", f"{OFFLOADING}/tiers/disk_format.py",
+        "                if now - st.st_mtime > stale_temp_seconds or self._writer_dead(entry.name):",
+        "                if now - st.st_mtime > stale_temp_seconds:",
+        (f"{TESTS}/test_disk_chaos.py::"
+         "test_kill_9_at_each_point_leaves_exact_entries_and_no_temp_file",),
+        "a killed writer's temp file is removed (and uncounted) by the next process to start"),
+    Mutant(
+        "diskchaos-symlinked-key-directory-removed", f"{OFFLOADING}/tiers/disk_format.py",
+        "            if entry.is_symlink():\n",
+        "            if False:\n",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_symlink_in_place_of_a_key_directory_is_removed_at_start",),
+        "no load or store goes through a symlink planted in place of a key directory"),
+    Mutant(
+        "diskchaos-ledger-must-be-a-file", f"{OFFLOADING}/tiers/disk_ledger.py",
+        "            if not stat.S_ISREG(os.fstat(fd).st_mode):",
+        "            if False:",
+        (f"{TESTS}/test_disk_hostile.py::"
+         "test_a_fifo_or_symlink_at_the_ledger_is_refused_at_start",),
+        "a FIFO planted at the ledger is refused at start with a clear error"),
 ]
 
 

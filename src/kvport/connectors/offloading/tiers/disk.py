@@ -34,7 +34,8 @@ Privacy: files are created 0o600 and directories 0o700 (0o640 / 0o750 with `grou
 `root_dir` is created if missing; the namespace directory must be this user's and writable by
 nobody else (else the tier refuses to start: anyone who can write there can plant entries).
 Names are opened with O_NOFOLLOW and O_NONBLOCK and must be regular files: a symlink or a FIFO at
-a key's name is removed, never followed or waited on.
+a key's name is removed, never followed or waited on; a symlink in place of a key directory is
+removed at start.
 """
 
 from __future__ import annotations
@@ -55,17 +56,18 @@ from kvport.connectors.offloading.tiers import DiskTierStats, TransferOutcome
 from kvport.connectors.offloading.tiers.disk_format import (  # noqa: F401  (re-exported)
     DiskLocation, ScannedName, check_pairs, checksum, disk_namespace, key_digest, unlink_quietly,
 )
-from kvport.connectors.offloading.tiers.disk_files import RunFiles, RunId
+from kvport.connectors.offloading.tiers.disk_files import SWEEP_EVERY_S, RunFiles, RunId
 from kvport.connectors.offloading.tiers.disk_index import RunIndex
 from kvport.connectors.offloading.tiers.disk_ledger import Ledger, remove_names_locked
 from kvport.connectors.offloading.tiers.disk_load import DiskLoader, publish_occupancy
 from kvport.connectors.offloading.tiers.disk_runs import pack_run_header, run_bytes, write_run
+from kvport.connectors.offloading.tiers.disk_setup import (
+    CREATE_FLAGS, FULL_DISK, check_hard_links, prepare_directory,
+)
 from kvport.connectors.offloading.tiers.host import HostTier
 
 logger = logging.getLogger(__name__)
 
-_FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _STALE_TEMP_SECONDS = 3600.0  # a temp file this old has no live writer: remove it at start
 
 
@@ -83,47 +85,14 @@ class DiskTier:
         self.location = DiskLocation(root_dir, namespace, group_access)
         self.namespace_digest = self.location.namespace_digest
         self.dir = self.location.dir
-        self._group_access = group_access
-        root = Path(root_dir)
-        if not root.exists():
-            os.makedirs(root, mode=self.location.dir_mode, exist_ok=True)
-        if not root.is_dir():
-            raise OSError(errno.ENOTDIR, f"disk tier root_dir {str(root)!r} is not a directory")
-        self._secure_dir(self.dir)
+        prepare_directory(self.location, root_dir, group_access)
         self.stats = DiskTierStats()
         self.files = RunFiles()  # run files kept open between load jobs
         self.ledger = Ledger(self.dir, self.location.file_mode)
         self.loader = DiskLoader(self.location, self.index, self.files, self.stats, self.ledger,
                                  num_threads - 1)
-        self._check_hard_links()
+        check_hard_links(self.location)
         self._rebuild_index()
-
-    def _secure_dir(self, path: Path) -> None:
-        """Create the namespace directory with the tier's mode, or check the one there: a real
-        directory (not a symlink) of this user that nobody else may write (group members only
-        with group_access); a wider mode of our own directory is narrowed."""
-        try:
-            path.mkdir(mode=self.location.dir_mode)
-        except FileExistsError:
-            pass
-        st = os.lstat(path)
-        where = f"disk tier directory {str(path)!r}"
-        if not stat.S_ISDIR(st.st_mode):
-            raise OSError(errno.ENOTDIR, f"{where} is not a directory (a symlink is refused)")
-        mode = stat.S_IMODE(st.st_mode)
-        if st.st_uid == os.geteuid():
-            if mode & ~self.location.dir_mode:
-                os.chmod(path, self.location.dir_mode)
-                logger.warning("%s had mode %o; set to %o", where, mode, self.location.dir_mode)
-            return
-        if not self._group_access:
-            raise PermissionError(errno.EACCES, f"{where} belongs to uid {st.st_uid}, not to "
-                                  f"this user ({os.geteuid()}); its entries could be planted by "
-                                  f"that user: use a root_dir of your own, or group_access: "
-                                  f"true where the directory's group is trusted")
-        if mode & stat.S_IWOTH:
-            raise PermissionError(errno.EACCES, f"{where} is writable by every user (mode "
-                                  f"{mode:o}): anyone could plant entries")
 
     @property
     def max_bytes(self) -> int:
@@ -131,23 +100,6 @@ class DiskTier:
 
     def path(self, key: bytes) -> Path:
         return self.location.path(key)
-
-    def _check_hard_links(self) -> None:
-        """Refuse, at construction, a directory whose file system cannot hard-link (FAT, some
-        network file systems): every key's name is a link to its run file."""
-        a = self.location.temp_path_str()
-        b = self.location.temp_path_str()
-        try:
-            os.close(os.open(a, _CREATE_FLAGS, self.location.file_mode))
-            os.link(a, b)
-        except OSError as exc:
-            raise OSError(exc.errno, f"disk tier root_dir {str(self.dir.parent)!r}: cannot create "
-                          f"hard links there ({exc.strerror}); the disk tier names each key by a "
-                          f"hard link to its run file: use a directory on ext4, xfs, btrfs or "
-                          f"tmpfs") from exc
-        finally:
-            unlink_quietly(a)
-            unlink_quietly(b)
 
     def _rebuild_index(self) -> None:
         with self.ledger.locked() as entry:  # no process changes the directory meanwhile
@@ -160,7 +112,7 @@ class DiskTier:
         if scan.swept:
             logger.warning("disk tier %s: removed %d temp files of writers that died",
                            self.dir, scan.swept)
-        self.stats.add(swept_temp_files=scan.swept)
+        self.stats.add(swept_temp_files=scan.swept, rejected=scan.rejected)
         for names in sorted(runs.values(), key=lambda n: n[0].mtime_ns):  # oldest run first
             self.index.add(names[0].inode, names[0].size, [n.key for n in names])
         if not self._make_room(0):  # a restart with a smaller max_bytes trims the oldest runs
@@ -202,10 +154,16 @@ class DiskTier:
             return self._evict_locked(entry, size, keep)
 
     def _evict_locked(self, entry: Any, size: int, keep: frozenset[RunId]) -> bool:
-        eviction = self.index.make_room(entry.used + size - self.max_bytes, keep)
-        if eviction is None:
-            return False
-        if eviction.keys:
+        """Evict (the ledger's lock held) until the ledger says a run of `size` fits. A run
+        the index counts may free less than its size, or nothing: another process evicted it
+        (or some of its names) meanwhile, so the ledger, not the index, says when to stop."""
+        while True:
+            eviction = self.index.make_room(entry.used + size - self.max_bytes, keep)
+            if eviction is None:
+                self.stats.set(shared_bytes=entry.used)
+                return False
+            if not eviction.keys:
+                break
             self._update_occupancy()
             # A job reading the run already keeps reading it; the space is freed (and the
             # ledger's count falls) with the last name.
@@ -227,7 +185,7 @@ class DiskTier:
                 return None
             tmp = self.location.temp_path_str()
             try:
-                fd = os.open(tmp, _CREATE_FLAGS, self.location.file_mode)
+                fd = os.open(tmp, CREATE_FLAGS, self.location.file_mode)
                 try:
                     os.ftruncate(fd, size)  # its full size: a crash leaves what was counted
                 finally:
@@ -238,7 +196,11 @@ class DiskTier:
                 return None
             entry.used += size
             self.stats.set(shared_bytes=entry.used)
-            return tmp
+        if entry.lost is not None:  # not counted (a full file system): the run is not written
+            unlink_quietly(tmp)
+            self._count_write_error(entry.lost, num_keys)
+            return None
+        return tmp
 
     # --- store ----------------------------------------------------------------------------------
 
@@ -259,9 +221,10 @@ class DiskTier:
         (skipped for room or a full disk, or failed: counted; nothing half-written stays)."""
         start = time.perf_counter()
         todo = [i for i, key in enumerate(keys) if not self._held(key)]
+        # runs others evicted: their space is freed at close (before a write, always)
+        self.files.close_unlinked(0.0 if todo else SWEEP_EVERY_S)
         if not todo:
             return []
-        self.files.close_unlinked()  # runs others evicted: their space is freed at close
         # The runs of this job's held keys stay: the job counts them as stored.
         keep = frozenset(r for r in self.index.runs_of(keys) if r is not None)
         size = run_bytes(len(todo), payloads[0].nbytes)
@@ -350,7 +313,7 @@ class DiskTier:
         return True
 
     def _count_write_error(self, exc: OSError, num_keys: int) -> None:
-        if exc.errno in _FULL_DISK:
+        if exc.errno in FULL_DISK:
             self.stats.add(skipped_stores=num_keys)
             logger.warning("disk tier full (%s): store of %d entries skipped", exc, num_keys)
         else:

@@ -69,6 +69,7 @@ class Scan:
     names: list[ScannedName] = field(default_factory=list)
     writing: dict[int, int] = field(default_factory=dict)
     swept: int = 0  # temp files of dead writers (or older than the stale age) removed
+    rejected: int = 0  # symlinks in place of a key directory, removed
 
 
 def modes(group_access: bool) -> tuple[int, int]:
@@ -126,7 +127,13 @@ class DiskLocation:
         now = time.time()
         out = Scan()
         for entry in os.scandir(self._dir):
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_symlink():
+                # Never ours: through a symlink at a key directory loads would read, and
+                # stores link, outside the directory (O_NOFOLLOW guards the last name only).
+                logger.warning("disk tier: %s is a symlink; removed", entry.path)
+                unlink_quietly(entry.path)
+                out.rejected += 1
+            elif entry.is_dir(follow_symlinks=False):
                 for name in os.scandir(entry.path):
                     self._scan_name(name, now, stale_temp_seconds, out)
             else:

@@ -24,6 +24,7 @@ open stays allocated until that process closes it (disk_files closes such runs a
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -49,23 +50,46 @@ class Ledger:
         self._open()
 
     def _open(self) -> int:
-        """The ledger's descriptor (opened again after close: a closed tier may be used on)."""
+        """The ledger's descriptor (opened again after close: a closed tier may be used on).
+        A new ledger gets its 8 bytes at once (under the lock: another process may be writing
+        its first count), so that later writes overwrite allocated bytes; on a full file system
+        it stays short, and writes that fail are counted as skipped stores (`locked`)."""
         if self._fd < 0:
             flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-            self._fd = os.open(self.path, flags, self._mode)
+            fd = os.open(self.path, flags | os.O_NONBLOCK, self._mode)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted there: refused
+                os.close(fd)
+                raise OSError(errno.EINVAL, f"disk tier ledger {str(self.path)!r} is not a "
+                              f"regular file")
+            self._fd = fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.fstat(fd).st_size < _USED.size:
+                    os.pwrite(fd, _USED.pack(0), 0)
+            except OSError as exc:
+                logger.warning("disk tier ledger %s could not be written: %s", self.path, exc)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         return self._fd
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[_Entry]:
         """The ledger, held exclusively (other threads and processes wait) until the block ends;
-        what the block sets is written when it ends."""
+        what the block sets is written when it ends. A write that fails (a full file system)
+        raises nothing: `entry.lost` says so, the count on file stays the old one (a reserve
+        must then be undone; a free not counted only overstates the use until a restart)."""
         with self._threads:
             fcntl.flock(self._open(), fcntl.LOCK_EX)
             try:
                 entry = _Entry(self._read())
                 yield entry
                 if entry.used != entry.read:
-                    os.pwrite(self._fd, _USED.pack(max(0, entry.used)), 0)
+                    try:
+                        os.pwrite(self._fd, _USED.pack(max(0, entry.used)), 0)
+                    except OSError as exc:
+                        entry.lost = exc
+                        logger.warning("disk tier ledger %s not written (%s): %d bytes in use "
+                                       "not counted", self.path, exc, entry.used - entry.read)
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -125,8 +149,9 @@ def remove_names_locked(paths: list[str]) -> int:
 class _Entry:
     """The ledger's value inside `Ledger.locked`."""
 
-    __slots__ = ("read", "used")
+    __slots__ = ("lost", "read", "used")
 
     def __init__(self, used: int) -> None:
         self.read = used
         self.used = used
+        self.lost: OSError | None = None  # the write of `used` failed

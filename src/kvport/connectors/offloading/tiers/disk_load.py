@@ -21,7 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from kvport.connectors.offloading.tiers import DiskTierStats, TierStats
-from kvport.connectors.offloading.tiers.disk_files import OpenRun, RunFiles, RunId, file_stamp
+from kvport.connectors.offloading.tiers.disk_files import (
+    SWEEP_EVERY_S, OpenRun, RunFiles, RunId, file_stamp,
+)
 from kvport.connectors.offloading.tiers.disk_format import DiskLocation
 from kvport.connectors.offloading.tiers.disk_index import RunIndex
 from kvport.connectors.offloading.tiers.disk_ledger import Ledger
@@ -66,9 +68,12 @@ class DiskLoader:
         if not keys:
             return []
         start = time.perf_counter()
+        # runs other processes evicted: their space is freed at close (not on every job: cost)
+        self.files.close_unlinked(SWEEP_EVERY_S)
         payload_bytes = outs[0].nbytes
         runs: dict[RunId, OpenRun] = {}  # the runs this job reads, in use until it ends
-        bad: set[RunId] = set()  # runs of this job whose header is bad: not read again
+        # runs of this job whose header said no, and what it said: read once a job
+        bad: dict[RunId, Verdict] = {}
         plan: dict[RunId, list[tuple[int, int, int]]] = {}  # run -> (position, index, xxh3)
         done = [False] * len(keys)
         try:
@@ -114,7 +119,7 @@ class DiskLoader:
 
     def _planned(self, key: bytes, run: OpenRun | None, linked: bool, payload_bytes: int,
                  runs: dict[RunId, OpenRun],
-                 bad: set[RunId]) -> tuple[OpenRun, tuple[int, int]] | None:
+                 bad: dict[RunId, Verdict]) -> tuple[OpenRun, tuple[int, int]] | None:
         """The run and entry key is read from: in `run` (the one the index says, open) if its
         name still links there, else the run its name links to; None if none (the name gone:
         forgotten; a run that does not hold it: the name removed).
@@ -147,7 +152,7 @@ class DiskLoader:
         return run
 
     def _open(self, key: bytes, payload_bytes: int, runs: dict[RunId, OpenRun],
-              bad: set[RunId]) -> OpenRun | None:
+              bad: dict[RunId, Verdict]) -> OpenRun | None:
         """The run key's name links to, with its header read (once: kept open in `files`), in
         use by this job; None if the name is gone (dropped from the index), unreadable or its run
         bad (name removed)."""
@@ -176,17 +181,20 @@ class DiskLoader:
                 os.close(fd)
                 runs[run_id] = run
                 return run
-            header = (Verdict.BAD if run_id in bad else
-                      read_run_header(fd, self.namespace_digest, payload_bytes, st.st_size))
+            header = bad.get(run_id) or read_run_header(fd, self.namespace_digest,
+                                                        payload_bytes, st.st_size)
         except OSError as exc:
             os.close(fd)
             logger.warning("disk tier load of %s failed: %s", key.hex()[:16], exc)
             return None
         if isinstance(header, Verdict):
             os.close(fd)
-            bad.add(run_id)
-            if header is Verdict.OTHER_FORMAT:  # another version's: a miss, left to its readers
-                self.stats.add(other_format=1)
+            # The verdict is the run's, for each of its keys: another version's run is a miss
+            # for all of them (left to its readers), not "bad" from its second key on.
+            first = run_id not in bad
+            bad[run_id] = header
+            if header is Verdict.OTHER_FORMAT:
+                self.stats.add(other_format=int(first))
             else:
                 self._reject(key, "bad run header")
             return None
