@@ -52,8 +52,10 @@ init_none_hash(sha256)
 
 
 def vllm_config(extra: dict[str, Any], max_num_batched_tokens: int = 256,
-                max_num_seqs: int = 8, policy: str = "recompute") -> VllmConfig:
-    model = ModelConfig(model=str(builtin_model_dir("tiny-llama")), dtype="float32", seed=0)
+                max_num_seqs: int = 8, policy: str = "recompute",
+                model_dir: Path | None = None) -> VllmConfig:
+    model = ModelConfig(model=str(model_dir or builtin_model_dir("tiny-llama")), dtype="float32",
+                        seed=0)
     return VllmConfig(
         model_config=model,
         scheduler_config=SchedulerConfig(
