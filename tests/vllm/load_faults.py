@@ -1,71 +1,65 @@
-"""A fault injector for the vLLM harness (harness.py): the host -> engine copies of chosen
-requests report random positions failed, and those engine blocks are overwritten with garbage,
-so a block vLLM does not recompute is caught by the block check (`Harness.check_block`).
+"""A fault injector for kvport's worker half inside vLLM (the harness, harness.py, or a real
+engine, run_load_failures.py): the host -> engine copies of the loads of chosen requests report
+random engine blocks failed, and those blocks are spoiled (overwritten), so a block vLLM does
+not recompute shows (the harness's block check; a real model's output).
 
-Which request a copy is for is read when the worker submits it (the main thread, between
-vLLM's schedule() and the next one), from vLLM's block tables: a copy's engine blocks belong to
-exactly one request (the test prompts share no block).
+Which request a copy is for is read from the load jobs of the step's metadata (start_load_kv),
+before the copies are submitted. `hold`: the failing copies wait for an event, so that a test
+can act (abort) while they run.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
-from harness import Harness
 
 from kvport.connectors.offloading.mediums import ENGINE, HOST
 from kvport.connectors.offloading.tiers import TransferOutcome
 
-GARBAGE = 12345.0
-
 
 @dataclass
 class FaultyLoads:
-    h: Harness
+    worker: Any  # kvport's OffloadingConnectorWorker (the worker half)
     faulty: set[str]  # requests whose loads fail
     rng: random.Random
+    spoil: Callable[[int], None]  # overwrites one engine block
+    hold: threading.Event | None = None
     failed_requests: set[str] = field(default_factory=set)  # whose loads did fail
     num_failed_blocks: int = 0
-    _plan: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+    _failing: set[int] = field(default_factory=set)  # engine blocks to fail, not copied yet
 
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> FaultyLoads:
-        transfers = self.h.worker.worker_half.transfers
-        assert transfers is not None
+    def install(self, patch: Callable[[Any, str, Any], None] = setattr) -> FaultyLoads:
+        """Patch the worker half (`patch` is setattr, or pytest's monkeypatch.setattr)."""
+        transfers = self.worker.transfers
+        assert transfers is not None, "register_kv_caches was not called"
         handler = transfers._handlers[(HOST, ENGINE)]
-        real_submit, real_transfer = transfers.submit, handler._transfer
+        real_start, real_transfer = self.worker.start_load_kv, handler._transfer
 
-        def submit(job_id: Any, src: Any, dst: Any) -> bool:
-            if dst.medium() == ENGINE and src.medium() == HOST:
-                self._choose(list(dst.block_ids))
-            return real_submit(job_id, src, dst)
+        def start_load_kv(meta: Any) -> None:
+            for job in meta.loads:
+                if job.req_id in self.faulty and job.dst.block_ids:
+                    self._choose(job.req_id, list(job.dst.block_ids))
+            real_start(meta)
 
         def transfer(src: Any, dst: Any) -> TransferOutcome:
             out = real_transfer(src, dst)
-            positions = self._plan.pop(tuple(dst.block_ids), [])
+            positions = [i for i, b in enumerate(dst.block_ids) if b in self._failing]
+            if positions and self.hold is not None:
+                assert self.hold.wait(timeout=60), "the held copy was never released"
             for p in positions:  # what a torn or corrupt copy leaves behind
-                self.h.storage[:, dst.block_ids[p]] = GARBAGE
-            return TransferOutcome(out.num_bytes,
-                                   sorted(set(out.failed_indices) | set(positions)))
+                self._failing.discard(dst.block_ids[p])
+                self.spoil(dst.block_ids[p])
+            return TransferOutcome(out.num_bytes, sorted(set(out.failed_indices) | set(positions)))
 
-        monkeypatch.setattr(transfers, "submit", submit)
-        monkeypatch.setattr(handler, "_transfer", transfer)
+        patch(self.worker, "start_load_kv", start_load_kv)
+        patch(handler, "_transfer", transfer)
         return self
 
-    def _choose(self, block_ids: list[int]) -> None:
-        owner = self._owner(block_ids[0])
-        if owner not in self.faulty:
-            return
+    def _choose(self, req_id: str, block_ids: list[int]) -> None:
         k = self.rng.randint(1, len(block_ids))
-        self._plan[tuple(block_ids)] = sorted(self.rng.sample(range(len(block_ids)), k))
-        self.failed_requests.add(owner)
+        self._failing.update(self.rng.sample(block_ids, k))
+        self.failed_requests.add(req_id)
         self.num_failed_blocks += k
-
-    def _owner(self, block_id: int) -> str | None:
-        s = self.h.scheduler
-        owners = [rid for rid in s.requests
-                  if block_id in s.kv_cache_manager.get_block_ids(rid)[0]]
-        assert len(owners) <= 1, f"block {block_id} is shared by {owners}"
-        return owners[0] if owners else None
