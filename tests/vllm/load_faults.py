@@ -23,10 +23,11 @@ from kvport.connectors.offloading.tiers import TransferOutcome
 @dataclass
 class FaultyLoads:
     worker: Any  # kvport's OffloadingConnectorWorker (the worker half)
-    faulty: set[str]  # requests whose loads fail
+    faulty: set[str]  # names of the requests whose loads fail
     rng: random.Random
     spoil: Callable[[int], None]  # overwrites one engine block
     hold: threading.Event | None = None
+    report: bool = True  # False: the spoiled blocks are reported loaded (silent corruption)
     failed_requests: set[str] = field(default_factory=set)  # whose loads did fail
     num_failed_blocks: int = 0
     _failing: set[int] = field(default_factory=set)  # engine blocks to fail, not copied yet
@@ -40,8 +41,9 @@ class FaultyLoads:
 
         def start_load_kv(meta: Any) -> None:
             for job in meta.loads:
-                if job.req_id in self.faulty and job.dst.block_ids:
-                    self._choose(job.req_id, list(job.dst.block_ids))
+                name = self._faulty_name(job.req_id)
+                if name is not None and job.dst.block_ids:
+                    self._choose(name, list(job.dst.block_ids))
             real_start(meta)
 
         def transfer(src: Any, dst: Any) -> TransferOutcome:
@@ -52,11 +54,17 @@ class FaultyLoads:
             for p in positions:  # what a torn or corrupt copy leaves behind
                 self._failing.discard(dst.block_ids[p])
                 self.spoil(dst.block_ids[p])
-            return TransferOutcome(out.num_bytes, sorted(set(out.failed_indices) | set(positions)))
+            failed = set(out.failed_indices) | (set(positions) if self.report else set())
+            return TransferOutcome(out.num_bytes, sorted(failed))
 
         patch(self.worker, "start_load_kv", start_load_kv)
         patch(handler, "_transfer", transfer)
         return self
+
+    def _faulty_name(self, req_id: str) -> str | None:
+        """The faulty request's name: the id, or (a real engine) the id vLLM's engine made
+        of it (`<name>-<suffix>`)."""
+        return next((f for f in self.faulty if req_id == f or req_id.startswith(f + "-")), None)
 
     def _choose(self, req_id: str, block_ids: list[int]) -> None:
         k = self.rng.randint(1, len(block_ids))
