@@ -202,3 +202,19 @@ def test_the_recording_connector_carries_the_policy_to_vllm(tmp_path: Path) -> N
                           block_size=16)
     assert scheduler.recompute_kv_load_failures
     scheduler.shutdown()
+
+
+def test_each_tensor_parallel_rank_gets_its_share_of_the_budgets(tmp_path: Path) -> None:
+    """Each rank holds a shard of every block, under its own namespace directory (accounted on
+    its own): host memory and the disk's max_bytes are the engine's, split across the ranks."""
+    from kvport.connectors.offloading.config import OffloadingConfig
+    from kvport.vllm.shared_tiers import per_rank
+
+    config = OffloadingConfig(cpu_bytes_to_use=8 << 20, secondary_tiers=[
+        {"type": "disk", "root_dir": str(tmp_path), "max_bytes": 1 << 30},
+        {"type": "redis", "url": "redis://127.0.0.1:1"}])
+    two = per_rank(config, 2)
+    assert two.cpu_bytes_to_use == 4 << 20
+    assert two.disk_tier is not None and two.disk_tier.max_bytes == 1 << 29
+    assert two.redis_tier == config.redis_tier
+    assert per_rank(config, 1) == config
