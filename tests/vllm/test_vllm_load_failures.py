@@ -270,3 +270,28 @@ def test_a_real_engine_survives_loads_failed_at_random_blocks(
     # can tell a recomputed block from a spoiled one
     assert not _same_logprobs(run["control"]["logprobs"][0], ref["logprobs"][0])
     assert run["leaks"] == {"requests": 0, "referenced_blocks": 0, "worker_loads": 0}
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "vLLM 0.32: with kv_load_failure_policy=recompute, a request preempted after its sync "
+    "load failed and before it recomputed the failed blocks frees them still cached; resumed, "
+    "it gets them back from vLLM's own prefix cache and reads their garbage"))
+def test_vllm_serves_a_preempted_request_its_own_failed_sync_blocks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness.build(offload_extra(sync_host_loads=True), policy="recompute", num_blocks=8)
+    x_prompt, a_prompt = _prompts(2, PROMPT_BLOCKS * BLOCK_SIZE + 3)[0], _prompts(2, 31)[1]
+    h.add("x0", x_prompt, max_tokens=1)
+    h.run()
+    assert h.scheduler.reset_prefix_cache()
+    h.storage.zero_()
+    faults = _inject(h, monkeypatch, {"x"}, random.Random(0))
+    h.check_reads = False
+    h.add("a", a_prompt, max_tokens=12)  # 2 blocks, a third one needed two steps later
+    h.step()
+    x = h.add("x", x_prompt, max_tokens=3)
+    h.step()  # x's sync load fails; the pool (7 blocks) is now full
+    assert faults.failed_requests == {"x"}
+    h.check_reads = True  # from here on, every forward reads only valid KV
+    h.step()  # a needs a block: x, the last running, is preempted before it recomputed
+    assert x.num_preemptions == 1
+    h.run()  # raises: resumed, x's forward reads the failed blocks from vLLM's prefix cache
