@@ -1220,6 +1220,155 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_hostile.py::"
          "test_a_fifo_or_symlink_at_the_ledger_is_refused_at_start",),
         "a FIFO planted at the ledger is refused at start with a clear error"),
+    # --- vllmid ---
+    Mutant(
+        "vllmid-m1-sync-hit-cap", f"{OFFLOADING}/scheduler.py",
+        "            end = min(end, (request.num_tokens - 1) // self.offload_tokens)\n",
+        "",
+        ("tests/vllm/test_vllm_scheduler.py::"
+         "test_a_block_aligned_prompt_held_wholly_in_host_memory_computes_its_last_token[True]",),
+        "a sync hit leaves the prompt's last token computed (vLLM asserts num_new_tokens > 0)"),
+    Mutant(
+        "vllmid-identity-dtype", "src/kvport/vllm/identity.py",
+        '        "dtype": mc.dtype,\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_each_setting_that_changes_the_kv_changes_the_identity[dtype-bfloat16]",),
+        "the model identity (the shared tiers' namespace) includes the dtype"),
+    Mutant(
+        "vllmid-identity-quantization", "src/kvport/vllm/identity.py",
+        '        "quantization": getattr(mc, "quantization", None),\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_each_setting_that_changes_the_kv_changes_the_identity[quantization-fp8]",),
+        "the model identity (the shared tiers' namespace) includes the quantization"),
+    Mutant(
+        "vllmid-identity-load-format", "src/kvport/vllm/identity.py",
+        '        "load_format": getattr(vllm_config.load_config, "load_format", None),\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_each_setting_that_changes_the_kv_changes_the_identity[load_format-gguf]",),
+        "the model identity (the shared tiers' namespace) includes the load format"),
+    Mutant(
+        "vllmid-identity-model-impl", "src/kvport/vllm/identity.py",
+        '        "model_impl": getattr(mc, "model_impl", None),\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_each_setting_that_changes_the_kv_changes_the_identity[model_impl-transformers]",),
+        "the model identity (the shared tiers' namespace) includes the model impl"),
+    Mutant(
+        "vllmid-identity-code-revision", "src/kvport/vllm/identity.py",
+        '        "code_revision": getattr(mc, "code_revision", None),\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_each_setting_that_changes_the_kv_changes_the_identity[code_revision-v2]",),
+        "the model identity (the shared tiers' namespace) includes the code revision"),
+    Mutant(
+        "vllmid-identity-kv-cache-dtype", "src/kvport/vllm/identity.py",
+        '        "kv_cache_dtype": getattr(vllm_config.cache_config, "cache_dtype", None),\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_each_setting_that_changes_the_kv_changes_the_identity[kv_cache_dtype-fp8]",),
+        "the model identity (the shared tiers' namespace) includes the kv cache dtype"),
+    Mutant(
+        "vllmid-identity-hf-overrides", "src/kvport/vllm/identity.py",
+        '        "hf_overrides": getattr(mc, "hf_overrides", None),\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_each_setting_that_changes_the_kv_changes_the_identity[hf_overrides-value6]",),
+        "the model identity (the shared tiers' namespace) includes the hf overrides"),
+    Mutant(
+        "vllmid-identity-loaded-config", "src/kvport/vllm/identity.py",
+        '        "config": loaded_config(getattr(mc, "hf_config", None)),\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_each_setting_that_changes_the_kv_changes_the_identity[hf-value7]",),
+        "the model identity (the shared tiers' namespace) includes the loaded config"),
+    Mutant(
+        "vllmid-identity-revision", "src/kvport/vllm/identity.py",
+        '        return "|".join(["vllm-model-v2", name, self.revision or "-", '
+        'self.weights_digest or "-",\n',
+        '        return "|".join(["vllm-model-v2", name, "-", self.weights_digest or "-",\n',
+        ("tests/vllm/test_vllm_identity.py::"
+         "test_a_hub_id_missing_from_the_cache_is_identified_only_by_a_recorded_commit",),
+        "the identity includes the resolved revision"),
+    Mutant(
+        "vllmid-identity-weights-digest", "src/kvport/vllm/identity.py",
+        '        return "|".join(["vllm-model-v2", name, self.revision or "-", '
+        'self.weights_digest or "-",\n',
+        '        return "|".join(["vllm-model-v2", name, self.revision or "-", "-",\n',
+        ("tests/vllm/test_vllm_identity.py::test_local_dirs_of_one_name_are_told_apart_by_their_weights",
+         "tests/vllm/test_vllm_identity.py::test_a_directory_with_bin_weights_is_identified_by_their_content"),
+        "the identity includes the weights' content digest (a local directory is not its name)"),
+    Mutant(
+        "vllmid-identity-snapshot-revision", "src/kvport/vllm/identity.py",
+        "        revision = weights.name  # a Hugging Face cache snapshot is named by its commit\n",
+        "        pass\n",
+        ("tests/vllm/test_vllm_identity.py::test_a_hub_id_is_pinned_by_its_cached_snapshot",),
+        "a hub id's revision is the commit of the cache snapshot its weights are read from"),
+    Mutant(
+        "vllmid-identity-recorded-commit", "src/kvport/vllm/identity.py",
+        "    if isinstance(recorded, str) and FULL_HASH.fullmatch(recorded):\n",
+        "    if False:\n",
+        ("tests/vllm/test_vllm_identity.py::"
+         "test_a_hub_id_missing_from_the_cache_is_identified_only_by_a_recorded_commit",),
+        "the commit transformers recorded loading the config pins a hub id"),
+    Mutant(
+        "vllmid-identity-dummy-weights", "src/kvport/vllm/identity.py",
+        '    if weights is None or str(load_format) == "dummy":\n',
+        "    if weights is None:\n",
+        ("tests/vllm/test_vllm_identity.py::test_dummy_weights_are_not_an_identity",),
+        "dummy (random) weights are not identified by the checkpoint they were not read from"),
+    Mutant(
+        "vllmid-identity-needs-weight-files", "src/kvport/vllm/identity.py",
+        "        if weights.is_dir() and not any(p.suffix in WEIGHT_SUFFIXES for p in "
+        "weights.rglob(\"*\")\n",
+        "        if False and not any(p.suffix in WEIGHT_SUFFIXES for p in weights.rglob(\"*\")\n",
+        ("tests/vllm/test_vllm_identity.py::test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named",),
+        "a directory without weight files does not identify the model"),
+    Mutant(
+        "vllmid-refuse-unidentified", "src/kvport/vllm/shared_tiers.py",
+        "    if not identity.established and config.namespace is None:\n",
+        "    if False:\n",
+        ("tests/vllm/test_vllm_identity.py::test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named",),
+        "shared tiers refuse a model that cannot be identified unless a namespace is named"),
+    Mutant(
+        "vllmid-namespace-in-geometry", f"{OFFLOADING}/geometry.py",
+        '            namespace += b"|namespace=" + config.namespace.encode()\n',
+        "            pass\n",
+        ("tests/offloading/test_geometry.py::"
+         "test_a_configured_namespace_separates_the_shared_tiers_entries",
+         "tests/vllm/test_vllm_identity.py::test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named"),
+        "a configured namespace separates the shared tiers' entries (both engines)"),
+    Mutant(
+        "vllmid-policy-override", "src/kvport/vllm/shared_tiers.py",
+        '    ktc.kv_load_failure_policy = "recompute"\n',
+        "",
+        ("tests/vllm/test_vllm_identity.py::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
+        "with shared tiers, vLLM's kv_load_failure_policy 'fail' is set to 'recompute'"),
+    Mutant(
+        "vllmid-policy-override-called", "src/kvport/vllm/connector.py",
+        "            recompute_failed_loads(ktc, config)\n",
+        "            pass\n",
+        ("tests/vllm/test_vllm_identity.py::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
+        "the scheduler-side connector applies the policy before vLLM reads it"),
+    Mutant(
+        "vllmid-recording-carries-policy", "src/kvport/vllm/recording.py",
+        "            outer.kv_load_failure_policy = inner_ktc.kv_load_failure_policy\n",
+        "            pass\n",
+        ("tests/vllm/test_vllm_identity.py::test_the_recording_connector_carries_the_policy_to_vllm",),
+        "a recorded connector's policy reaches the outer config vLLM's scheduler reads"),
+    Mutant(
+        "vllmid-disk-bytes-per-rank", "src/kvport/vllm/shared_tiers.py",
+        "    tiers = tuple(dataclasses.replace(t, max_bytes=max(1, t.max_bytes // num_workers))\n",
+        "    tiers = tuple(dataclasses.replace(t, max_bytes=t.max_bytes)\n",
+        ("tests/vllm/test_vllm_identity.py::test_each_tensor_parallel_rank_gets_its_share_of_the_budgets",),
+        "the disk's max_bytes is the engine's: each tensor-parallel rank gets its share"),
+    Mutant(
+        "vllmid-digest-tensor-heads", "src/kvport/model/checkpoint_digest.py",
+        "        content.update(os.pread(fd, TENSOR_SAMPLE_BYTES, base + start))\n",
+        "        pass\n",
+        ("tests/model/test_checkpoint_digest.py::"
+         "test_a_changed_byte_at_a_tensor_head_outside_the_fixed_samples_changes_it",),
+        "the checkpoint digest reads the head of every safetensors tensor"),
+    Mutant(
+        "vllmid-digest-names-and-sizes", "src/kvport/model/checkpoint_digest.py",
+        '            h.update(f"\\0{name}\\0{size}\\0".encode())\n',
+        "",
+        ("tests/model/test_checkpoint_digest.py::test_names_sizes_and_small_files_change_it",),
+        "the checkpoint digest covers every file's name and size"),
 ]
 
 

@@ -38,3 +38,15 @@ def test_both_halves_of_an_engine_hold_the_same_geometry() -> None:
     scheduler_side, worker_side = offloading_half(llm).geometry, worker_half(llm).geometry
     assert scheduler_side == worker_side and scheduler_side is not worker_side
     assert worker_side.num_slots == worker_half(llm).host.num_slots
+
+
+def test_a_configured_namespace_separates_the_shared_tiers_entries() -> None:
+    """`namespace` (kvport's engine and vLLM alike): engines with different ones never share
+    disk or Redis entries; without it the namespace is the derived one, unchanged."""
+    def ns(**kw: object) -> bytes:
+        config = OffloadingConfig(cpu_bytes_to_use=1 << 20, **kw)  # type: ignore[arg-type]
+        return OffloadGeometry.build(config, SPEC).disk_namespace
+
+    assert ns() == disk_namespace(b"r", SPEC, 16)
+    assert ns(namespace="team-a") == ns(namespace="team-a")
+    assert len({ns(), ns(namespace="team-a"), ns(namespace="team-b")}) == 3

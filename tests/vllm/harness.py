@@ -52,8 +52,10 @@ init_none_hash(sha256)
 
 
 def vllm_config(extra: dict[str, Any], max_num_batched_tokens: int = 256,
-                max_num_seqs: int = 8, policy: str = "recompute") -> VllmConfig:
-    model = ModelConfig(model=str(builtin_model_dir("tiny-llama")), dtype="float32", seed=0)
+                max_num_seqs: int = 8, policy: str = "recompute",
+                model_dir: Path | None = None) -> VllmConfig:
+    model = ModelConfig(model=str(model_dir or builtin_model_dir("tiny-llama")), dtype="float32",
+                        seed=0)
     return VllmConfig(
         model_config=model,
         scheduler_config=SchedulerConfig(
@@ -162,10 +164,12 @@ class Harness:
             invalid_block_ids=w.get_block_ids_with_load_errors(),
             kv_connector_worker_meta=w.build_connector_worker_meta())
         w.clear_connector_metadata()
-        req_ids = [rid for rid, tok in sampled.items() if tok is not None]
+        # Every scheduled request has an entry; a prefill chunk short of the end samples none.
+        req_ids = list(sampled)
         return ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[sampled[r]] for r in req_ids], logprobs=None,
+            sampled_token_ids=[[] if sampled[r] is None else [sampled[r]] for r in req_ids],
+            logprobs=None,
             prompt_logprobs_dict={}, pooler_output=None,
             kv_connector_output=None if kv_out.is_empty() else kv_out)
 

@@ -137,3 +137,29 @@ def test_stores_reach_the_disk_with_no_step_after_the_last_request(tmp_path: Pat
     h.worker.shutdown()  # drains the write-throughs
     assert len(list(tmp_path.rglob("*.kvb"))) == 4
     assert torch.count_nonzero(h.storage) > 0
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_block_aligned_prompt_held_wholly_in_host_memory_computes_its_last_token(
+        sync: bool) -> None:
+    """Every block of the prompt is in host memory. vLLM's scheduler asserts that a request
+    with a synchronous load still computes a token (its logits give the first output), so the
+    sync hit must end a block early; an async hit may cover the prompt (vLLM recomputes its
+    last token itself)."""
+    aligned = PROMPT[:4 * BLOCK_SIZE]
+    h = Harness.build(offload_extra(sync_host_loads=sync))
+    a = h.add("a", aligned, max_tokens=2)
+    h.run()
+    assert stored_blocks(h) == 4
+    assert h.scheduler.reset_prefix_cache()
+    h.storage.zero_()
+    b = h.add("b", aligned, max_tokens=2)
+    h.step()  # vLLM's schedule() would fail its assert on a sync hit of the whole prompt
+    if sync:
+        assert b.num_computed_tokens == 4 * BLOCK_SIZE and len(b.output_token_ids) == 1
+    h.run()
+    stats = h.connector.scheduler_half.stats
+    assert stats.num_host_hit_tokens == (3 if sync else 4) * BLOCK_SIZE
+    assert stats.num_sync_loads == (1 if sync else 0)
+    assert list(b.output_token_ids) == list(a.output_token_ids)
+    h.assert_nothing_leaked()

@@ -11,8 +11,11 @@ What differs from kvport's engine, and why:
   unfinished, so a step's stores are copied (and known to the scheduler half) in that step, and
   written through to disk by the worker with no further step. `has_pending_push_work` keeps
   vLLM's engine-core loop stepping while write-throughs are unreported.
-- Keys are vLLM's block hashes; the disk namespace adds what they lack (model identity, dtype,
-  page layout, hash algorithm, tensor-parallel rank). A disk tier needs hashes that are equal
+- Keys are vLLM's block hashes; the disk namespace adds what they lack (model identity,
+  identity.py: revision, weights digest, quantization, overrides; dtype, page layout, hash
+  algorithm, tensor-parallel rank). A model whose weights cannot be identified shares no tier
+  unless the config names a `namespace`. With a shared tier, vLLM's kv_load_failure_policy
+  "fail" is set to "recompute" (shared_tiers.py). A disk tier needs hashes that are equal
   across processes: vLLM's xxhash seeds them at random unless PYTHONHASHSEED is set, which is
   refused with a clear error.
 - `requires_kv_delivery` is False: a lost store is a later miss, not an error.
@@ -42,8 +45,8 @@ from kvport.connectors.offloading.worker import OffloadingConnectorWorker
 from kvport.vllm.compat import require_vllm
 from kvport.vllm.objects import (
     RequestAdapter, adapt_scheduler_output, engine_pool, group0, hash_root, hashes_are_stable,
-    model_identity,
 )
+from kvport.vllm.shared_tiers import namespace_identity, per_rank, recompute_failed_loads
 from kvport.vllm.stats import KvportPromMetrics, KvportStats, StatsDelta, flatten
 
 require_vllm()
@@ -122,9 +125,10 @@ class OffloadingConnector(KVConnectorBase_V1):
         self._num_workers = parallel.tensor_parallel_size
         config = parse_extra_config(OffloadingConfig, KVTransferConfig(
             "OffloadingConnector", kv_connector_extra_config=extra))
-        # cpu_bytes_to_use is the engine's host memory: each rank holds its shard of every slot.
-        self.offloading_config = dataclasses.replace(
-            config, cpu_bytes_to_use=config.cpu_bytes_to_use // self._num_workers)
+        # cpu_bytes_to_use and the disk's max_bytes are the engine's: each rank holds a shard.
+        self.offloading_config = per_rank(config, self._num_workers)
+        if role == KVConnectorRole.SCHEDULER:  # vLLM reads the policy right after this
+            recompute_failed_loads(ktc, config)
         if config.tiers:
             algo = vllm_config.cache_config.prefix_caching_hash_algo
             if not hashes_are_stable(algo):
@@ -185,8 +189,7 @@ class OffloadingConnector(KVConnectorBase_V1):
                              f"padded or quantized KV pages are not supported")
         root = b""
         if self.offloading_config.tiers:  # shared with other processes: names the model
-            mc = vllm_config.model_config
-            root = hash_root(model_identity(mc.model, getattr(mc, "revision", None)), dtype,
+            root = hash_root(namespace_identity(vllm_config, self.offloading_config), dtype,
                              spec.block_size, layout,
                              vllm_config.cache_config.prefix_caching_hash_algo)
         return dataclasses.replace(kvport, hash_root=root)

@@ -25,7 +25,6 @@ import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -151,18 +150,6 @@ def engine_pool(kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str
                              f"first dimension nor the second after K/V; this layout is not "
                              f"supported")
     return EnginePool.from_pages(pages)
-
-
-def model_identity(model: str, revision: str | None) -> str:
-    """What a persistent tier is namespaced by: for a local checkpoint a digest of its config
-    and weights (kvport's own model identity, so a changed checkpoint never meets old KV);
-    else the model name and revision."""
-    path = Path(model)
-    if path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-        from kvport.model.loader import model_identity as checkpoint_identity
-
-        return "checkpoint:" + checkpoint_identity(path)
-    return f"name:{model}@{revision or 'default'}"
 
 
 def hash_root(identity: str, dtype: str, block_size: int, layout: str, hash_algo: str) -> bytes:

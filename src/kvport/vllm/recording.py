@@ -313,6 +313,11 @@ class RecordingConnector(KVConnectorBase_V1):
         self._stats_ref = _stats_ref(inner_ktc)
         self._inner: KVConnectorBase_V1 = KVConnectorFactory.create_connector(
             _inner_vllm_config(vllm_config, inner_ktc), role, kv_cache_config)
+        outer = vllm_config.kv_transfer_config
+        if outer.kv_load_failure_policy != inner_ktc.kv_load_failure_policy:
+            # The inner connector set its policy (kvport's, with shared tiers: "recompute");
+            # vLLM's scheduler reads the outer config's, right after this returns.
+            outer.kv_load_failure_policy = inner_ktc.kv_load_failure_policy
         self._block_size = vllm_config.cache_config.block_size
         self._num_blocks = kv_cache_config.num_blocks
         self._after_build = True  # scheduler: the next scheduling call opens a step

@@ -23,7 +23,8 @@ class OffloadGeometry:
     block_factor: int  # f: engine blocks per offload block
     slot_bytes: int  # one offload block (f engine blocks, every layer, K and V)
     num_slots: int  # host tier capacity, offload blocks
-    disk_namespace: bytes  # the disk tier's namespace: model, dtype, layout, sizes
+    # the disk and Redis tiers' namespace: model, dtype, layout, sizes, the config's namespace
+    disk_namespace: bytes
 
     @classmethod
     def build(cls, config: OffloadingConfig, spec: KVCacheSpec) -> OffloadGeometry:
@@ -33,8 +34,10 @@ class OffloadGeometry:
         if num_slots < 1:
             raise ValueError(f"OffloadingConnector: cpu_bytes_to_use={config.cpu_bytes_to_use} is "
                              f"smaller than one offload block ({slot_bytes} bytes)")
-        return cls(spec.block_size, f, slot_bytes, num_slots,
-                   disk_namespace(spec.hash_root, spec, f * spec.block_size))
+        namespace = disk_namespace(spec.hash_root, spec, f * spec.block_size)
+        if config.namespace is not None:  # the user's name for what may share entries
+            namespace += b"|namespace=" + config.namespace.encode()
+        return cls(spec.block_size, f, slot_bytes, num_slots, namespace)
 
     @property
     def offload_tokens(self) -> int:
