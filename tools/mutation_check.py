@@ -822,6 +822,19 @@ MUTANTS: list[Mutant] = [
         "",
         (f"{RACES}::test_a_run_a_planned_promotion_reads_is_not_evicted_by_a_write_through",),
         "a write-through does not evict the disk run a planned promotion will read (D5)"),
+    Mutant(
+        "sync-loads-waited-for-in-vllm", f"{OFFLOADING}/worker.py",
+        "        timeout = None if self.wait_sync_loads else sync_timeout(num_bytes)\n",
+        "        timeout = sync_timeout(num_bytes)\n",
+        (f"{SYNC}::test_inside_vllm_a_slow_sync_copy_is_waited_for",),
+        "with wait_sync_loads a slow synchronous copy is waited for, not failed"),
+    Mutant(
+        "vllm-worker-waits-for-sync-loads", "src/kvport/vllm/connector.py",
+        "                                                     wait_sync_loads=True)\n",
+        "                                                     wait_sync_loads=False)\n",
+        ("tests/vllm/test_vllm_identity.py::"
+         "test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
+        "inside vLLM synchronous loads are waited for (vLLM keeps a failed one's blocks)"),
     # --- soak ---
     Mutant(
         "soak-mismatch-is-a-violation", "src/kvport/bench/soak_report.py",

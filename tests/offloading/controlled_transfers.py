@@ -204,3 +204,11 @@ class SyncStoresOffloadingConnector(OffloadingConnector):
 
     def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
         return OffloadingConnectorWorker(config, sync_stores=True)
+
+
+class WaitSyncLoadsControlledConnector(ControlledOffloadingConnector):
+    """Synchronous loads waited for without a bound, as inside vLLM."""
+
+    def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
+        return OffloadingConnectorWorker(config, make_transfers=ControlledTransfers,
+                                         wait_sync_loads=True)

@@ -155,3 +155,25 @@ def test_no_token_recomputed_that_the_engines_own_cache_would_keep(length: int) 
     assert host_metrics(with_connector)["num_host_hit_tokens"] == from_host
     for llm in (with_connector, engine_only):
         llm.shutdown()
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_inside_vllm_a_slow_sync_copy_is_waited_for(wait: bool) -> None:
+    """vLLM 0.32 keeps a failed synchronous load's blocks in its prefix cache (and serves them if
+    the request is aborted or preempted before recomputing them), so its worker waits for the
+    copy (wait_sync_loads) where kvport's engine bounds it."""
+    kind = "WaitSyncLoadsControlledConnector" if wait else "ControlledOffloadingConnector"
+    ktc = offload_config()
+    ktc.update(kv_connector=kind, kv_connector_module_path="controlled_transfers")
+    llm = make_llm(ktc)
+    run(llm, prompts()[:1])
+    llm.reset_prefix_cache()
+    transfers = worker_half(llm).transfers
+    transfers.hold((HOST, ENGINE))  # a copy that does not end by itself in the step's bound
+    req = llm.engine.add_request("slow", prompts()[0], GREEDY)
+    llm.engine.step()
+    invalid = llm.get_metrics()["kv_transfer"]["num_invalid_blocks"]
+    assert invalid == (0 if wait else 14)  # 56 tokens in blocks of 4, recomputed when bounded
+    transfers.release_all()
+    step_until(llm, lambda: not llm.engine.has_pending_work())
+    assert_nothing_leaked(llm)

@@ -181,6 +181,9 @@ def test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute(
     assert h.scheduler.recompute_kv_load_failures  # what vLLM's scheduler acts on
     assert h.config.kv_transfer_config.kv_load_failure_policy == "recompute"
     assert "from 'fail' to 'recompute'" in caplog.text and "disk" in caplog.text
+    # Its other half: the worker waits for synchronous copies rather than failing a slow one,
+    # whose blocks vLLM 0.32 would keep in its prefix cache under "recompute".
+    assert h.worker._worker is not None and h.worker._worker.wait_sync_loads
     host_only = Harness.build(offload_extra(), policy="fail")  # no shared tier: left alone
     assert not host_only.scheduler.recompute_kv_load_failures
 

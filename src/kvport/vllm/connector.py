@@ -149,7 +149,8 @@ class OffloadingConnector(KVConnectorBase_V1):
                 self.offloading_config, self.geometry, load=ktc.is_kv_consumer,
                 store=ktc.is_kv_producer, num_workers=self._num_workers)
         else:
-            self._worker = OffloadingConnectorWorker(self.offloading_config, sync_stores=True)
+            self._worker = OffloadingConnectorWorker(self.offloading_config, sync_stores=True,
+                                                     wait_sync_loads=True)
         self._step = 0
         self._hit_sources: dict[str, dict[CacheHitSource, int]] = {}
         self._stats_delta = StatsDelta()

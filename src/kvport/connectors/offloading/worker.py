@@ -12,11 +12,11 @@ Every step, in the driver's order:
                         starts its HOST->ENGINE copy; a finished load reports its request in
                         finished_recving and its failed engine blocks as load errors; a
                         step without a forward waits (bounded) for every async load in flight
-Nothing is left to wait_for_save, which no-forward steps skip under the legacy call order.
-
+Nothing is left to wait_for_save (no-forward steps skip it under the legacy call order).
 `sync_stores` is for engines that may stop stepping as soon as no request is left (vLLM's
 in-process LLM): the last step's stores must be in the host tier, and the scheduler half must
 know it, when generate() returns; their write-through then runs with no further step.
+`wait_sync_loads` (vLLM) waits for synchronous loads, unbounded (why: docs/vllm.md).
 
 Job ids come from the scheduler half. Transfers are submitted under a `TransferKey` (job id,
 stage, lower tier): a load with blocks outside host memory runs one PROMOTION per lower tier
@@ -63,10 +63,11 @@ __all__ = ["OffloadingConnectorWorker", "Stage", "TransferKey"]
 class OffloadingConnectorWorker:
     def __init__(self, config: OffloadingConfig,
                  make_transfers: TransfersFactory = build_tier_worker,
-                 sync_stores: bool = False) -> None:
+                 sync_stores: bool = False, wait_sync_loads: bool = False) -> None:
         self.config = config
         self._make_transfers = make_transfers
         self.sync_stores = sync_stores
+        self.wait_sync_loads = wait_sync_loads
         self.geometry: OffloadGeometry | None = None  # set by register_kv_caches
         self.host: HostTier | None = None
         self.lower: dict[str, LowerTier] = {}  # medium -> tier below host, top down
@@ -128,8 +129,8 @@ class OffloadingConnectorWorker:
         parts = [(load, part) for load in loads
                  for part in split_parts(load.job, self._factor(), self._slot_bytes())]
         num_bytes = sum(len(src.slot_ids) for _, (src, _) in parts) * self._slot_bytes()
-        timeout = sync_timeout(num_bytes)
-        deadline = time.monotonic() + timeout
+        timeout = None if self.wait_sync_loads else sync_timeout(num_bytes)
+        deadline = None if timeout is None else time.monotonic() + timeout
         for i, (load, (src, dst)) in enumerate(parts):
             key = TransferKey(load.job.job_id, part=i)
             load.parts[key] = dst.block_ids
