@@ -85,3 +85,11 @@ def test_bad_extra_config_names_the_key() -> None:
     with pytest.raises(ValueError, match="'record_trace'.*remove it"):
         OffloadingConnector(vllm_config({"cpu_bytes_to_use": 1 << 20, "record_trace": "t.jsonl"}),
                             KVConnectorRole.SCHEDULER, kv_cache_config(16))
+
+
+def test_every_prometheus_metric_has_its_documentation() -> None:
+    """`vllm serve` builds every family at start: a name without its help text stops it."""
+    from kvport.vllm import stats
+
+    names = {m.name.removeprefix("vllm:kvport_") for m in stats.METRICS}
+    assert names - set(stats._DOC) == set()

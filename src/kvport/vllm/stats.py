@@ -100,6 +100,9 @@ _DOC = {
                                    "request was writing its next blocks to host memory.",
     "inflight_wait_timeouts_total": "Requests that reached inflight_wait_s (counted from their "
                                     "first wait) and computed the blocks still being written.",
+    "late_jobs_total": "Loads and write-throughs from or to disk or Redis given up after "
+                       "load_timeout_s or write_timeout_s (a late load's blocks are recomputed).",
+    "replaced_threads_total": "Transfer threads started in place of threads stuck in I/O.",
     "occupancy_bytes": "Bytes held, by tier.",
 }
 
