@@ -215,9 +215,14 @@ def test_each_fault_in_the_engine_bounded_equal_outputs_counted(
         assert req["num_failed_loads"] >= 1, req
     elif fault == "reset":
         assert tier["errors"] == proxy.resets == 1 and tier["timeouts"] == 0, tier
-        assert req["num_failed_loads"] == 1 and req["num_redis_hit_tokens"] > 0, req
+        # The cut load, and any tried while its server was down (skipped, never waited).
+        assert 1 <= req["num_failed_loads"] <= 1 + tier["skipped_down"], (tier, req)
+        assert req["num_redis_hit_tokens"] > 0, req
     else:
-        assert tier["lookup_timeouts"] == 1 and tier["lookup_skipped_down"] >= 1, tier
+        # One wait per probe (the backoff doubles), the other lookups skipped: at most one wait
+        # per request.
+        assert 1 <= tier["lookup_timeouts"] <= len(prompts()), tier
+        assert tier["lookup_skipped_down"] >= 1, tier
         assert req["num_redis_hit_tokens"] == 0, req
     proxy.clear()
     assert_nothing_leaked(llm)
