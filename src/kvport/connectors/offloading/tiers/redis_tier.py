@@ -75,6 +75,7 @@ class RedisTierStats(TierStats):
     other_format: int = 0  # another format version: a miss, left alone
     forged: int = 0  # no valid MAC under a MAC key; deleted
     wrong_type: int = 0  # a key of another type under a kvport name; deleted
+    redirects: int = 0  # positions a cluster sent elsewhere (MOVED, ASK), followed in the call
 
 
 class RedisTier:
