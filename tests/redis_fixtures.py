@@ -271,12 +271,14 @@ class RedisClusterServers:
 
     def reshard(self, source: RedisServer, target: RedisServer,
                 slots: int) -> subprocess.Popen[str]:
-        """redis-cli --cluster reshard in the background (wait() for it: finish_reshard)."""
+        """redis-cli --cluster reshard in the background (its output in `reshard.log`: a pipe
+        nobody reads would fill and stop it)."""
+        log = (self.nodes[0].dir.parent / "reshard.log").open("w")
         return subprocess.Popen(
             [_binary("redis-cli"), "--cluster", "reshard", f"{HOST}:{source.port}",
              "--cluster-from", self.node_id(source), "--cluster-to", self.node_id(target),
              "--cluster-slots", str(slots), "--cluster-yes", "--cluster-pipeline", "10"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=log, stderr=subprocess.STDOUT, text=True)
 
     def failover(self, replica: RedisServer) -> None:
         """CLUSTER FAILOVER on a replica: it becomes its master's master (coordinated)."""
