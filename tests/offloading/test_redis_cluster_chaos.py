@@ -46,7 +46,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterSe
 def cluster_config(url: str, *nodes: str, **kw: Any) -> RedisTierConfig:
     kw.setdefault("lookup_timeout_ms", 200)
     kw.setdefault("io_timeout_s", 1.0)
-    return RedisTierConfig(url, cluster=True, startup_nodes=tuple(nodes), **kw)
+    if nodes:
+        kw["startup_nodes"] = tuple(nodes)
+    return RedisTierConfig(url, cluster=True, **kw)
 
 
 def node_of(c: RedisClusterServers, tier: RedisTier, i: int) -> RedisServer:
