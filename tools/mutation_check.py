@@ -811,7 +811,8 @@ MUTANTS: list[Mutant] = [
         "            if self._probing or time.monotonic() < self._down_until:\n"
         "                return None\n",
         "",
-        (f"{TESTS}/test_redis_faults.py::test_a_half_open_connection_costs_one_timeout_then_skips",),
+        (f"{TESTS}/test_redis_faults.py::"
+         "test_a_half_open_connection_costs_one_timeout_then_skips",),
         "M5: while a server is down calls skip at once (one probe per backoff), never a wait each"),
     Mutant(
         "redis-header-namespace-checked", f"{OFFLOADING}/tiers/value_format.py",
@@ -901,7 +902,8 @@ MUTANTS: list[Mutant] = [
         "D10: a tenant's keys carry its name first, so an ACL key pattern scopes them"),
     Mutant(
         "redis-tenant-salt-env", f"{OFFLOADING}/tiers/redis_client.py",
-        "        salt = _env(config, \"tenant_salt_env\", \"the tenant salt\") or config.tenant_salt\n",
+        "        salt = _env(config, \"tenant_salt_env\", \"the tenant salt\") or "
+        "config.tenant_salt\n",
         "        salt = config.tenant_salt\n",
         (f"{TESTS}/test_redis_values.py::"
          "test_tenant_salt_env_names_the_salt_and_no_message_shows_it",),
@@ -910,13 +912,16 @@ MUTANTS: list[Mutant] = [
         "redis-redirects-counted", f"{OFFLOADING}/tiers/redis_tier.py",
         "    redirects: int = 0",
         "    _no_redirects: int = 0",
-        (f"{TESTS}/test_redis_cluster_chaos.py::test_a_moved_slot_is_followed_within_the_call",),
+        (f"{TESTS}/test_redis_cluster_chaos.py::"
+         "test_a_moved_slot_is_followed_within_the_call",),
         "the worker tier counts redirects (without the field a MOVED raised AttributeError)"),
     Mutant(
         "redis-whole-call-deadline", f"{OFFLOADING}/tiers/redis_node.py",
-        "        alarm = WATCHDOG.arm(deadline, lambda: _shut_down(conn))  # the blocked read fails\n",
+        "        alarm = WATCHDOG.arm(deadline, lambda: _shut_down(conn))  # the blocked read "
+        "fails\n",
         "        alarm = WATCHDOG.arm(deadline + 3600.0, lambda: _shut_down(conn))\n",
-        (f"{TESTS}/test_redis_faults.py::test_a_trickled_reply_is_cut_at_the_whole_calls_deadline",),
+        (f"{TESTS}/test_redis_faults.py::"
+         "test_a_trickled_reply_is_cut_at_the_whole_calls_deadline",),
         "a reply trickling in within each socket timeout is still cut at the call's deadline"),
 ]
 
