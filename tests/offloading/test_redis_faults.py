@@ -33,6 +33,10 @@ IO_S = 0.5  # the tier's deadline per call
 LOOKUP_MS = 100
 SLACK_S = 1.0  # a busy two-core CI: scheduling, not Redis
 RECOVER_S = 10.0
+# One request in the engine: its lookup's bound, one load's deadline, and compute, which takes
+# up to a few seconds on a loaded two-core CI (measured: 0.01-2 s a request at load 6-8). Each
+# fault unbounded would take minutes (a trickle) or forever (half-open without a deadline).
+ENGINE_BOUND_S = LOOKUP_MS / 1000 + IO_S + 10.0
 Factory = Callable[..., RedisServer]
 
 
@@ -215,7 +219,7 @@ def test_each_fault_in_the_engine_bounded_equal_outputs_counted(
         (out, _), elapsed = timed(lambda p=p: run(llm, [p]))
         tokens += out
         # A lookup's bound, a load's deadline, compute: never a wait on the fault itself.
-        assert elapsed < LOOKUP_MS / 1000 + IO_S + 4 * SLACK_S, (fault, elapsed)
+        assert elapsed < ENGINE_BOUND_S, (fault, elapsed)
     assert tokens == reference
     tier, req = redis_metrics(llm), host_metrics(llm)
     if fault == "latency":
