@@ -6,6 +6,7 @@ persistence, and can be stopped and started again on the same port. Fixtures:
     redis_server          a fresh server per test
     redis_server_factory  servers with options (password, ACL users, maxmemory, TLS, ...)
     redis_cluster         3 masters, no replicas; one per module, flushed before each test
+    RedisClusterServers   also with replicas, and chaos helpers (reshard, failover, kill)
     redis_tls_files       a CA and a server certificate for 127.0.0.1, made with openssl
 
 A missing redis-server binary fails the test (install it; these tests must not vanish silently).
@@ -188,10 +189,17 @@ class RedisServer:
 
 
 class RedisClusterServers:
-    """Masters of one Redis Cluster (no replicas), all slots assigned."""
+    """One Redis Cluster on 127.0.0.1: `masters` masters (all slots assigned), each with
+    `replicas` replicas. Chaos helpers: `reshard` (redis-cli, in the background), `failover`
+    (CLUSTER FAILOVER on a replica), `kill` (SIGKILL), `wait_ok`."""
 
-    def __init__(self, directory: Path, masters: int = 3) -> None:
-        self.nodes = [RedisServer(directory / f"node{i}", cluster=True) for i in range(masters)]
+    def __init__(self, directory: Path, masters: int = 3, replicas: int = 0,
+                 node_timeout_ms: int = 5000) -> None:
+        extra = ("--cluster-node-timeout", str(node_timeout_ms))
+        self.nodes = [RedisServer(directory / f"node{i}", cluster=True, extra_args=extra)
+                      for i in range(masters * (1 + replicas))]
+        self.replicas = replicas
+        self._admins: dict[int, redis.Redis] = {}  # one admin connection per node, kept
 
     @property
     def url(self) -> str:
@@ -203,30 +211,119 @@ class RedisClusterServers:
                 node.start()
             done = subprocess.run(
                 [_binary("redis-cli"), "--cluster", "create",
-                 *[f"{HOST}:{n.port}" for n in self.nodes], "--cluster-replicas", "0",
-                 "--cluster-yes"], capture_output=True, text=True, timeout=60, check=False)
+                 *[f"{HOST}:{n.port}" for n in self.nodes], "--cluster-replicas",
+                 str(self.replicas), "--cluster-yes"], capture_output=True, text=True,
+                timeout=60, check=False)
             assert done.returncode == 0, f"redis-cli --cluster create: {done.stdout}{done.stderr}"
-            clients = [n.client() for n in self.nodes]
-            wait_for(lambda: all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients),
-                     "cluster_state:ok on every node")
-            for c in clients:
-                c.close()
+            self.wait_ok()
+            wait_for(lambda: all(self.admin(n).info("replication").get("master_link_status",
+                                                                        "up") == "up"
+                                 for n in self.nodes), "every replica in sync")
         except BaseException:
             self.stop()
             raise
         return self
 
+    def admin(self, node: RedisServer) -> redis.Redis:
+        """The node's admin client (one connection, kept: chaos tests count connections)."""
+        if node.port not in self._admins:
+            self._admins[node.port] = node.client(single_connection_client=True)
+        return self._admins[node.port]
+
+    def running(self) -> list[RedisServer]:
+        return [n for n in self.nodes if n.running]
+
+    def wait_ok(self, deadline_s: float = START_DEADLINE_S) -> None:
+        """cluster_state:ok on every running node, and they agree on who serves each slot."""
+        def ok() -> bool:
+            nodes = self.running()
+            if not all(self.admin(n).cluster("INFO")["cluster_state"] == "ok" for n in nodes):
+                return False
+            views = {tuple(sorted((r[0], r[1], r[2][1]) for r in
+                                  self.admin(n).execute_command("CLUSTER", "SLOTS")))
+                     for n in nodes}
+            return len(views) == 1
+        wait_for(ok, "cluster_state:ok and one slot map on every node", deadline_s)
+
+    def node_id(self, node: RedisServer) -> str:
+        raw = self.admin(node).execute_command("CLUSTER", "MYID")
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def role(self, node: RedisServer) -> str:
+        return str(self.admin(node).info("replication")["role"])
+
+    def masters(self) -> list[RedisServer]:
+        return [n for n in self.running() if self.role(n) == "master"]
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        mid = self.node_id(master)
+        for n in self.running():
+            if n is not master and self.role(n) == "slave" and _master_id(self.admin(n)) == mid:
+                return n
+        raise AssertionError(f"no replica of port {master.port}")
+
+    def master_of_slot(self, slot: int) -> RedisServer:
+        for start, end, master, *_ in self.admin(self.running()[0]).execute_command(
+                "CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return next(n for n in self.nodes if n.port == int(master[1]))
+        raise AssertionError(f"slot {slot} is not served")
+
+    def reshard(self, source: RedisServer, target: RedisServer,
+                slots: int) -> subprocess.Popen[str]:
+        """redis-cli --cluster reshard in the background (its output in `reshard.log`: a pipe
+        nobody reads would fill and stop it)."""
+        log = (self.nodes[0].dir.parent / "reshard.log").open("w")
+        return subprocess.Popen(
+            [_binary("redis-cli"), "--cluster", "reshard", f"{HOST}:{source.port}",
+             "--cluster-from", self.node_id(source), "--cluster-to", self.node_id(target),
+             "--cluster-slots", str(slots), "--cluster-yes", "--cluster-pipeline", "10"],
+            stdout=log, stderr=subprocess.STDOUT, text=True)
+
+    def failover(self, replica: RedisServer) -> None:
+        """CLUSTER FAILOVER on a replica: it becomes its master's master (coordinated)."""
+        assert self.admin(replica).execute_command("CLUSTER", "FAILOVER") in (b"OK", "OK", True)
+
+    def kill(self, node: RedisServer) -> None:
+        admin = self._admins.pop(node.port, None)
+        if admin is not None:
+            admin.close()
+        node.stop()
+
+    def connections_received(self) -> int:
+        """total_connections_received summed over the running nodes."""
+        return sum(int(self.admin(n).info("stats")["total_connections_received"])
+                   for n in self.running())
+
     def client(self) -> RedisCluster:
         return RedisCluster(host=HOST, port=self.nodes[0].port, socket_timeout=5.0)
 
     def flush(self) -> None:
-        for node in self.nodes:
-            with node.client() as c:
-                c.flushall()
+        for node in self.masters():
+            self.admin(node).flushall()
 
     def stop(self) -> None:
+        for admin in self._admins.values():
+            admin.close()
+        self._admins.clear()
         for node in self.nodes:
             node.stop()
+
+
+def _master_id(admin: redis.Redis) -> str:
+    """The id of the master a replica replicates (from its own CLUSTER NODES line)."""
+    raw = admin.execute_command("CLUSTER", "NODES")
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    if isinstance(text, dict):  # redis-py may parse the reply
+        for info in text.values():
+            if "myself" in info.get("flags", ""):
+                return str(info.get("master_id", ""))
+        return ""
+    for line in str(text).splitlines():
+        fields = line.split()
+        if len(fields) > 3 and "myself" in fields[2]:
+            return fields[3]
+    return ""
 
 
 def make_tls_files(directory: Path) -> TlsFiles:

@@ -1382,6 +1382,124 @@ MUTANTS: list[Mutant] = [
         "",
         ("tests/model/test_checkpoint_digest.py::test_names_sizes_and_small_files_change_it",),
         "the checkpoint digest covers every file's name and size"),
+    # --- redischaos ---
+    Mutant(
+        "redis-down-state-skips", f"{OFFLOADING}/tiers/redis_node.py",
+        "            if self._probing or time.monotonic() < self._down_until:\n"
+        "                return None\n",
+        "",
+        (f"{TESTS}/test_redis_faults.py::"
+         "test_a_half_open_connection_costs_one_timeout_then_skips",),
+        "M5: while a server is down calls skip at once (one probe per backoff), never a wait each"),
+    Mutant(
+        "redis-header-namespace-checked", f"{OFFLOADING}/tiers/value_format.py",
+        "        if (ns != self.namespace_digest or kd != key_digest(key)",
+        "        if (kd != key_digest(key)",
+        (f"{TESTS}/test_redis_values.py::"
+         "test_another_namespaces_value_under_this_name_is_a_miss_and_removed",),
+        "M2: a value of another namespace under this name is never decoded"),
+    Mutant(
+        "redis-moved-followed", f"{OFFLOADING}/tiers/redis_client.py",
+        "            self._run(moved, commands, results, deadline)\n",
+        "",
+        (f"{TESTS}/test_redis_cluster_chaos.py::test_a_moved_slot_is_followed_within_the_call",),
+        "D6: a MOVED position goes to the slot's new owner within the same call"),
+    Mutant(
+        "redis-ask-followed", f"{OFFLOADING}/tiers/redis_client.py",
+        "            self._run(asked, commands, results, deadline, asking=True)\n",
+        "",
+        (f"{TESTS}/test_redis_cluster_chaos.py::"
+         "test_an_ask_during_a_slots_migration_is_followed_with_asking",),
+        "D6: an ASK position goes once to the importing server behind ASKING"),
+    Mutant(
+        "redis-down-per-node", f"{OFFLOADING}/tiers/redis_client.py",
+        "        node.health.down(f\"{self.url} ({node.name}): {why}\")\n",
+        "        for other in (list(self._slots._nodes.values()) if self._slots else [node]):\n"
+        "            other.health.down(f\"{self.url} ({node.name}): {why}\")\n",
+        (f"{TESTS}/test_redis_cluster_chaos.py::test_a_dead_master_costs_its_slots_only",),
+        "D6: one dead master costs its own slots' hits, not the whole tier's"),
+    Mutant(
+        "redis-unserved-slot-is-a-miss", f"{OFFLOADING}/tiers/redis_client.py",
+        "            if node is None:\n                results[i] = _NO_MAP\n"
+        "                unrouted += 1\n            else:\n"
+        "                groups.setdefault(node, []).append(i)\n",
+        "            groups.setdefault(node, []).append(i)  # type: ignore[arg-type]\n",
+        (f"{TESTS}/test_redis_cluster_chaos.py::"
+         "test_a_cluster_nobody_answers_is_a_miss_counted_and_down",
+         f"{TESTS}/test_redis_cluster_chaos.py::"
+         "test_slots_nobody_serves_miss_and_the_served_ones_hit"),
+        "D1: a key whose slot nobody serves (or no map at all) is a miss, never an exception"),
+    Mutant(
+        "redis-load-batches-bounded", f"{OFFLOADING}/tiers/redis_tier.py",
+        "        for b in range(0, len(src.keys), per_batch):\n",
+        "        per_batch = max(1, len(src.keys))\n"
+        "        for b in range(0, len(src.keys), per_batch):\n",
+        (f"{TESTS}/test_redis_values.py::"
+         "test_a_load_larger_than_a_batch_goes_out_in_several_pipelines",),
+        "D7: a promotion's GETs go out in batches of at most STORE_BATCH_BYTES"),
+    Mutant(
+        "redis-mac-checked", f"{OFFLOADING}/tiers/value_format.py",
+        "            return Verdict.OK if good else Verdict.FORGED\n",
+        "            return Verdict.OK\n",
+        (f"{TESTS}/test_redis_values.py::"
+         "test_a_value_without_a_valid_mac_is_a_miss_counted_and_removed[tampered payload]",),
+        "D10: with a MAC key, a value without a valid MAC is never decoded"),
+    Mutant(
+        "redis-wrongtype-removed", f"{OFFLOADING}/tiers/redis_tier.py",
+        "                if why in (\"corrupt\", \"forged\", \"wrong_type\"):\n",
+        "                if why in (\"corrupt\", \"forged\"):\n",
+        (f"{TESTS}/test_redis_values.py::test_a_wrongtype_key_is_a_miss_and_removed",),
+        "D12: a WRONGTYPE key under a kvport name is removed (else it fails every load)"),
+    Mutant(
+        "redis-other-format-left-alone", f"{OFFLOADING}/tiers/value_format.py",
+        "        if version != FORMAT_VERSION or hsize not in (HEADER.size, HEADER.size + "
+        "MAC_BYTES):\n            return Verdict.OTHER_FORMAT\n",
+        "        if version != FORMAT_VERSION or hsize not in (HEADER.size, HEADER.size + "
+        "MAC_BYTES):\n            return Verdict.BAD\n",
+        (f"{TESTS}/test_redis_values.py::test_another_format_version_is_a_miss_and_left_alone",),
+        "D12: a value of another format version is a miss and left for its readers"),
+    Mutant(
+        "redis-config-entry-redacted", f"{OFFLOADING}/config.py",
+        "                         f\"got {redacted(entry)!r}\")\n",
+        "                         f\"got {entry!r}\")\n",
+        (f"{TESTS}/test_offloading_config.py::test_no_config_error_shows_a_password",),
+        "D11: a bad tier entry's error shows its URL without the password"),
+    Mutant(
+        "redis-config-url-redacted", f"{OFFLOADING}/config.py",
+        "            shown = redacted_url(url) if isinstance(url, str) else url\n",
+        "            shown = url\n",
+        (f"{TESTS}/test_redis_values.py::test_no_redis_tier_config_error_shows_a_password",),
+        "D11: a bad URL's error shows it without the password"),
+    Mutant(
+        "redis-tenant-prefix", f"{OFFLOADING}/tiers/redis_client.py",
+        "        tenant = config.tenant.encode() + b\":\" if config.tenant else b\"\"\n",
+        "        tenant = b\"\"\n",
+        (f"{TESTS}/test_redis_values.py::"
+         "test_a_tenants_keys_carry_its_prefix_and_an_acl_scopes_them",),
+        "D10: a tenant's keys carry its name first, so an ACL key pattern scopes them"),
+    Mutant(
+        "redis-tenant-salt-env", f"{OFFLOADING}/tiers/redis_client.py",
+        "        salt = _env(config, \"tenant_salt_env\", \"the tenant salt\") or "
+        "config.tenant_salt\n",
+        "        salt = config.tenant_salt\n",
+        (f"{TESTS}/test_redis_values.py::"
+         "test_tenant_salt_env_names_the_salt_and_no_message_shows_it",),
+        "D10: the salt read from tenant_salt_env is part of the namespace"),
+    Mutant(
+        "redis-redirects-counted", f"{OFFLOADING}/tiers/redis_tier.py",
+        "    redirects: int = 0",
+        "    _no_redirects: int = 0",
+        (f"{TESTS}/test_redis_cluster_chaos.py::"
+         "test_a_moved_slot_is_followed_within_the_call",),
+        "the worker tier counts redirects (without the field a MOVED raised AttributeError)"),
+    Mutant(
+        "redis-whole-call-deadline", f"{OFFLOADING}/tiers/redis_node.py",
+        "        alarm = WATCHDOG.arm(deadline, lambda: _shut_down(conn))  # the blocked read "
+        "fails\n",
+        "        alarm = WATCHDOG.arm(deadline + 3600.0, lambda: _shut_down(conn))\n",
+        (f"{TESTS}/test_redis_faults.py::"
+         "test_a_trickled_reply_is_cut_at_the_whole_calls_deadline",),
+        "a reply trickling in within each socket timeout is still cut at the call's deadline"),
 ]
 
 

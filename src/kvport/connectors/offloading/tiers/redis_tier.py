@@ -28,6 +28,7 @@ Nothing here raises for a Redis problem; positions fail and are counted instead:
     a bad header, checksum or length       corrupt (per block); the value is deleted
     no valid MAC (a MAC key is set)        forged (per block); the value is deleted
     a key of another type (WRONGTYPE)      wrong_type (per block); the key is deleted
+    a MOVED or ASK reply (cluster)         redirects (per block); sent on within the call
 `skipped_stores` counts every block not stored, `failures` every block not loaded.
 """
 
@@ -75,6 +76,7 @@ class RedisTierStats(TierStats):
     other_format: int = 0  # another format version: a miss, left alone
     forged: int = 0  # no valid MAC under a MAC key; deleted
     wrong_type: int = 0  # a key of another type under a kvport name; deleted
+    redirects: int = 0  # positions a cluster sent elsewhere (MOVED, ASK), followed in the call
 
 
 class RedisTier:
