@@ -167,7 +167,10 @@ def _soak(cfg: SoakConfig, root: Path, url: str, tenant: str) -> dict[str, Any]:
                     break
                 child, kill_at = start(life.index + 1), None
                 continue
-            usable = life.ready_s is not None and life.requests > 0
+            # Served requests and was sampled while ready: each life shows in the resources over
+            # time however slowly it started (a busy machine).
+            usable = (life.ready_s is not None and life.requests > 0 and bool(ticks)
+                      and ticks[-1].incarnation == life.index and ticks[-1].ready)
             if usable and now >= end_at:
                 child.stop(t0)
                 child.close()
