@@ -835,6 +835,12 @@ MUTANTS: list[Mutant] = [
         ("tests/vllm/test_vllm_identity.py::"
          "test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
         "inside vLLM synchronous loads are waited for (vLLM keeps a failed one's blocks)"),
+    Mutant(
+        "failed-sync-load-stores-nothing", f"{OFFLOADING}/worker.py",
+        "                if job.req_id in self._tainted:  # computed on KV a failed sync load left\n",
+        "                if False:\n",
+        (f"{SYNC}::test_a_failed_sync_load_stores_nothing_computed_on_it",),
+        "a step whose synchronous load failed stores nothing its forward computed on it"),
     # --- soak ---
     Mutant(
         "soak-mismatch-is-a-violation", "src/kvport/bench/soak_report.py",

@@ -177,3 +177,21 @@ def test_inside_vllm_a_slow_sync_copy_is_waited_for(wait: bool) -> None:
     transfers.release_all()
     step_until(llm, lambda: not llm.engine.has_pending_work())
     assert_nothing_leaked(llm)
+
+
+def test_a_failed_sync_load_stores_nothing_computed_on_it(tmp_path: Path) -> None:
+    """The step's forward runs on the blocks of a synchronous load that failed (the engine
+    learns of it after the step, and recomputes them): what that forward computed for the
+    request is never stored, so a later hit cannot load KV computed on garbage."""
+    llm = faulty_warmed(tmp_path, {(HOST, ENGINE): {"fail_on": {1}}})
+    q = prompts()[0][:40] + prompts(1, seed=9)[0][:24]  # a 40-token hit, then 3 new blocks
+    want = run(make_llm(), [q])[0]
+    llm.engine.runner.kv_cache.fill_(float("nan"))  # what the failed copy leaves in the pool
+    assert run(llm, [q])[0] == want  # load failed: the hit was recomputed
+    assert host_metrics(llm)["num_failed_loads"] == 1
+    llm.reset_prefix_cache()
+    tokens, cached = run(llm, [q])
+    assert tokens == want
+    assert_nothing_leaked(llm)
+    llm.shutdown()
+    assert check_file(str(tmp_path / "trace.jsonl")) == []

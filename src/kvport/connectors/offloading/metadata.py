@@ -33,6 +33,7 @@ class StoreJob:
     # One per tier below host (disk, Redis): the keys of dst's slots, written through to that
     # tier once the copy is done. Empty: host memory only.
     writes: list[KeyedBlocks] = field(default_factory=list)
+    req_id: str = ""  # whose blocks: none of a step whose synchronous load for it failed is kept
 
 
 @dataclass

@@ -383,7 +383,7 @@ class OffloadingScheduler:
         job_id = self._jobs.add(Job(STORE, rid, keys, src, writes_through=bool(writes)))
         st.store_jobs.add(job_id)
         self.stats.num_store_jobs += 1
-        return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids), writes)
+        return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids), writes, rid)
 
     def update_connector_output(self, out: KVConnectorOutput) -> None:
         meta = out.worker_meta

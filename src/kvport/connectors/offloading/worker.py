@@ -5,7 +5,8 @@ Every step, in the driver's order:
     start_load_kv       copy this step's synchronous loads (host hits) now, before the forward,
                         bounded (late parts fail their blocks); submit its async loads (a
                         promotion DISK->HOST first when needed)
-    get_finished        submit this step's stores (the forward has written their blocks); with
+    get_finished        submit this step's stores (the forward has written their blocks; none
+                        of a request whose synchronous load failed: it read bad blocks); with
                         `sync_stores`, wait for them, so they report in this very step; poll
                         completions: a store whose copy finished starts its write-through to
                         each lower tier (disk, Redis); a load whose promotions all finished
@@ -16,14 +17,9 @@ Nothing is left to wait_for_save (no-forward steps skip it under the legacy call
 `sync_stores` is for engines that may stop stepping as soon as no request is left (vLLM's
 in-process LLM): the last step's stores must be in the host tier, and the scheduler half must
 know it, when generate() returns; their write-through then runs with no further step.
-`wait_sync_loads` (vLLM) waits for synchronous loads, unbounded (why: docs/vllm.md).
-
-Job ids come from the scheduler half. Transfers are submitted under a `TransferKey` (job id,
-stage, lower tier): a load with blocks outside host memory runs one PROMOTION per lower tier
-(DISK->HOST, REDIS->HOST) first, then its COPY; a store its COPY (ENGINE->HOST), then one WRITE
-per lower tier (HOST->DISK, HOST->REDIS), reported together once every one of them ended.
+`wait_sync_loads` (vLLM) waits for synchronous loads, unbounded (why: docs/vllm.md). Stages
+and the keys transfers run under: worker_jobs.py.
 """
-
 from __future__ import annotations
 
 import logging
@@ -35,7 +31,7 @@ from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.deadlines import Deadlines, WorkerStats
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import (
-    DISK, HOST, REDIS, EngineBlocks, HostBlocks, LoadStoreSpec,
+    DISK, ENGINE, HOST, REDIS, EngineBlocks, HostBlocks, LoadStoreSpec,
 )
 from kvport.connectors.offloading.metadata import (
     JobResult, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Promotion, Stage, StoreJob,
@@ -46,7 +42,9 @@ from kvport.connectors.offloading.tier_wiring import (
     LowerTier, build_tier_worker, make_lower_tiers,
 )
 from kvport.connectors.offloading.sync_parts import SYNC_GRACE_S, split_parts, sync_timeout
-from kvport.connectors.offloading.transfers import OffloadingWorker, TransferResult
+from kvport.connectors.offloading.transfers import (
+    OffloadingWorker, TransferResult, failed_result,
+)
 from kvport.connectors.offloading.worker_jobs import Load, TransferKey
 from kvport.connectors.offloading.write_throughs import WriteThroughs
 
@@ -82,6 +80,8 @@ class OffloadingConnectorWorker:
         self._deadlines = Deadlines()  # promotions and write-throughs in flight
         self._late: list[int] = []  # job ids given up on, for the next worker metadata
         self._given_up: set[int] = set()  # late write-throughs, until their threads return
+        # Requests whose synchronous load failed this step: its forward ran on their bad blocks.
+        self._tainted: set[str] = set()
         self.stats = WorkerStats()
 
     def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool,
@@ -125,10 +125,10 @@ class OffloadingConnectorWorker:
         """Copy the step's synchronous loads now, before its forward reads them, all submitted
         at once (the copy threads take them back to back). Bounded: parts not done in time fail
         their blocks, which the engine recomputes."""
-        transfers = self._transfers()
+        transfers, g = self._transfers(), self._geometry()
         parts = [(load, part) for load in loads
-                 for part in split_parts(load.job, self._factor(), self._slot_bytes())]
-        num_bytes = sum(len(src.slot_ids) for _, (src, _) in parts) * self._slot_bytes()
+                 for part in split_parts(load.job, g.block_factor, g.slot_bytes)]
+        num_bytes = sum(len(src.slot_ids) for _, (src, _) in parts) * g.slot_bytes
         timeout = None if self.wait_sync_loads else sync_timeout(num_bytes)
         deadline = None if timeout is None else time.monotonic() + timeout
         for i, (load, (src, dst)) in enumerate(parts):
@@ -149,6 +149,8 @@ class OffloadingConnectorWorker:
                 self._load_errors.update(load.engine_failed)
             else:
                 self._finish_sync_load(load)
+            if load.engine_failed:
+                self._tainted.add(load.job.req_id)
 
     def _on_sync_part(self, load: Load, key: TransferKey, result: TransferResult) -> None:
         blocks = load.parts.pop(key)
@@ -174,10 +176,15 @@ class OffloadingConnectorWorker:
         if meta is not None:
             for job in meta.stores:  # the forward has written their blocks
                 self._stores[job.job_id] = job
+                if job.req_id in self._tainted:  # computed on KV a failed sync load left
+                    self._on_finished([failed_result(TransferKey(job.job_id), (ENGINE, HOST),
+                                                     len(job.dst))])
+                    continue
                 self._submit(TransferKey(job.job_id), job.src, job.dst)
             if self.sync_stores and meta.stores:
                 # NOTE: no timeout, as for the fence: these copy memory into host slots.
                 transfers.wait([TransferKey(job.job_id) for job in meta.stores])
+        self._tainted.clear()
         self._on_finished(transfers.get_finished())
         if not did_forward:
             self._wait_without_forward()
@@ -207,15 +214,13 @@ class OffloadingConnectorWorker:
                 self._load_errors.update(load.engine_failed)
                 late.add(load.job.req_id)
                 self.stats.add(num_late_loads=1)
-                logger.warning("OffloadingConnector: a load from a lower tier is not done after "
-                               "%.1f s (load_timeout_s); its blocks are recomputed",
-                               self.config.load_timeout_s)
+                logger.warning("OffloadingConnector: a load from a lower tier is late (%.1f s, "
+                               "load_timeout_s): recomputed", self.config.load_timeout_s)
             else:
                 self._given_up.add(job_id)
                 self.stats.add(num_late_writes=1)
-                logger.warning("OffloadingConnector: a write-through is not done after %.1f s "
-                               "(write_timeout_s); given up, its host slots stay pinned until "
-                               "it returns", self.config.write_timeout_s)
+                logger.warning("OffloadingConnector: a write-through is late (%.1f s, "
+                               "write_timeout_s): given up", self.config.write_timeout_s)
             self.stats.add(num_replaced_threads=transfers.abandon(keys))
         return late
 
@@ -304,7 +309,7 @@ class OffloadingConnectorWorker:
             return
         load.promote_failed.sort()
         bad = {num_host + p for p in load.promote_failed}  # offload block positions in src
-        f, skip = self._factor(), job.dst.skip
+        f, skip = self._geometry().block_factor, job.dst.skip
         slots: list[int] = []
         dst: list[int] = []
         for j, slot in enumerate(job.src.slot_ids):
@@ -390,11 +395,6 @@ class OffloadingConnectorWorker:
         assert self.transfers is not None, "OffloadingConnector: register_kv_caches was not called"
         return self.transfers
 
-    def _factor(self) -> int:
+    def _geometry(self) -> OffloadGeometry:
         assert self.geometry is not None, "OffloadingConnector: register_kv_caches was not called"
-        return self.geometry.block_factor
-
-    def _slot_bytes(self) -> int:
-        assert self.geometry is not None, "OffloadingConnector: register_kv_caches was not called"
-        return self.geometry.slot_bytes
-
+        return self.geometry

@@ -1,5 +1,11 @@
 """The worker half's records of its transfers in flight: the key each transfer is submitted
-under, and an asynchronous or synchronous load's progress through its stages."""
+under, and an asynchronous or synchronous load's progress through its stages.
+
+Job ids come from the scheduler half. Transfers are submitted under a `TransferKey` (job id,
+stage, lower tier): a load with blocks outside host memory runs one PROMOTION per lower tier
+(DISK->HOST, REDIS->HOST) first, then its COPY; a store its COPY (ENGINE->HOST), then one WRITE
+per lower tier (HOST->DISK, HOST->REDIS), reported together once every one of them ended.
+"""
 
 from __future__ import annotations
 
