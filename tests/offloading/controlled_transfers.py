@@ -141,10 +141,17 @@ class ControlledTransfers(OffloadingWorker):
         self.fenced: list[Job] = []  # held jobs an unbounded wait (the fence) ran
         self.torn: list[Job] = []  # jobs whose source changed between submit and run
         self.gates: dict[Direction, GatedHandler] = {}
-        for kind, fn in tier_routes(host, lower).items():
-            self.gates[kind] = GatedHandler(fn, self._source, self._scribble, self.fenced,
-                                            self.torn)
+        for kind, fn in self.routes(host, lower).items():
+            self.gates[kind] = self.make_gate(kind, fn)
             self.register_handler(*kind, self.gates[kind])
+
+    def routes(self, host: HostTier, lower: Mapping[str, LowerTier]) -> dict[Direction, TransferFn]:
+        """The function each direction runs (a seam: the simulation's clock, tests/sim)."""
+        return tier_routes(host, lower)
+
+    def make_gate(self, kind: Direction, transfer: TransferFn) -> GatedHandler:
+        """The handler of one direction (a seam: the simulation's fault points, tests/sim)."""
+        return GatedHandler(transfer, self._source, self._scribble, self.fenced, self.torn)
 
     def hold(self, *kinds: Direction, held: bool = True) -> None:
         """Jobs of these directions submitted from now on stay in flight until released."""

@@ -90,8 +90,10 @@ class _Load:
 class OffloadingConnectorWorker:
     def __init__(self, config: OffloadingConfig,
                  make_transfers: TransfersFactory = build_tier_worker,
-                 sync_stores: bool = False) -> None:
+                 sync_stores: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock  # the deadlines' time; a simulation moves it itself (tests/sim)
         self._make_transfers = make_transfers
         self.sync_stores = sync_stores
         self.geometry: OffloadGeometry | None = None  # set by register_kv_caches
@@ -105,7 +107,7 @@ class OffloadingConnectorWorker:
         self._ready: list[_Load] = []  # loads done, to report in this step's get_finished
         self._results: list[JobResult] = []  # for the next worker metadata
         self._load_errors: set[int] = set()
-        self._deadlines = Deadlines()  # promotions and write-throughs in flight
+        self._deadlines = Deadlines(clock)  # promotions and write-throughs in flight
         self._late: list[int] = []  # job ids given up on, for the next worker metadata
         self.stats = WorkerStats()
 
@@ -154,7 +156,7 @@ class OffloadingConnectorWorker:
                  for part in split_parts(load.job, self._factor(), self._slot_bytes())]
         num_bytes = sum(len(src.slot_ids) for _, (src, _) in parts) * self._slot_bytes()
         timeout = sync_timeout(num_bytes)
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         for i, (load, (src, dst)) in enumerate(parts):
             key = TransferKey(load.job.job_id, part=i)
             load.parts[key] = dst.block_ids
@@ -239,7 +241,7 @@ class OffloadingConnectorWorker:
         promotion starts its copy on the way), at most LOAD_WAIT_S, so that loads ending close
         together report in one step; with none, wait IDLE_WAIT_S for anything."""
         transfers = self._transfers()
-        deadline = time.monotonic() + LOAD_WAIT_S
+        deadline = self._clock() + LOAD_WAIT_S
         while True:
             loads = [k for k in self._in_flight if (load := self._loads.get(k.job_id))
                      is not None and not load.parts and not load.late]
@@ -248,7 +250,7 @@ class OffloadingConnectorWorker:
                     transfers.wait(self._in_flight, timeout=IDLE_WAIT_S)
                     self._on_finished(transfers.get_finished())
                 return
-            left = deadline - time.monotonic()
+            left = deadline - self._clock()
             if left <= 0:
                 return
             transfers.wait(loads, timeout=left)
