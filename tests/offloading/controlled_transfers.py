@@ -99,7 +99,9 @@ class GatedHandler(TransferHandler):
 
     def _run(self, job: Job) -> None:
         now = self._read_source(job.src)
-        if job.source is not None and not torch.equal(now, job.source):
+        # Compared as bytes: a source holding NaN (a failed job's scribble) that did not change
+        # is not torn.
+        if job.source is not None and not torch.equal(_as_bytes(now), _as_bytes(job.source)):
             self._torn.append(job)
         if self.fail_next:
             self.fail_next -= 1
@@ -129,6 +131,10 @@ class GatedHandler(TransferHandler):
     def shutdown(self, timeout: float = 5.0) -> None:
         for job in self.in_flight():  # never ran: reported failed, like a cancelled job
             job.result = failed_result(job.id, job.kind, len(job.dst))
+
+
+def _as_bytes(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous().view(torch.uint8)
 
 
 class ControlledTransfers(OffloadingWorker):

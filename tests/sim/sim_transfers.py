@@ -28,7 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "offloading"))
+_TESTS = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(_TESTS), str(_TESTS / "offloading")]  # polling; the offloading tests' parts
 
 from controlled_transfers import (  # noqa: E402
     ControlledOffloadingConnector, ControlledTransfers, Direction, GatedHandler, Job,
