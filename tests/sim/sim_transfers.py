@@ -95,6 +95,11 @@ class World:
     step: int = 0
     held: list[tuple[float, SimHandler, Job]] = field(default_factory=list)  # (due step, ...)
     counts: dict[str, int] = field(default_factory=dict)  # what was injected, by name
+    # Faults of synchronous loads (host hits copied before the forward): off by default, as
+    # they hit a known defect (a store planned in the failing step saves KV computed on the
+    # missing blocks; see the module docstring of simulation.py).
+    sync_load_faults: bool = False
+    poisoned: list[Hashable] = field(default_factory=list)  # stores that read a scribble (NaN)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"jobs-{self.seed}")  # its own stream: the driver's is apart
@@ -102,7 +107,9 @@ class World:
     def count(self, name: str) -> None:
         self.counts[name] = self.counts.get(name, 0) + 1
 
-    def fate(self, kind: Direction) -> Fate:
+    def fate(self, kind: Direction, sync_load: bool = False) -> Fate:
+        if sync_load and not self.sync_load_faults:
+            return NORMAL
         rates = self.rates.get(kind, FaultRates())
         r = self.rng.random
         hold: float = 0
@@ -157,12 +164,17 @@ class SimHandler(GatedHandler):
         self._ended: list[Job] = []  # in the order they ran, until reported
 
     def submit(self, job_id: Hashable, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
-        fate = self.world.fate(self.kind)
+        fate = self.world.fate(self.kind, isinstance(dst, EngineBlocks) and
+                               dst.deadline is not None)
         self.fates[job_id] = fate
         self.held = fate.hold_steps > 0
         super().submit(job_id, src, dst)
+        job = self._jobs[-1]
+        if self.kind == (ENGINE, HOST) and job.source is not None and job.source.isnan().any():
+            # Real KV is never NaN: this store reads what a failed load scribbled (0xFF).
+            self.world.poisoned.append(job_id)
         if self.held:
-            self.world.held.append((self.world.step + fate.hold_steps, self, self._jobs[-1]))
+            self.world.held.append((self.world.step + fate.hold_steps, self, job))
 
     def _run(self, job: Job) -> None:
         fate = self.fates.pop(job.id, NORMAL)

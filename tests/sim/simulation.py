@@ -52,13 +52,14 @@ MAX_TOKENS = 8  # the reference's tokens per prompt; a request asks for 1..MAX_T
 MAX_MODEL_LEN = 96
 MAX_REQUEST_STEPS = 200  # a request still running this many steps after it arrived: a hang
 DRAIN_STEPS = 400  # steps the end (or a restart) may take to finish every request
-REPLAY = "PYTHONHASHSEED=0 PYTHONPATH=src python tests/sim/simulation.py --seed {seed} --verbose"
+REPLAY = ("PYTHONHASHSEED=0 PYTHONPATH=src python tests/sim/simulation.py --seed {seed} "
+          "--verbose{flags}")
 
 
 class SimFailure(AssertionError):
-    def __init__(self, seed: int, step: int, what: str) -> None:
+    def __init__(self, seed: int, step: int, what: str, flags: str = "") -> None:
         super().__init__(f"sim seed {seed} failed at step {step}: {what}\n"
-                         f"  replay: {REPLAY.format(seed=seed)}")
+                         f"  replay: {REPLAY.format(seed=seed, flags=flags)}")
         self.seed = seed
 
 
@@ -157,7 +158,8 @@ class _Run:
     aborted: int = 0
 
     def fail(self, what: str) -> SimFailure:
-        return SimFailure(self.plan.seed, self.world.step, what)
+        flags = " --sync-load-faults" if self.world.sync_load_faults else ""
+        return SimFailure(self.plan.seed, self.world.step, what, flags)
 
     def build(self) -> None:
         plan = self.plan
@@ -182,6 +184,15 @@ class _Run:
         self.llm.engine.step()
         self.world.step += 1
         self.collect()
+
+    def idle_step(self) -> None:
+        """An engine step with nothing scheduled (the connector's hooks still run), as the
+        engine without async scheduling steps when idle."""
+        assert self.llm is not None
+        sched = self.llm.engine.scheduler
+        out = sched.schedule()
+        sched.update_from_output(out, self.llm.engine.executor.execute(out))
+        self.world.step += 1
 
     def collect(self) -> None:
         for rid, (req, arrived) in list(self.live.items()):
@@ -251,15 +262,21 @@ class _Run:
         # so an idle engine learns of it at its next step) and their slots come back.
         self.world.release_due(final=True)
         for i in range(DRAIN_STEPS):
-            if i >= 2 and not self.llm.engine.has_pending_work() and not self.world.held:
+            idle = not self.llm.engine.has_pending_work()
+            if i >= 2 and idle and not self.world.held:
                 break
             self.world.release_due(final=True)
-            self.step()
+            if idle:  # an idle async engine steps nothing: run the step a sync one runs
+                self.idle_step()
+            else:
+                self.step()
         self.check_engine()
 
     def check_engine(self) -> None:
         assert self.llm is not None
         transfers = worker_half(self.llm).transfers
+        if self.world.poisoned:
+            raise self.fail(f"stores read KV a failed load left (NaN): {self.world.poisoned[:5]}")
         torn = [(job.id, job.kind) for job in getattr(transfers, "torn", [])]
         if torn:
             raise self.fail(f"transfers read sources changed under them: {torn[:5]}")
@@ -296,11 +313,13 @@ class _Run:
             print(f"step {self.world.step:4d} t={self.world.clock.now:7.3f}s {what}")
 
 
-def run_seed(seed: int, verbose: bool = False, **plan_args: Any) -> SimResult:
-    """One simulated run; raises SimFailure on a broken oracle."""
+def run_seed(seed: int, verbose: bool = False, sync_load_faults: bool = False,
+             **plan_args: Any) -> SimResult:
+    """One simulated run; raises SimFailure on a broken oracle. `sync_load_faults`: also hold
+    and fail synchronous loads (the known defect in the module docstring)."""
     plan = Plan.from_seed(seed, **plan_args)
     reference([a.prompt for a in plan.arrivals])
-    world = World(seed, plan.rates)
+    world = World(seed, plan.rates, sync_load_faults=sync_load_faults)
     with tempfile.TemporaryDirectory(prefix=f"kvport-sim-{seed}-") as tmp, activate(world):
         run = _Run(plan, world, Path(tmp), verbose, random.Random(f"driver-{seed}"))
         run.log(f"plan: async={plan.async_scheduling} order={plan.call_order} "
@@ -351,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--seed", type=int, help="run this one seed")
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--sync-load-faults", action="store_true",
+                        help="also hold and fail synchronous loads (the known defect)")
     args = parser.parse_args(argv)
     # The faults are deliberate: their warnings only with --verbose.
     logging.basicConfig(level=logging.WARNING if args.verbose else logging.ERROR)
@@ -361,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = 0
     for seed in seeds:
         try:
-            result = run_seed(seed, verbose=args.verbose)
+            result = run_seed(seed, verbose=args.verbose,
+                              sync_load_faults=args.sync_load_faults)
         except SimFailure as exc:
             print(exc, flush=True)
             failed.append(seed)
