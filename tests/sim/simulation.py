@@ -91,9 +91,11 @@ class Plan:
         rng = random.Random(f"plan-{seed}")
         docs = [[rng.randrange(3, 250) for _ in range(rng.choice((16, 24, 40, 56)))]
                 for _ in range(3)]
-        arrivals = []
+        arrivals: list[Arrival] = []
         for _ in range(num_requests):
             head = rng.choice(docs + docs + [[]])
+            if arrivals and rng.random() < 0.3:  # a next turn: an earlier prompt, extended
+                head = list(rng.choice(arrivals).prompt)
             n = max(1, min(MAX_MODEL_LEN - MAX_TOKENS, len(head) + rng.randint(0, 24)))
             if rng.random() < 0.3:  # block aligned: a full hit leaves one token to compute
                 n = max(OFFLOAD_BLOCK, n // OFFLOAD_BLOCK * OFFLOAD_BLOCK)
@@ -102,7 +104,7 @@ class Plan:
                                     rng.randint(1, MAX_TOKENS)))
         arrivals.sort(key=lambda a: a.step)
         restarts = tuple(sorted(rng.sample(range(5, num_steps), rng.choice((0, 1, 1, 2)))))
-        lower = FaultRates(hold=0.3, stuck=rng.choice((0.0, 0.05)), fail=0.05, tier=0.1)
+        lower = FaultRates(hold=0.3, stuck=rng.choice((0.0, 0.1)), fail=0.05, tier=0.1)
         copy = FaultRates(hold=0.25, fail=0.05)
         return Plan(seed, rng.random() < 0.4, rng.choice(("vllm-0.32", "legacy")),
                     rng.choice((24, 32, 48)), rng.choice((6, 12, 48)), rng.choice((8, 32)),
