@@ -37,19 +37,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_transfers import NEVER, FaultRates, World, activate  # noqa: E402  (first: sys.path)
+from sim_transfers import NEVER, World, activate  # noqa: E402  (first: it sets sys.path)
 from fault_tiers import flip_byte  # noqa: E402
 from kvport import LLM, SamplingParams  # noqa: E402
-from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST  # noqa: E402
+from kvport.connectors.offloading.mediums import DISK  # noqa: E402
 from kvport.engine.executor import InProcExecutor  # noqa: E402
 from kvport.engine.request import Request, RequestStatus  # noqa: E402
 from offload_utils import (  # noqa: E402
-    BLOCK_SIZE, OFFLOAD_BLOCK, assert_nothing_leaked, make_llm, offload_block_bytes,
-    offload_config, offloading_half, worker_half,
+    assert_nothing_leaked, make_llm, offload_block_bytes, offload_config, worker_half,
 )
+from sim_plan import MAX_MODEL_LEN, Plan, reference, reference_tokens  # noqa: E402
 
-MAX_TOKENS = 8  # the reference's tokens per prompt; a request asks for 1..MAX_TOKENS
-MAX_MODEL_LEN = 96
 MAX_REQUEST_STEPS = 200  # a request still running this many steps after it arrived: a hang
 DRAIN_STEPS = 400  # steps the end (or a restart) may take to finish every request
 REPLAY = ("PYTHONHASHSEED=0 PYTHONPATH=src python tests/sim/simulation.py --seed {seed} "
@@ -64,57 +62,6 @@ class SimFailure(AssertionError):
 
 
 @dataclass(frozen=True)
-class Arrival:
-    step: int
-    prompt: tuple[int, ...]
-    max_tokens: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything the seed decides before the run (the rest comes from seeded streams)."""
-
-    seed: int
-    async_scheduling: bool
-    call_order: str
-    num_kv_blocks: int
-    host_slots: int
-    disk_slots: int
-    arrivals: tuple[Arrival, ...]
-    restarts: tuple[int, ...]  # steps before which the engine is dropped and built again
-    abort_rate: float
-    disk_fault_rate: float  # per step: an entry evicted or corrupted between steps
-    rates: dict[tuple[str, str], FaultRates]
-
-    @staticmethod
-    def from_seed(seed: int, num_requests: int = 18, num_steps: int = 40) -> Plan:
-        rng = random.Random(f"plan-{seed}")
-        docs = [[rng.randrange(3, 250) for _ in range(rng.choice((16, 24, 40, 56)))]
-                for _ in range(3)]
-        arrivals: list[Arrival] = []
-        for _ in range(num_requests):
-            head = rng.choice(docs + docs + [[]])
-            if arrivals and rng.random() < 0.3:  # a next turn: an earlier prompt, extended
-                head = list(rng.choice(arrivals).prompt)
-            n = max(1, min(MAX_MODEL_LEN - MAX_TOKENS, len(head) + rng.randint(0, 24)))
-            if rng.random() < 0.3:  # block aligned: a full hit leaves one token to compute
-                n = max(OFFLOAD_BLOCK, n // OFFLOAD_BLOCK * OFFLOAD_BLOCK)
-            tail = [rng.randrange(3, 250) for _ in range(max(0, n - len(head)))]
-            arrivals.append(Arrival(rng.randrange(num_steps), tuple((head + tail)[:n]),
-                                    rng.randint(1, MAX_TOKENS)))
-        arrivals.sort(key=lambda a: a.step)
-        restarts = tuple(sorted(rng.sample(range(5, num_steps), rng.choice((0, 1, 1, 2)))))
-        lower = FaultRates(hold=0.3, stuck=rng.choice((0.0, 0.1)), fail=0.05, tier=0.1)
-        copy = FaultRates(hold=0.25, fail=0.05)
-        return Plan(seed, rng.random() < 0.4, rng.choice(("vllm-0.32", "legacy")),
-                    rng.choice((24, 32, 48)), rng.choice((6, 12, 48)), rng.choice((8, 32)),
-                    tuple(arrivals), restarts, rng.choice((0.0, 0.02)),
-                    rng.choice((0.0, 0.05)),
-                    {(ENGINE, HOST): copy, (HOST, ENGINE): copy, (HOST, DISK): lower,
-                     (DISK, HOST): lower})
-
-
-@dataclass(frozen=True)
 class SimResult:
     seed: int
     steps: int
@@ -124,25 +71,6 @@ class SimResult:
     injected: tuple[tuple[str, int], ...]  # fault name -> times, sorted
     counters: tuple[tuple[str, float], ...]  # hits, late jobs, ...: summed over incarnations
     digest: str  # of every request's tokens and the step it ended: equal seeds, equal digests
-
-
-_REFERENCE: dict[tuple[int, ...], list[int]] = {}
-_REFERENCE_LLM: list[LLM] = []
-
-
-def reference(prompts: list[tuple[int, ...]]) -> dict[tuple[int, ...], list[int]]:
-    """Greedy MAX_TOKENS tokens of each prompt without a connector or a prefix cache (cached
-    for the process: the same prompt always gives the same tokens)."""
-    todo = sorted({p for p in prompts if p not in _REFERENCE})
-    if todo:
-        if not _REFERENCE_LLM:
-            _REFERENCE_LLM.append(make_llm(enable_prefix_caching=False,
-                                           max_model_len=MAX_MODEL_LEN, num_kv_blocks=256))
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        outs = _REFERENCE_LLM[0].generate([list(p) for p in todo], params, use_tqdm=False)
-        for p, out in zip(todo, outs, strict=True):
-            _REFERENCE[p] = list(out.outputs[0].token_ids)
-    return {p: _REFERENCE[p] for p in prompts}
 
 
 @dataclass
@@ -215,7 +143,7 @@ class _Run:
     def check_tokens(self, req: Request) -> None:
         if req.error is not None:
             raise self.fail(f"request {req.request_id} failed: {req.error}")
-        want = _REFERENCE[tuple(req.prompt_token_ids)][:req.sampling_params.max_tokens]
+        want = reference_tokens(req.prompt_token_ids)[:req.sampling_params.max_tokens]
         got = list(req.output_token_ids)
         aborted = req.status == RequestStatus.FINISHED_ABORTED
         if got != (want[:len(got)] if aborted else want):
