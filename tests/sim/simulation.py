@@ -41,6 +41,7 @@ from sim_transfers import NEVER, World, activate  # noqa: E402  (first: it sets 
 from fault_tiers import flip_byte  # noqa: E402
 from kvport import LLM, SamplingParams  # noqa: E402
 from kvport.connectors.offloading.mediums import DISK  # noqa: E402
+from kvport.connectors.offloading.tiers.disk_format import SUFFIX, TEMP_PREFIX  # noqa: E402
 from kvport.engine.executor import InProcExecutor  # noqa: E402
 from kvport.engine.request import Request, RequestStatus  # noqa: E402
 from offload_utils import (  # noqa: E402
@@ -162,7 +163,7 @@ class _Run:
         self.world.release_due()
 
     def disk_fault(self) -> None:
-        names = sorted(p for p in self.root.rglob("*.kvb") if p.is_file())
+        names = sorted(p for p in self.root.rglob(f"*{SUFFIX}") if p.is_file())
         disk = worker_half(self.llm).lower.get(DISK) if self.llm else None  # type: ignore[arg-type]
         if not names or disk is None:
             return
@@ -214,6 +215,7 @@ class _Run:
             assert_nothing_leaked(self.llm)
         except (AssertionError, RuntimeError) as exc:
             raise self.fail(f"leaked: {exc}") from exc
+        self.check_disk()
         metrics = self.llm.get_metrics()
         xfer = metrics["kv_transfer"]
         if xfer["num_bad_answers"] or xfer["num_hook_errors"]:
@@ -227,6 +229,19 @@ class _Run:
                             ("invalid blocks", xfer["num_invalid_blocks"]),
                             ("fenced jobs", len(getattr(transfers, "fenced", [])))):
             self.counters[name] = self.counters.get(name, 0) + value
+
+    def check_disk(self) -> None:
+        """Every write ended: no temp file is left, and the runs' bytes (a run counted once for
+        all its names) are within the tier's max_bytes."""
+        temps = [p.name for p in self.root.rglob(f"{TEMP_PREFIX}*")]
+        if temps:
+            raise self.fail(f"temp files left on disk: {temps[:3]}")
+        runs = {(st.st_dev, st.st_ino): st.st_size
+                for st in (p.stat() for p in self.root.rglob(f"*{SUFFIX}"))}
+        limit = self.plan.disk_slots * offload_block_bytes()
+        if sum(runs.values()) > limit:
+            raise self.fail(f"disk holds {sum(runs.values())} bytes in {len(runs)} runs, "
+                            f"max_bytes is {limit}")
 
     def restart(self) -> None:
         assert self.llm is not None
