@@ -334,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(seed)
             continue
         steps += result.steps
+        done = seed - seeds[0] + 1
+        if done % 50 == 0:
+            print(f"... {done} seeds, {len(failed)} failed, {time.perf_counter() - begin:.0f} s",
+                  flush=True)
         for name, value in result.injected + result.counters:
             totals[name] = totals.get(name, 0) + value
         if args.verbose:
