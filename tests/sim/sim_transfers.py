@@ -46,7 +46,7 @@ from kvport.connectors.offloading.tier_wiring import LowerTier  # noqa: E402
 from kvport.connectors.offloading.tiers import TransferOutcome  # noqa: E402
 from kvport.connectors.offloading.tiers.disk import DiskTier  # noqa: E402
 from kvport.connectors.offloading.tiers.host import HostTier  # noqa: E402
-from kvport.connectors.offloading.transfers import TransferFn  # noqa: E402
+from kvport.connectors.offloading.transfers import TransferFn, TransferResult  # noqa: E402
 from kvport.connectors.offloading.worker import OffloadingConnectorWorker  # noqa: E402
 
 NEVER = math.inf  # a stuck job's release step: only the final drain releases it
@@ -199,11 +199,12 @@ class SimHandler(GatedHandler):
         except (OSError, ValueError):  # gone meanwhile (evicted): the read misses anyway
             return
 
-    def get_finished(self) -> list:  # type: ignore[type-arg]
+    def get_finished(self) -> list[TransferResult]:
+        """In the order the jobs ran (GatedHandler reports in submission order)."""
         ended, self._ended = self._ended, []
         if ended:
             self._jobs = type(self._jobs)(j for j in self._jobs if j.result is None)
-        return [j.result for j in ended]
+        return [j.result for j in ended if j.result is not None]
 
 
 class SimTransfers(ControlledTransfers):

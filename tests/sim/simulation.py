@@ -20,6 +20,16 @@ answer and no hook raised. A failure raises SimFailure naming the seed and a rep
 
     python tests/sim/simulation.py --seeds 500            # seeds 0..499
     python tests/sim/simulation.py --seed 17 --verbose    # one seed, step by step
+
+Deterministic: nothing runs on a thread of its own but the disk lookups (bounded in real time;
+their bound is set out of reach), and every deadline reads the simulated clock, so a seed gives
+the same run in every process (PYTHONHASHSEED=0 in the replay only to be safe).
+
+Known defect (hence synchronous loads get no faults unless --sync-load-faults): when a step's
+synchronous load fails or is late, the stores planned in that step still copy the blocks the
+step's forward computed on the missing KV; the engine recomputes them, but the host tier (and
+the disk, written through) keeps the bad copy under the right keys, and a later hit loads it
+(`--seed 22 --sync-load-faults`: wrong tokens).
 """
 
 from __future__ import annotations
