@@ -93,7 +93,10 @@ class OffloadingConnectorWorker:
                  sync_stores: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self._clock = clock  # the deadlines' time; a simulation moves it itself (tests/sim)
+        # The deadlines' time; a simulation moves it itself (tests/sim). A synchronous load's
+        # EngineBlocks.deadline is on it too: tier_wiring.load_unless_late reads
+        # time.monotonic, so another clock comes with its own HOST->ENGINE route.
+        self._clock = clock
         self._make_transfers = make_transfers
         self.sync_stores = sync_stores
         self.geometry: OffloadGeometry | None = None  # set by register_kv_caches
