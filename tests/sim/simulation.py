@@ -23,7 +23,9 @@ answer and no hook raised. A failure raises SimFailure naming the seed and a rep
 
 Deterministic: nothing runs on a thread of its own but the disk lookups (bounded in real time;
 their bound is set out of reach), and every deadline reads the simulated clock, so a seed gives
-the same run in every process (PYTHONHASHSEED=0 in the replay only to be safe).
+the same run in every process (PYTHONHASHSEED=0 in the replay only to be safe). One gap: the
+disk tier's files carry real mtimes, which a restart's scan reads (DiskLocation.scan), so what
+a run does after a restart can depend on timing (seed 579 fails only without --verbose here).
 
 Known defect (hence synchronous loads get no faults unless --sync-load-faults): when a step's
 synchronous load fails or is late, the stores planned in that step still copy the blocks the
