@@ -55,6 +55,7 @@ ENGINE_DIR = "src/kvport/engine"
 SCHED = "tests/engine/test_scheduler_connector.py"
 DRIVER = "src/kvport/connectors/driver.py"
 REGRESSIONS = "tests/connectors/test_framework_regressions.py"
+SIM = "tests/sim/test_sim.py"
 RECORDING = "tests/connectors/test_recording.py"
 # The scheduler half frees the host slots of keys whose promotion failed (two mutants remove it).
 FAILED_PROMOTION_FREED = """\
@@ -1506,6 +1507,26 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_redis_faults.py::"
          "test_a_trickled_reply_is_cut_at_the_whole_calls_deadline",),
         "a reply trickling in within each socket timeout is still cut at the call's deadline"),
+    # --- sim ---
+    Mutant(
+        "sim-fence-wait", f"{OFFLOADING}/worker.py",
+        "            self._transfers().wait([k for k in self._in_flight if k.stage is Stage.COPY\n"
+        "                                    and k.job_id in meta.jobs_to_flush])\n",
+        "            pass\n",
+        (f"{SIM}::test_ci_seed[4]", f"{SIM}::test_ci_seed[8]"),
+        "the simulation finds the fence's race by itself (a store reads reused blocks: torn)"),
+    Mutant(
+        "sim-failed-copy-reported", f"{OFFLOADING}/worker.py",
+        "                load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
+        "                pass\n",
+        (f"{SIM}::test_ci_seed[5]", f"{SIM}::test_ci_seed[11]"),
+        "the simulation's failed HOST->ENGINE copies are recomputed (else wrong tokens)"),
+    Mutant(
+        "sim-late-load-reported", f"{OFFLOADING}/worker.py",
+        "                late.add(load.job.req_id)\n",
+        "",
+        (f"{SIM}::test_ci_seed[7]", f"{SIM}::test_ci_seed[9]"),
+        "a load stuck in a promotion reports its request at load_timeout_s (else it hangs)"),
 ]
 
 

@@ -99,7 +99,9 @@ class GatedHandler(TransferHandler):
 
     def _run(self, job: Job) -> None:
         now = self._read_source(job.src)
-        if job.source is not None and not torch.equal(now, job.source):
+        # Compared as bytes: a source holding NaN (a failed job's scribble) that did not change
+        # is not torn.
+        if job.source is not None and not torch.equal(_as_bytes(now), _as_bytes(job.source)):
             self._torn.append(job)
         if self.fail_next:
             self.fail_next -= 1
@@ -131,6 +133,10 @@ class GatedHandler(TransferHandler):
             job.result = failed_result(job.id, job.kind, len(job.dst))
 
 
+def _as_bytes(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous().view(torch.uint8)
+
+
 class ControlledTransfers(OffloadingWorker):
     """The standard routes (ENGINE<->HOST, and HOST<->each lower tier) on GatedHandlers."""
 
@@ -141,10 +147,17 @@ class ControlledTransfers(OffloadingWorker):
         self.fenced: list[Job] = []  # held jobs an unbounded wait (the fence) ran
         self.torn: list[Job] = []  # jobs whose source changed between submit and run
         self.gates: dict[Direction, GatedHandler] = {}
-        for kind, fn in tier_routes(host, lower).items():
-            self.gates[kind] = GatedHandler(fn, self._source, self._scribble, self.fenced,
-                                            self.torn)
+        for kind, fn in self.routes(host, lower).items():
+            self.gates[kind] = self.make_gate(kind, fn)
             self.register_handler(*kind, self.gates[kind])
+
+    def routes(self, host: HostTier, lower: Mapping[str, LowerTier]) -> dict[Direction, TransferFn]:
+        """The function each direction runs (a seam: the simulation's clock, tests/sim)."""
+        return tier_routes(host, lower)
+
+    def make_gate(self, kind: Direction, transfer: TransferFn) -> GatedHandler:
+        """The handler of one direction (a seam: the simulation's fault points, tests/sim)."""
+        return GatedHandler(transfer, self._source, self._scribble, self.fenced, self.torn)
 
     def hold(self, *kinds: Direction, held: bool = True) -> None:
         """Jobs of these directions submitted from now on stay in flight until released."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 
@@ -46,13 +47,14 @@ class WorkerStats:
 class Deadlines:
     """Job id -> the monotonic time its lower-tier stage is late. Worker thread only."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock  # a simulation moves time itself (tests/sim)
         self._at: dict[int, float] = {}
         self._extended: set[int] = set()  # jobs given a second deadline (extend_once)
 
     def start(self, job_id: int, seconds: float) -> None:
         assert job_id not in self._at, f"job {job_id} already has a deadline"
-        self._at[job_id] = time.monotonic() + seconds
+        self._at[job_id] = self._clock() + seconds
 
     def end(self, job_id: int) -> None:
         """The stage ended (in time or not): no deadline any more."""
@@ -71,7 +73,7 @@ class Deadlines:
 
     def take_expired(self) -> list[int]:
         """The jobs whose deadline passed, in id order; each is returned once."""
-        now = time.monotonic()
+        now = self._clock()
         late = sorted(j for j, at in self._at.items() if at <= now)
         for j in late:
             del self._at[j]

@@ -61,11 +61,12 @@ __all__ = ["OffloadingConnectorWorker", "Stage", "TransferKey"]
 class OffloadingConnectorWorker:
     def __init__(self, config: OffloadingConfig,
                  make_transfers: TransfersFactory = build_tier_worker,
-                 sync_stores: bool = False, wait_sync_loads: bool = False) -> None:
+                 sync_stores: bool = False, wait_sync_loads: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock  # deadlines' time (tests/sim moves it; its own HOST->ENGINE route)
         self._make_transfers = make_transfers
-        self.sync_stores = sync_stores
-        self.wait_sync_loads = wait_sync_loads
+        self.sync_stores, self.wait_sync_loads = sync_stores, wait_sync_loads
         self.geometry: OffloadGeometry | None = None  # set by register_kv_caches
         self.host: HostTier | None = None
         self.lower: dict[str, LowerTier] = {}  # medium -> tier below host, top down
@@ -77,11 +78,10 @@ class OffloadingConnectorWorker:
         self._ready: list[Load] = []  # loads done, to report in this step's get_finished
         self._results: list[JobResult] = []  # for the next worker metadata
         self._load_errors: set[int] = set()
-        self._deadlines = Deadlines()  # promotions and write-throughs in flight
+        self._deadlines = Deadlines(clock)  # promotions and write-throughs in flight
         self._late: list[int] = []  # job ids given up on, for the next worker metadata
         self._given_up: set[int] = set()  # late write-throughs, until their threads return
-        # Requests whose synchronous load failed this step: its forward ran on their bad blocks.
-        self._tainted: set[str] = set()
+        self._tainted: set[str] = set()  # a sync load failed this step: its forward read them
         self.stats = WorkerStats()
 
     def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool,
@@ -130,7 +130,7 @@ class OffloadingConnectorWorker:
                  for part in split_parts(load.job, g.block_factor, g.slot_bytes)]
         num_bytes = sum(len(src.slot_ids) for _, (src, _) in parts) * g.slot_bytes
         timeout = None if self.wait_sync_loads else sync_timeout(num_bytes)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self._clock() + timeout
         for i, (load, (src, dst)) in enumerate(parts):
             key = TransferKey(load.job.job_id, part=i)
             load.parts[key] = dst.block_ids
@@ -229,7 +229,7 @@ class OffloadingConnectorWorker:
         promotion starts its copy on the way), at most LOAD_WAIT_S, so that loads ending close
         together report in one step; with none, wait IDLE_WAIT_S for anything."""
         transfers = self._transfers()
-        deadline = time.monotonic() + LOAD_WAIT_S
+        deadline = self._clock() + LOAD_WAIT_S
         while True:
             loads = [k for k in self._in_flight if (load := self._loads.get(k.job_id))
                      is not None and not load.parts and not load.late]
@@ -238,7 +238,7 @@ class OffloadingConnectorWorker:
                     transfers.wait(self._in_flight, timeout=IDLE_WAIT_S)
                     self._on_finished(transfers.get_finished())
                 return
-            left = deadline - time.monotonic()
+            left = deadline - self._clock()
             if left <= 0:
                 return
             transfers.wait(loads, timeout=left)
