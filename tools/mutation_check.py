@@ -32,6 +32,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+MUTANT_LIMIT_S = 240  # one mutant's test run at most (a hang counts as killed)
 OFFLOADING = "src/kvport/connectors/offloading"
 TESTS = "tests/offloading"
 RACES = f"{TESTS}/test_connector_races.py"
@@ -1598,6 +1600,9 @@ def serve() -> int:
         if pid == 0:  # the child: one pytest run, then out without the zygote's cleanup
             code = 3
             try:
+                # A mutant whose tests hang (a loop its guard ended) is stopped, not waited on
+                # forever: the default SIGALRM action ends the child (run_mutant: killed).
+                signal.alarm(MUTANT_LIMIT_S)
                 devnull = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(devnull, 0)
                 os.dup2(log, 1)
@@ -1660,6 +1665,8 @@ def run_mutant(m: Mutant, src: Path, zygote: Zygote) -> tuple[str, float, str]:
         return "SURVIVED", seconds, ""
     if code == 1:  # tests ran and failed
         return "killed", seconds, failures
+    if code == -signal.SIGALRM:  # they hung: the guard is what ended them
+        return "killed", seconds, f"    (no result within {MUTANT_LIMIT_S} s: the tests hung)"
     tail = "\n".join(f"    {line}" for line in lines[-8:])
     return f"ERROR (pytest exit {code})", seconds, tail
 

@@ -202,7 +202,7 @@ def test_a_hung_write_through_is_given_up_and_its_slots_return_with_it(
     tmp_path: Path, reference: list[list[int]],
 ) -> None:
     llm = faulty_llm(tmp_path, {(HOST, DISK): {"hold_on": {1}}}, config={"write_timeout_s": 0.3})
-    assert run(llm, prompts())[0] == reference  # returns: the hung write stops keeping it busy
+    assert run_bounded(llm, prompts()) == reference  # the hung write stops keeping it busy
     wait_until(lambda: bool(llm.engine.step() or True)
                and worker_half(llm).stats.num_late_writes == 1)
     assert not llm.engine.has_pending_work()
@@ -220,7 +220,7 @@ def test_a_hung_write_through_is_given_up_and_its_slots_return_with_it(
 def test_shutdown_does_not_wait_for_a_write_it_gave_up(tmp_path: Path) -> None:
     llm = faulty_llm(tmp_path, {(HOST, DISK): {"hold_on": {1}}},
                      config={"write_timeout_s": 0.3, "shutdown_timeout_s": 8.0})
-    run(llm, prompts()[:2])
+    run_bounded(llm, prompts()[:2])
     wait_until(lambda: bool(llm.engine.step() or True)
                and worker_half(llm).stats.num_late_writes == 1)
     worker = worker_half(llm)
