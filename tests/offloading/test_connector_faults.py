@@ -175,19 +175,20 @@ def settle(llm: LLM) -> None:
 def test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it(
     tmp_path: Path, reference: list[list[int]],
 ) -> None:
-    llm = faulty_llm(tmp_path, {(DISK, HOST): {"hold_on": {1}}}, config={"load_timeout_s": 0.3})
+    llm = faulty_llm(tmp_path, {(DISK, HOST): {"hold_on": {1}}}, config={"load_timeout_s": 1.0})
     assert run(llm, prompts())[0] == reference
     assert llm.reset_prefix_cache(reset_connector=True)  # the host tier forgets: disk hits now
-    # The first promotion hangs. Its load is late after 0.3 s: its blocks are recomputed, and
+    # The first promotion hangs. Its load is late after 1 s: its blocks are recomputed, and
     # every later request's disk hits are served meanwhile (the stuck thread is replaced).
     assert run_bounded(llm, prompts()) == reference
     wrapper = faulty_connector.WRAPPERS[(DISK, HOST)]
     assert wrapper.started >= {1, 2} and 1 not in wrapper.finished  # others overtook it
     metrics = llm.get_metrics()["connector"]
-    # Late: the held call's loads only (a batch may hold several); loads queued behind it got
-    # a second deadline and ran on the thread that replaced the stuck one.
+    # Late: the held call's loads (a batch may hold several; loads queued behind it got a
+    # second deadline and ran on the thread that replaced the stuck one), and on a busy machine
+    # maybe a slow one that has returned since.
     late = metrics["worker"]["num_late_loads"]
-    assert 1 <= late == metrics["requests"]["num_late_jobs"]
+    assert 1 <= metrics["requests"]["num_late_jobs"] <= late
     assert metrics["requests"]["num_disk_hit_tokens"] > 0
     assert not llm.engine.has_pending_work()  # a late job keeps nothing stepping
     wrapper.release_all()  # the read returns: its slots are free again
@@ -201,10 +202,10 @@ def test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it(
 def test_a_hung_write_through_is_given_up_and_its_slots_return_with_it(
     tmp_path: Path, reference: list[list[int]],
 ) -> None:
-    llm = faulty_llm(tmp_path, {(HOST, DISK): {"hold_on": {1}}}, config={"write_timeout_s": 0.3})
+    llm = faulty_llm(tmp_path, {(HOST, DISK): {"hold_on": {1}}}, config={"write_timeout_s": 1.0})
     assert run_bounded(llm, prompts()) == reference  # the hung write stops keeping it busy
     wait_until(lambda: bool(llm.engine.step() or True)
-               and worker_half(llm).stats.num_late_writes == 1)
+               and worker_half(llm).stats.num_late_writes >= 1)
     assert not llm.engine.has_pending_work()
     manager = offloading_half(llm).manager
     assert manager.num_pinned > 0  # the given-up write's slots: its thread may still read them
@@ -219,10 +220,10 @@ def test_a_hung_write_through_is_given_up_and_its_slots_return_with_it(
 
 def test_shutdown_does_not_wait_for_a_write_it_gave_up(tmp_path: Path) -> None:
     llm = faulty_llm(tmp_path, {(HOST, DISK): {"hold_on": {1}}},
-                     config={"write_timeout_s": 0.3, "shutdown_timeout_s": 8.0})
+                     config={"write_timeout_s": 1.0, "shutdown_timeout_s": 8.0})
     run_bounded(llm, prompts()[:2])
     wait_until(lambda: bool(llm.engine.step() or True)
-               and worker_half(llm).stats.num_late_writes == 1)
+               and worker_half(llm).stats.num_late_writes >= 1)
     worker = worker_half(llm)
     start = time.monotonic()
     llm.shutdown()
