@@ -9,6 +9,7 @@ or nothing. In the engine: outputs equal to no connector, nothing leaked.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -262,7 +263,8 @@ def test_eviction_below_the_working_set_counts_vanished_keys_outputs_equal(
 
     def evicting_right_after(keys: list[bytes]) -> list[bool]:
         answer = found(keys)
-        held = [lookup.keyspace.key(k) for k, a in zip(keys, answer) if a]
+        run = len(list(itertools.takewhile(bool, answer)))  # a hit run ends at the first miss
+        held = [lookup.keyspace.key(k) for k in keys[:run]]
         filler = b"x" * 65536
         for i in range(80):  # 5 MiB of other writes: Redis evicts the least recently used
             admin.set(f"filler:{len(gone)}:{i}", filler)
@@ -276,9 +278,11 @@ def test_eviction_below_the_working_set_counts_vanished_keys_outputs_equal(
     assert tokens == reference
     tier, req = redis_metrics(llm), host_metrics(llm)
     evicted = int(admin.info("stats")["evicted_keys"])
-    # Every key evicted between a lookup and its load is a vanished block (a failed load
-    # recomputed), and nothing else is.
-    assert evicted > 0 and sum(gone) > 0 and tier["vanished"] == sum(gone), (tier, gone)
+    # Every key of a hit run evicted between its lookup and its load is a vanished block (a
+    # failed load recomputed), and nothing else is; but for the run's last block, which a
+    # request leaves to compute when it holds the prompt's last token (one per request at most).
+    assert evicted > 0 and sum(gone) > 0, (tier, gone)
+    assert sum(gone) - len(prompts()) <= tier["vanished"] <= sum(gone), (tier, gone)
     assert tier["corrupt"] == tier["errors"] == 0 and req["num_failed_loads"] > 0, (tier, req)
     assert_nothing_leaked(llm)
     llm.shutdown()
