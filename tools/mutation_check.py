@@ -779,7 +779,7 @@ MUTANTS: list[Mutant] = [
         "            if started.isdisjoint(keys)"
         " and self._deadlines.extend_once(job_id, seconds):\n",
         "            if False:\n",
-        (f"{FAULTS}::test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it",),
+        (f"{RACES}::test_a_promotion_only_queued_behind_a_stuck_job_gets_a_second_deadline",),
         "a job only queued behind a stuck one runs on the replacement thread, not failed with it"),
     Mutant(
         "stuck-threads-replaced", f"{OFFLOADING}/transfer_threads.py",

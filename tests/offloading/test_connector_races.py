@@ -412,3 +412,31 @@ def test_a_run_a_planned_promotion_reads_is_not_evicted_by_a_write_through(
     assert [list(a.output_token_ids)] == want
     assert offloading_half(llm).stats.num_failed_loads == 0 and a.num_cached_tokens >= 32
     release_and_finish(llm, transfers)
+
+
+def test_a_promotion_only_queued_behind_a_stuck_job_gets_a_second_deadline(
+        tmp_path: Path) -> None:
+    # A promotion that never started (queued behind another job's stuck read) is not stuck
+    # itself: at its deadline it gets a second one, and runs on the thread that replaced the
+    # stuck one; only past that is it late (its blocks recomputed).
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    p = prompts(1, seed=11)[0]
+    want = reference([p], params)
+    llm, transfers = controlled_llm({"load_timeout_s": 5.0}, disk_dir=tmp_path)
+    assert run_bounded(llm, [p], params) == want  # stored, and written through to disk
+    assert llm.reset_prefix_cache(reset_connector=True)  # only the disk tier has P now
+    worker, clock = worker_half(llm), [0.0]
+    worker._deadlines._clock = lambda: clock[0]
+    transfers.started = lambda job_ids: set()  # type: ignore[method-assign]  # all queued
+    transfers.hold((DISK, HOST))
+    a = llm.engine.add_request("A", p, params)
+    llm.engine.step()  # its promotion: submitted, due at 5 s
+    assert len(transfers.in_flight((DISK, HOST))) == 1
+    clock[0] = 6.0
+    llm.engine.step()
+    assert worker.stats.num_late_loads == 0  # only queued: a second deadline, at 11 s
+    clock[0] = 12.0
+    llm.engine.step()
+    assert worker.stats.num_late_loads == 1  # late now: recomputed
+    release_and_finish(llm, transfers)
+    assert [list(a.output_token_ids)] == want

@@ -68,7 +68,7 @@ class Deadlines:
         if job_id in self._extended:
             return False
         self._extended.add(job_id)
-        self._at[job_id] = time.monotonic() + seconds
+        self._at[job_id] = self._clock() + seconds
         return True
 
     def take_expired(self) -> list[int]:
