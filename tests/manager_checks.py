@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvport.connectors.offloading.manager import OffloadingManager, PrepareStoreOutput
+from kvport.connectors.offloading.manager.abstract import OffloadingManager, PrepareStoreOutput
 
 MEDIUM = "CPU"
 

@@ -36,9 +36,9 @@ def test_every_mutant_applies_exactly_once_and_names_existing_tests() -> None:
 
 def test_a_mutant_whose_text_moved_is_reported() -> None:
     tool = mutation_check()
-    gone = tool.Mutant("gone", "src/kvport/connectors/offloading/worker.py", "no such text\n",
+    gone = tool.Mutant("gone", "src/kvport/connectors/offloading/worker/half.py", "no such text\n",
                        "", ("tests/x.py::test_x",), "a guard that was rewritten")
-    twice = tool.Mutant("twice", "src/kvport/connectors/offloading/worker.py", "self", "",
+    twice = tool.Mutant("twice", "src/kvport/connectors/offloading/worker/half.py", "self", "",
                         ("tests/x.py::test_x",), "text that is not unique")
     problems = tool.check_applicable([gone, twice])
     assert problems[0].startswith("gone: its old text occurs 0 times")

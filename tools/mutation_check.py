@@ -44,7 +44,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MUTANT_LIMIT_S = 240  # one mutant's test run at most (a hang counts as killed)
-OFFLOADING = "src/kvport/connectors/offloading"
 TESTS = "tests/offloading"
 RACES = f"{TESTS}/test_connector_races.py"
 ENGINE = f"{TESTS}/test_connector_engine.py"
@@ -53,7 +52,6 @@ ADMISSION = f"{TESTS}/test_connector_admission.py"
 FENCE = f"{TESTS}/test_scheduler_fence.py"
 STAGES = f"{TESTS}/test_store_stages.py"
 SYNC = f"{TESTS}/test_sync_loads.py"
-ENGINE_DIR = "src/kvport/engine"
 SCHED = "tests/engine/test_scheduler_connector.py"
 DRIVER = "src/kvport/connectors/driver.py"
 REGRESSIONS = "tests/connectors/test_framework_regressions.py"
@@ -79,102 +77,103 @@ class Mutant:
 MUTANTS: list[Mutant] = [
     # ---- OffloadingConnector: the block-reuse fence ------------------------------------------
     Mutant(
-        "fence-wait", f"{OFFLOADING}/worker.py",
-        "            self._transfers().wait([k for k in self._in_flight if k.stage is Stage.COPY\n"
-        "                                    and k.job_id in meta.jobs_to_flush])\n",
+        "fence-wait", "src/kvport/connectors/offloading/worker/half.py",
+        "            submitter.router.wait([k for k in submitter.in_flight if k.stage is Stage.COPY\n"
+        "                                   and k.job_id in meta.jobs_to_flush])\n",
         "            pass\n",
         (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "handle_preemptions waits for jobs_to_flush before the forward overwrites their blocks"),
     Mutant(
-        "sync-stores-report-in-their-step", f"{OFFLOADING}/worker.py",
-        "                transfers.wait([TransferKey(job.job_id) for job in meta.stores])\n",
+        "sync-stores-report-in-their-step", "src/kvport/connectors/offloading/worker/half.py",
+        "                submitter.router.wait([TransferKey(job.job_id) for job in meta.stores])\n",
         "                pass\n",
         (f"{STAGES}::test_sync_stores_report_in_the_step_that_computed_them",),
         "with sync_stores a step's stores report in that step (vLLM may stop stepping)"),
     Mutant(
-        "fence-handed-out-blocks", f"{OFFLOADING}/scheduler.py",
-        "        flush |= self._jobs.readers_of(fresh)\n",
-        "",
+        "fence-handed-out-blocks", "src/kvport/connectors/offloading/scheduler/fence.py",
+        "        flush = self.jobs.readers_of(fresh)\n",
+        "        flush: set[int] = set()\n",
         (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "pending stores reading a block handed out again in this step are flushed"),
     Mutant(
-        "fence-resent-request-blocks", f"{OFFLOADING}/scheduler.py",
-        "            else:  # admitted (known in full already), or running and sent in full again\n"
-        "                fresh.update(new.block_ids[known:])\n",
+        "fence-resent-request-blocks", "src/kvport/connectors/offloading/scheduler/fence.py",
+        "        else:  # admitted (known in full already), or running and sent in full again\n"
+        "            self._fresh.update(block_ids[len(known):])\n",
         "",
         (f"{FENCE}::test_a_resent_requests_new_blocks_are_handed_out_again",),
         "new blocks of a running request sent to the runner in full again count as handed out"),
     Mutant(
-        "fence-admitted-blocks", f"{OFFLOADING}/scheduler.py",
-        "            self._fresh_blocks.update(block_ids[num_local // self.block_size:])\n",
+        "fence-admitted-blocks", "src/kvport/connectors/offloading/scheduler/fence.py",
+        "            self._fresh.update(block_ids[num_local_blocks:])\n",
         "            pass\n",
         (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
         "the blocks an admitted request got beyond its local hit count as handed out again"),
     # ---- OffloadingConnector: hits and loads -------------------------------------------------
     Mutant(
-        "readmission-waits-for-own-stores", f"{OFFLOADING}/scheduler.py",
+        "readmission-waits-for-own-stores", "src/kvport/connectors/offloading/scheduler/half.py",
         "        if st is not None and st.store_jobs:\n",
         "        if False:\n",
         (f"{RACES}::test_a_readmitted_request_waits_for_its_own_stores_then_loads_them",),
         "a request re-admitted while its own stores are unreported asks again, then loads them"),
     Mutant(
-        "keys-being-written-end-the-run", f"{OFFLOADING}/scheduler.py",
-        "            lower = self.lower.find_run(candidates, stop=self.manager.contains)\n",
-        "            lower = self.lower.find_run(candidates, stop=lambda key: False)\n",
+        "keys-being-written-end-the-run", "src/kvport/connectors/offloading/scheduler/hits.py",
+        "            match.lower = self.lower.find_run(candidates, stop=self.manager.contains)\n",
+        "            match.lower = self.lower.find_run(candidates, stop=lambda key: False)\n",
         (f"{RACES}::test_a_promotion_later_than_inflight_wait_s_is_computed[0.0]",),
         "a key being written to the host tier (another request's promotion) ends the hit run"),
     Mutant(
-        "inflight-wait-taken", f"{OFFLOADING}/scheduler.py",
+        "inflight-wait-taken", "src/kvport/connectors/offloading/scheduler/hits.py",
         "        if self._being_written(keys, end, request.num_tokens)"
         " and self.waits.should_wait(rid):\n",
         "        if False:\n",
         (f"{RACES}::test_a_hit_on_keys_being_promoted_waits_for_the_promotion_then_loads",),
         "a hit run that ends at keys another job is writing waits for that write"),
     Mutant(
-        "inflight-wait-bounded", f"{OFFLOADING}/inflight.py",
+        "inflight-wait-bounded", "src/kvport/connectors/offloading/scheduler/inflight.py",
         "        if now < deadline:\n",
         "        if True:\n",
         (f"{RACES}::test_a_promotion_later_than_inflight_wait_s_is_computed[0.5]",),
         "the wait for another job's write ends at inflight_wait_s"),
     Mutant(
-        "inflight-wait-forgotten-at-admission", f"{OFFLOADING}/scheduler.py",
+        "inflight-wait-forgotten-at-admission", "src/kvport/connectors/offloading/scheduler/half.py",
         "        rid = request.request_id\n        self.waits.forget(rid)\n        old = ",
         "        rid = request.request_id\n        old = ",
         (f"{RACES}::test_a_hit_on_keys_being_promoted_waits_for_the_promotion_then_loads",),
         "an admitted request's wait is dropped: a later one starts with a full bound"),
     Mutant(
-        "inflight-wait-forgotten-at-finish", f"{OFFLOADING}/scheduler.py",
-        "        self._hit_split.pop(rid, None)\n        self.waits.forget(rid)\n",
-        "        self._hit_split.pop(rid, None)\n",
+        "inflight-wait-forgotten-at-finish", "src/kvport/connectors/offloading/scheduler/half.py",
+        "        self.hits.forget(rid)\n"
+        "        self.waits.forget(rid)\n",
+        "        self.hits.forget(rid)\n",
         (f"{RACES}::test_a_request_aborted_while_it_waits_leaves_nothing",),
         "a request finished (aborted) while it waits leaves no wait behind"),
     Mutant(
-        "failed-promotion-ends-waits", f"{OFFLOADING}/scheduler.py",
+        "failed-promotion-ends-waits", "src/kvport/connectors/offloading/scheduler/half.py",
         FAILED_PROMOTION_FREED,
         "            pass\n",
         (f"{RACES}::test_a_failed_promotion_ends_the_wait_for_it",),
         "keys whose promotion failed leave the host tier, which ends other requests' waits "
         "for them"),
     Mutant(
-        "promotion-room", f"{OFFLOADING}/scheduler.py",
-        "            room = max(0, self._room() - num_host)\n",
+        "promotion-room", "src/kvport/connectors/offloading/scheduler/hits.py",
+        "            room = max(0, self.room() - num_host)\n",
         "            room = len(keys)\n",
         (f"{ENGINE}::test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
         "a hit promotes at most as many disk blocks as the host tier could free"),
     Mutant(
-        "store-room", f"{OFFLOADING}/scheduler.py",
-        "        end = min(end, st.next_store_idx + self._room())\n",
+        "store-room", "src/kvport/connectors/offloading/scheduler/stores.py",
+        "        end = min(end, st.next_store_idx + room)\n",
         "",
         (f"{ENGINE}::test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
         "a run longer than the host tier is stored a part per step, not refused forever"),
     Mutant(
-        "promotion-bypasses-admission", f"{OFFLOADING}/scheduler.py",
+        "promotion-bypasses-admission", "src/kvport/connectors/offloading/scheduler/hits.py",
         "            out = self.manager.prepare_store(lower_keys, bypass_admission=True)\n",
         "            out = self.manager.prepare_store(lower_keys)\n",
         (f"{ADMISSION}::test_disk_hits_are_promoted_whatever_the_admission_count",),
         "promotions from disk are hits: admission control must not hold them back"),
     Mutant(
-        "admission-counted-per-admission", f"{OFFLOADING}/policy.py",
+        "admission-counted-per-admission", "src/kvport/connectors/offloading/manager/policy.py",
         "            num_hits += 1\n        return num_hits\n",
         ("            num_hits += 1\n        self.admission.on_request(keys)\n"
          "        return num_hits\n"),
@@ -182,83 +181,82 @@ MUTANTS: list[Mutant] = [
         "a request matched several times before admission counts once for store_threshold"),
     # ---- OffloadingConnector: pins and failures ----------------------------------------------
     Mutant(
-        "failed-load-not-offered-again", f"{OFFLOADING}/scheduler.py",
+        "failed-load-not-offered-again", "src/kvport/connectors/offloading/scheduler/hits.py",
         "        if not self.load_enabled or (st is not None and st.load_failed):\n",
         "        if not self.load_enabled:\n",
         ("tests/vllm/test_vllm_scheduler.py::test_a_failed_load_is_recomputed[False]",),
         "a request whose load failed is not offered it again (vLLM would retry it forever)"),
     Mutant(
-        "write-through-pins", f"{OFFLOADING}/scheduler.py",
+        "write-through-pins", "src/kvport/connectors/offloading/scheduler/half.py",
         "            self.manager.prepare_load(good)\n"
         "            job.pinned, job.failed_keys = good, bad\n",
         "            job.pinned, job.failed_keys = [], bad\n",
         (f"{RACES}::test_a_write_through_keeps_its_slots_until_it_reports",),
         "host slots stay pinned while the disk write-through reads them"),
     Mutant(
-        "failed-slots-reserved-until-every-write", f"{OFFLOADING}/scheduler.py",
+        "failed-slots-reserved-until-every-write", "src/kvport/connectors/offloading/scheduler/half.py",
         "            job.pinned, job.failed_keys = good, bad\n",
         "            job.pinned, job.failed_keys = good, []\n"
         "            self.manager.complete_store(bad, success=False)\n",
         (f"{STAGES}::test_a_store_is_done_when_every_worker_reported_it",),
         "a block one rank failed stays reserved while another rank may write its slot to disk"),
     Mutant(
-        "write-through-started-by-the-worker", f"{OFFLOADING}/worker.py",
+        "write-through-started-by-the-worker", "src/kvport/connectors/offloading/worker/stores.py",
         "        writes = self.writes.start(job, failed)\n",
         "        writes = []\n",
         (f"{STAGES}::test_an_engine_that_stops_stepping_loses_no_store",),
         "the worker writes a store through to disk itself: no scheduler step is needed"),
     Mutant(
-        "shutdown-drains-stores", f"{OFFLOADING}/worker.py",
-        "            self.transfers.wait(pending, left)\n",
+        "shutdown-drains-stores", "src/kvport/connectors/offloading/worker/half.py",
+        "            submitter.router.wait(pending, left)\n",
         "            break\n",
         (f"{STAGES}::test_shutdown_lets_the_write_throughs_finish",),
         "shutdown lets stores and write-throughs in flight finish instead of cancelling them"),
     Mutant(
-        "shutdown-writes-through-late-copies", f"{OFFLOADING}/worker.py",
-        "            self._on_finished(self.transfers.get_finished())"
-        "  # a copy that ended starts its writes\n",
+        "shutdown-writes-through-late-copies", "src/kvport/connectors/offloading/worker/half.py",
+        "            self._on_finished(submitter.take_finished())  # a copy that ended starts its writes\n",
         "            pass\n",
         (f"{STAGES}::test_shutdown_writes_through_a_copy_that_ended_after_the_last_step",),
         "shutdown starts the write-through of a store whose copy ended after the last step (D3)"),
     Mutant(
-        "shutdown-counts-what-it-dropped", f"{OFFLOADING}/worker.py",
+        "shutdown-counts-what-it-dropped", "src/kvport/connectors/offloading/worker/half.py",
         "            self.stats.add(num_dropped_at_shutdown=len(pending))\n",
         "            pass\n",
         (f"{STAGES}::test_shutdown_drops_what_runs_past_its_deadline_and_says_what",),
         "what shutdown drops at its deadline is counted"),
     Mutant(
-        "shutdown-skips-given-up-writes", f"{OFFLOADING}/worker.py",
-        "                       and k.job_id not in self._given_up]\n",
+        "shutdown-skips-given-up-writes", "src/kvport/connectors/offloading/worker/half.py",
+        "                       and k.job_id not in stores.given_up]\n",
         "                       ]\n",
         (f"{FAULTS}::test_shutdown_does_not_wait_for_a_write_it_gave_up",),
         "shutdown does not wait for a write-through already given up (write_timeout_s)"),
     Mutant(
-        "a-stage-waits-for-every-worker", f"{OFFLOADING}/jobs.py",
+        "a-stage-waits-for-every-worker", "src/kvport/connectors/offloading/scheduler/jobs.py",
         "        if self.num_workers == 1:\n",
         "        if True:\n",
         (f"{STAGES}::test_a_store_is_done_when_every_worker_reported_it",
          f"{STAGES}::test_a_load_is_done_when_every_worker_reported_it"),
         "with several workers (TP ranks) a job's stage is done only when every one reported"),
     Mutant(
-        "failed-copy-reported", f"{OFFLOADING}/worker.py",
-        "                load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
-        "                pass\n",
+        "failed-copy-reported", "src/kvport/connectors/offloading/worker/loads.py",
+        "            load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
+        "            pass\n",
         (f"{FAULTS}::test_failed_loads_are_recomputed[False]",),
         "engine blocks a HOST->ENGINE copy failed to fill are reported as load errors"),
     Mutant(
-        "failed-sync-part-reported", f"{OFFLOADING}/worker.py",
+        "failed-sync-part-reported", "src/kvport/connectors/offloading/worker/loads.py",
         "            load.engine_failed += [blocks[i] for i in result.failed_indices]\n",
         "            pass\n",
         (f"{FAULTS}::test_failed_loads_are_recomputed[True]",),
         "engine blocks a synchronous load's part failed to fill are this step's load errors"),
     Mutant(
-        "failed-promotion-reported", f"{OFFLOADING}/worker.py",
+        "failed-promotion-reported", "src/kvport/connectors/offloading/worker/loads.py",
         "        bad = {num_host + p for p in load.promote_failed}",
         "        bad: set[int] = set()",
         (f"{RACES}::test_a_failed_promotion_is_reported_and_frees_its_slots",),
         "engine blocks whose promotion from disk failed are reported, not copied from the slot"),
     Mutant(
-        "failed-promotion-frees-slots", f"{OFFLOADING}/scheduler.py",
+        "failed-promotion-frees-slots", "src/kvport/connectors/offloading/scheduler/half.py",
         FAILED_PROMOTION_FREED,
         """\
             self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
@@ -267,155 +265,157 @@ MUTANTS: list[Mutant] = [
         (f"{RACES}::test_a_failed_promotion_is_reported_and_frees_its_slots",),
         "slots of a failed promotion are freed, not published with garbage"),
     Mutant(
-        "failed-store-frees-slots", f"{OFFLOADING}/scheduler.py",
+        "failed-store-frees-slots", "src/kvport/connectors/offloading/scheduler/half.py",
         "            self.manager.complete_store(bad, success=False)\n",
         "            self.manager.complete_store(bad, success=True)\n",
         (f"{FAULTS}::test_failed_stores_free_their_slots",),
         "slots of a failed store are freed, not published with garbage"),
     Mutant(
-        "stores-submitted-every-step", f"{OFFLOADING}/worker.py",
-        "        if meta is not None:\n            for job in meta.stores:",
-        "        if meta is not None and did_forward:\n            for job in meta.stores:",
+        "stores-submitted-every-step", "src/kvport/connectors/offloading/worker/half.py",
+        "        if meta is not None:\n"
+        "            self._on_finished(stores.submit(meta.stores, tainted))\n",
+        "        if meta is not None and did_forward:\n"
+        "            self._on_finished(stores.submit(meta.stores, tainted))\n",
         (f"{ENGINE}::test_no_store_is_lost_when_every_other_step_has_no_forward[one-step-late]",),
         "stores reaching the worker on a step without a forward are submitted too"),
     # ---- the engine's connector bookkeeping (engine/kv_transfer.py, engine/scheduler.py) ------
     Mutant(
-        "hold-while-loading", f"{ENGINE_DIR}/kv_transfer.py",
+        "hold-while-loading", "src/kvport/engine/kv_transfer.py",
         "        if was_loading and rid not in self._finished_recving:\n            reasons.add(RECV)\n",
         "",
         (f"{SCHED}::test_abort_while_loading_frees_blocks_only_after_the_load_reports",),
         "an aborted request's blocks stay allocated while its async load still writes them"),
     Mutant(
-        "hold-while-sending", f"{ENGINE_DIR}/kv_transfer.py",
+        "hold-while-sending", "src/kvport/engine/kv_transfer.py",
         "            if delay:\n                reasons.add(SEND)\n",
         "",
         (f"{SCHED}::test_delayed_send_keeps_blocks_until_finished_sending",),
         "request_finished True keeps the blocks until finished_sending names the request"),
     Mutant(
-        "release-only-by-its-completion", f"{ENGINE_DIR}/kv_transfer.py",
+        "release-only-by-its-completion", "src/kvport/engine/kv_transfer.py",
         "        if held is not None and kind in held[1]:\n",
         "        if held is not None:\n",
         (f"{SCHED}::test_a_completion_of_the_other_kind_keeps_the_blocks_held",),
         "held blocks are released only by the completion they wait for"),
     Mutant(
-        "duplicate-recv-counted", f"{ENGINE_DIR}/kv_transfer.py",
+        "duplicate-recv-counted", "src/kvport/engine/kv_transfer.py",
         "        if kind == RECV and rid in self._async_load_tokens and rid not in self._finished_recving:\n",
         "        if kind == RECV and rid in self._async_load_tokens:\n",
         (f"{SCHED}::test_a_duplicate_finished_recving_before_the_resume_is_counted",),
         "a second finished_recving of the same load is ignored and counted"),
     Mutant(
-        "sync-load-leaves-a-token", f"{ENGINE_DIR}/kv_transfer.py",
+        "sync-load-leaves-a-token", "src/kvport/engine/kv_transfer.py",
         "        if not is_async and num_local + num_external >= req.num_tokens:\n",
         "        if False:\n",
         (f"{SCHED}::test_load_of_the_whole_prompt_still_computes_one_token",),
         "a sync load covering the whole prompt is cut to leave a token to compute"),
     Mutant(
-        "no-async-load-of-nothing", f"{ENGINE_DIR}/kv_transfer.py",
+        "no-async-load-of-nothing", "src/kvport/engine/kv_transfer.py",
         "        if num_external == 0 and is_async:\n",
         "        if False:\n",
         (f"{SCHED}::test_answers_outside_the_contract_are_corrected_and_counted",),
         "(0, True) would park a request for a load that never reports: corrected to (0, False)"),
     Mutant(
-        "matched-count-checked", f"{ENGINE_DIR}/kv_transfer.py",
+        "matched-count-checked", "src/kvport/engine/kv_transfer.py",
         "isinstance(num_external, bool) or num_external < 0:\n",
         "isinstance(num_external, bool):\n",
         (f"{SCHED}::test_answers_outside_the_contract_are_corrected_and_counted",),
         "a negative matched-token count is corrected to 0"),
     Mutant(
-        "async-load-leaves-a-token", f"{ENGINE_DIR}/kv_transfer.py",
+        "async-load-leaves-a-token", "src/kvport/engine/kv_transfer.py",
         "        num_valid = max(0, min(self._async_load_tokens.pop(rid), req.num_tokens - 1))\n",
         "        num_valid = max(0, self._async_load_tokens.pop(rid))\n",
         (f"{SCHED}::test_load_of_the_whole_prompt_still_computes_one_token",),
         "a request resumed after an async load still computes its last prompt token"),
     Mutant(
-        "empty-load-stops-asking", f"{ENGINE_DIR}/kv_transfer.py",
+        "empty-load-stops-asking", "src/kvport/engine/kv_transfer.py",
         "        if num_valid == 0:\n            self._no_external.add(rid)\n",
         "",
         (f"{SCHED}::test_failed_async_load_resumes_from_the_last_good_block",),
         "an async load that delivered nothing makes the request start over without the connector"),
     Mutant(
-        "admission-counted-once", f"{ENGINE_DIR}/kv_transfer.py",
+        "admission-counted-once", "src/kvport/engine/kv_transfer.py",
         "        return Match(MatchKind.MATCHED, num_local, num_external, bool(is_async))\n",
         "        self.stats.num_queried_tokens += req.num_tokens - num_local  # per call\n"
         "        return Match(MatchKind.MATCHED, num_local, num_external, bool(is_async))\n",
         (f"{SCHED}::test_a_request_retried_for_room_is_counted_once",),
         "queried and hit tokens count once per admission, not once per retry"),
     Mutant(
-        "failed-load-limits-a-load-in-flight", f"{ENGINE_DIR}/scheduler.py",
+        "failed-load-limits-a-load-in-flight", "src/kvport/engine/scheduler.py",
         "                self.xfer.limit_async_load(req.request_id, first * bs)\n",
         "                pass\n",
         (f"{SCHED}::test_failed_async_load_resumes_from_the_last_good_block",),
         "a parked request resumes with only the tokens before its first failed block"),
     Mutant(
-        "failed-load-rewinds", f"{ENGINE_DIR}/scheduler.py",
+        "failed-load-rewinds", "src/kvport/engine/scheduler.py",
         "                req.rewind(first * bs, self.step_id)\n",
         "                pass\n",
         (f"{SCHED}::test_failed_sync_load_recomputes_from_the_last_good_block",),
         "a running request recomputes from the last good block before a failed one"),
     Mutant(
-        "rewound-request-resent", f"{ENGINE_DIR}/scheduler.py",
+        "rewound-request-resent", "src/kvport/engine/scheduler.py",
         "                self._resend.add(req.request_id)\n",
         "",
         (f"{SCHED}::test_failed_sync_load_recomputes_from_the_last_good_block",),
         "a rewound request's runner state is sent again in full"),
     Mutant(
-        "failed-blocks-uncached", f"{ENGINE_DIR}/scheduler.py",
+        "failed-blocks-uncached", "src/kvport/engine/scheduler.py",
         "        self.kv.uncache_block_ids(invalid)\n",
         "",
         (f"{SCHED}::test_failed_load_blocks_leave_the_cache_even_when_their_request_is_gone",),
         "blocks a load failed to fill leave the prefix cache, whoever holds them"),
     Mutant(
-        "blocks-after-a-failed-one-uncached", f"{ENGINE_DIR}/scheduler.py",
+        "blocks-after-a-failed-one-uncached", "src/kvport/engine/scheduler.py",
         "            self.kv.uncache_blocks_from(req, first)\n",
         "",
         (f"{SCHED}::test_blocks_computed_from_a_failed_load_are_withdrawn_with_it",),
         "blocks computed from a failed load's blocks leave the prefix cache with them"),
     Mutant(
-        "failed-step-blocks-uncached", f"{ENGINE_DIR}/scheduler.py",
+        "failed-step-blocks-uncached", "src/kvport/engine/scheduler.py",
         "        self.kv.uncache_blocks_from(req, max(0, first_token) // self.kv.block_size)\n",
         "",
         (f"{SCHED}::test_a_failed_step_withdraws_the_blocks_it_computed_or_loaded",),
         "blocks a failed step computed or loaded leave the prefix cache"),
     Mutant(
-        "stale-outputs-dropped", f"{ENGINE_DIR}/scheduler.py",
+        "stale-outputs-dropped", "src/kvport/engine/scheduler.py",
         "            if sched_out.step < req.discard_outputs_before_step:\n",
         "            if False:\n",
         (f"{SCHED}::test_async_scheduling_drops_the_token_of_a_step_in_flight_behind_a_failed_load",),
         "tokens of steps computed from KV that a failed load rewound are dropped"),
     Mutant(
-        "loading-blocks-never-reclaimed", f"{ENGINE_DIR}/scheduler.py",
+        "loading-blocks-never-reclaimed", "src/kvport/engine/scheduler.py",
         "                continue  # an async load still writes into them\n",
         "                pass\n",
         (f"{SCHED}::test_blocks_an_async_load_writes_are_never_reclaimed_for_another_request",),
         "blocks an async load still writes are never freed for another request"),
     Mutant(
-        "async-load-blocks-unpublished", f"{ENGINE_DIR}/scheduler.py",
+        "async-load-blocks-unpublished", "src/kvport/engine/scheduler.py",
         "delay_cache_blocks=load_async) is None:\n",
         "delay_cache_blocks=False) is None:\n",
         (f"{SCHED}::test_async_load_parks_the_request_until_finished_recving",),
         "blocks an async load will fill are not published before it reports"),
     Mutant(
-        "failed-match-fails-its-request", f"{ENGINE_DIR}/scheduler.py",
+        "failed-match-fails-its-request", "src/kvport/engine/scheduler.py",
         "                self._fail_detached(req, match.error or \"KV connector failed\")\n"
         "                return _Admission.FAILED\n",
         "                return _Admission.NOT_READY\n",
         (f"{SCHED}::test_a_raising_scheduler_hook_fails_only_its_request",),
         "a raising get_num_new_matched_tokens fails its request alone, not the engine"),
     Mutant(
-        "failed-hook-fails-its-request", f"{ENGINE_DIR}/scheduler.py",
+        "failed-hook-fails-its-request", "src/kvport/engine/scheduler.py",
         "        if error is not None:\n            self._fail_detached(req, error)\n"
         "            return _Admission.FAILED\n",
         "",
         (f"{SCHED}::test_a_raising_scheduler_hook_fails_only_its_request",),
         "a raising update_state_after_alloc fails its request alone"),
     Mutant(
-        "held-blocks-freed-on-completion", f"{ENGINE_DIR}/scheduler.py",
+        "held-blocks-freed-on-completion", "src/kvport/engine/scheduler.py",
         "            self.kv.free(req)  # the connector no longer reads or writes its blocks\n",
         "            pass\n",
         (f"{SCHED}::test_delayed_send_keeps_blocks_until_finished_sending",),
         "held blocks go back to the pool once the connector reports"),
     Mutant(
-        "load-failure-policy-fail", f"{ENGINE_DIR}/scheduler.py",
+        "load-failure-policy-fail", "src/kvport/engine/scheduler.py",
         '        if self.load_failure_policy == "fail":\n',
         "        if False:\n",
         (f"{SCHED}::test_fail_policy_fails_the_request_alone",),
@@ -430,7 +430,7 @@ MUTANTS: list[Mutant] = [
         (f"{REGRESSIONS}::test_1_handle_preemptions_runs_before_bind[vllm-0.32]",),
         "handle_preemptions runs before the step's metadata is bound, in either order"),
     Mutant(
-        "sync-loads-flagged", f"{ENGINE_DIR}/scheduler.py",
+        "sync-loads-flagged", "src/kvport/engine/scheduler.py",
         "            plan.has_sync_kv_loads = True  # the forward reads what start_load_kv loads\n",
         "            pass\n",
         (f"{SCHED}::test_only_the_step_that_admits_a_sync_load_has_sync_kv_loads",),
@@ -476,7 +476,7 @@ MUTANTS: list[Mutant] = [
         "a MultiConnector child hears only of the async loads it owns (S7 in its own trace)"),
     # ---- the Redis tier ----------------------------------------------------------------------
     Mutant(
-        "write-through-waits-for-every-tier", f"{OFFLOADING}/write_throughs.py",
+        "write-through-waits-for-every-tier", "src/kvport/connectors/offloading/worker/write_throughs.py",
         """        if write.left > 0:
             return None  # another tier still reads the slots: they stay pinned
         del self._writes[job_id]
@@ -487,13 +487,13 @@ MUTANTS: list[Mutant] = [
         (f"{RACES}::test_slots_stay_pinned_until_every_lower_tiers_write_reported",),
         "a store's slots stay pinned until every lower tier's write-through ended"),
     Mutant(
-        "redis-checksum-checked", f"{OFFLOADING}/tiers/value_format.py",
+        "redis-checksum-checked", "src/kvport/connectors/offloading/tiers/value_format.py",
         "        return Verdict.OK if checksum(payload) == xxh else Verdict.BAD\n",
         "        return Verdict.OK\n",
         (f"{TESTS}/test_redis_tier.py::test_corrupt_values_fail_are_counted_and_deleted",),
         "a Redis value whose payload does not match its checksum is never loaded"),
     Mutant(
-        "redis-corrupt-deleted", f"{OFFLOADING}/tiers/redis_tier.py",
+        "redis-corrupt-deleted", "src/kvport/connectors/offloading/tiers/redis/tier.py",
         """        if delete:
             self._delete(delete)
 """,
@@ -501,7 +501,7 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_redis_tier.py::test_corrupt_values_fail_are_counted_and_deleted",),
         "a corrupt Redis value is deleted (else every lookup finds it and every load fails)"),
     Mutant(
-        "redis-promotion-failure-is-a-load-error", f"{OFFLOADING}/worker.py",
+        "redis-promotion-failure-is-a-load-error", "src/kvport/connectors/offloading/worker/loads.py",
         """        load.promote_failed += [position[promotion.dst.slot_ids[i]]
                                 for i in result.failed_indices]
 """,
@@ -510,33 +510,36 @@ MUTANTS: list[Mutant] = [
         "blocks whose promotion from a lower tier failed are load errors, recomputed"),
     # ---- synchronous host loads --------------------------------------------------------------
     Mutant(
-        "sync-loads-copied-before-the-forward", f"{OFFLOADING}/worker.py",
-        "        if sync:\n            self._run_sync_loads(sync)\n",
+        "sync-loads-copied-before-the-forward", "src/kvport/connectors/offloading/worker/half.py",
+        "        if sync:\n"
+        "            loads.wait_sync(sync)\n"
+        "            self._on_finished(submitter.take_finished())\n"
+        "            loads.settle_sync(sync)\n",
         "",
         (f"{SYNC}::test_a_host_hit_prefills_in_the_step_that_admits_it",),
         "a synchronous load is copied in start_load_kv, before the forward reads its blocks"),
     Mutant(
-        "late-sync-parts-fail-their-blocks", f"{OFFLOADING}/worker.py",
+        "late-sync-parts-fail-their-blocks", "src/kvport/connectors/offloading/worker/loads.py",
         "                load.engine_failed += [b for blocks in load.parts.values()"
         " for b in blocks]\n",
         "",
         (f"{SYNC}::test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy",),
         "parts of a synchronous load still running at its deadline fail their blocks"),
     Mutant(
-        "late-sync-loads-fenced", f"{OFFLOADING}/scheduler.py",
-        "            self._jobs.fence(job_id, self._sync_loads[job_id])\n",
-        "            pass\n",
+        "late-sync-loads-fenced", "src/kvport/connectors/offloading/scheduler/fence.py",
+        "                self.jobs.fence(load.job_id, self._sync_loads[load.job_id])\n",
+        "                pass\n",
         (f"{RACES}::test_a_late_sync_loads_blocks_wait_for_it_before_another_request_gets_them",),
         "blocks a synchronous load writes are fenced until it ends (a late part may copy)"),
     Mutant(
-        "late-sync-parts-write-nothing", f"{OFFLOADING}/tier_wiring.py",
+        "late-sync-parts-write-nothing", "src/kvport/connectors/offloading/worker/wiring.py",
         "    if dst.deadline is not None and time.monotonic() > dst.deadline:\n",
         "    if False:\n",
         (f"{SYNC}::test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy",),
         "a part of a synchronous load that starts after its deadline writes nothing"),
     # ---- disk tier ---------------------------------------------------------------------------
     Mutant(
-        "disk-decides-before-evicting", f"{OFFLOADING}/tiers/disk_index.py",
+        "disk-decides-before-evicting", "src/kvport/connectors/offloading/tiers/disk/index.py",
         """            if freed < need:
                 return None
             names: list[bytes] = []
@@ -560,13 +563,13 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_disk_tier.py::test_size_limit_evicts_least_recently_used",),
         "a disk store that cannot fit is skipped without evicting anything"),
     Mutant(
-        "disk-store-keeps-its-own-runs", f"{OFFLOADING}/tiers/disk_index.py",
+        "disk-store-keeps-its-own-runs", "src/kvport/connectors/offloading/tiers/disk/index.py",
         "                if run_id not in keep:\n",
         "                if True:\n",
         (f"{TESTS}/test_disk_runs.py::test_a_store_never_evicts_the_runs_of_its_own_held_keys",),
         "a disk store never evicts a run holding keys the same store counts as held"),
     Mutant(
-        "disk-forgets-a-name-found-gone", f"{OFFLOADING}/tiers/disk_index.py",
+        "disk-forgets-a-name-found-gone", "src/kvport/connectors/offloading/tiers/disk/index.py",
         """            if held:
                 self._runs.move_to_end(run_id)
             else:
@@ -579,7 +582,7 @@ MUTANTS: list[Mutant] = [
          "test_a_name_found_gone_frees_its_room_before_the_store_makes_room",),
         "a key whose name another process removed no longer holds room or a run in the index"),
     Mutant(
-        "disk-run-files-reopened-when-changed", f"{OFFLOADING}/tiers/disk_files.py",
+        "disk-run-files-reopened-when-changed", "src/kvport/connectors/offloading/tiers/disk/files.py",
         "            if changed_since_open(cached.run):\n",
         "            if False:\n",
         (f"{TESTS}/test_disk_runs.py::test_runs_stay_open_between_jobs_and_close_when_evicted",
@@ -587,28 +590,28 @@ MUTANTS: list[Mutant] = [
         "a kept run file another process changed (written, names removed) is reopened and its "
         "entries checked again; one whose every name is gone is closed, not read"),
     Mutant(
-        "disk-changed-run-unchecked", f"{OFFLOADING}/tiers/disk_files.py",
+        "disk-changed-run-unchecked", "src/kvport/connectors/offloading/tiers/disk/files.py",
         "                cached.run.checked[:] = bytes(len(cached.run.checked))\n",
         "",
         (f"{TESTS}/test_disk_runs.py::"
          "test_a_changed_run_another_job_still_reads_is_handed_out_unchecked",),
         "a run found changed is handed to the next job (two disk threads) with nothing checked"),
     Mutant(
-        "disk-hashes-what-changed-while-read", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-hashes-what-changed-while-read", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "    if unhashed and changed_since_open(run):\n",
         "    if False:\n",
         (f"{TESTS}/test_disk_runs.py::"
          "test_a_run_written_while_a_job_reads_it_is_hashed_after_all",),
         "entries read unhashed from a run file another writer changed during the job are hashed"),
     Mutant(
-        "disk-reads-in-one-call-only-what-is-cached", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-reads-in-one-call-only-what-is-cached", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "            or not holds_whole(run.fd, run.header.offset(first), "
         "len(entries) * payload)):\n",
         "            ):\n",
         (f"{TESTS}/test_disk_runs.py::test_checked_entries_the_cache_holds_are_read_in_one_call",),
         "a cold extent is read in pieces the kernel's readahead streams, not in one call"),
     Mutant(
-        "disk-reads-in-one-call-only-what-was-checked", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-reads-in-one-call-only-what-was-checked", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "    if (not all(position == first + i and run.checked[position]\n",
         "    if (not all(position == first + i\n",
         (f"{TESTS}/test_disk_runs.py::"
@@ -616,91 +619,91 @@ MUTANTS: list[Mutant] = [
          f"{TESTS}/test_disk_tier.py::test_corrupt_entry_is_a_miss_and_removed"),
         "an entry never checked is hashed, however fast the cache could hand it out"),
     Mutant(
-        "disk-reads-in-one-call-only-an-extent", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-reads-in-one-call-only-an-extent", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "    if (not all(position == first + i and run.checked[position]\n",
         "    if (not all(run.checked[position]\n",
         (f"{TESTS}/test_disk_runs.py::test_checked_entries_the_cache_holds_are_read_in_one_call",),
         "one call fills the slots of consecutive positions only (no gap, no key asked twice)"),
     Mutant(
-        "disk-asks-for-names-the-index-lacks", f"{OFFLOADING}/tiers/disk_load.py",
+        "disk-asks-for-names-the-index-lacks", "src/kvport/connectors/offloading/tiers/disk/load.py",
         "                    linked = run.links == self.index.num_keys(run_id)\n",
         "                    linked = True\n",
         (f"{TESTS}/test_disk_runs.py::test_a_name_removed_before_its_run_was_opened_is_a_miss",),
         "a key whose name is gone is a miss even while its run is open through another name"),
     Mutant(
-        "disk-reads-ahead-only-holes", f"{OFFLOADING}/tiers/page_cache.py",
+        "disk-reads-ahead-only-holes", "src/kvport/connectors/offloading/tiers/disk/page_cache.py",
         "    return prefix is None or prefix[0] != held[0]\n",
         "    return True\n",
         (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
         "a span cached as a prefix (a sequential read's readahead) is not asked for again"),
     Mutant(
-        "disk-reads-ahead-holes", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-reads-ahead-holes", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "        _read_ahead_holes(run, entries)\n",
         "",
         (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
         "a span cached with holes is asked for at once, not one miss at a time"),
     Mutant(
-        "disk-reads-ahead-only-its-span", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-reads-ahead-only-its-span", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "    if size <= 2 * len(entries) * payload and has_holes(run.fd, start, size):\n",
         "    if has_holes(run.fd, start, size):\n",
         (f"{TESTS}/test_disk_runs.py::test_a_span_cached_with_holes_is_read_ahead_at_once",),
         "a job with gaps does not read ahead the entries between its own"),
     Mutant(
-        "parts-all-end-before-the-call-does", f"{OFFLOADING}/tiers/parts.py",
+        "parts-all-end-before-the-call-does", "src/kvport/connectors/offloading/tiers/parts.py",
         "        wait([f for f in futures if not f.cancel()])\n",
         "        pass\n",
         (f"{TESTS}/test_parts.py::test_every_part_has_ended_when_the_callers_part_raises",),
         "a part on a helper never writes after the call ended (a failed copy's blocks are "
         "recomputed into)"),
     Mutant(
-        "parts-late-helper-not-waited-for", f"{OFFLOADING}/tiers/parts.py",
+        "parts-late-helper-not-waited-for", "src/kvport/connectors/offloading/tiers/parts.py",
         "        wait([f for f in futures if not f.cancel()])\n",
         "        wait(futures)\n",
         (f"{TESTS}/test_parts.py::test_a_helper_that_has_not_started_is_not_waited_for",),
         "a helper task still queued when the ranges ran out is dropped, not waited for"),
     Mutant(
-        "parts-no-range-after-a-failure", f"{OFFLOADING}/tiers/parts.py",
+        "parts-no-range-after-a-failure", "src/kvport/connectors/offloading/tiers/parts.py",
         "        while not failed and (r := next(taken)) < num_ranges:\n",
         "        while (r := next(taken)) < num_ranges:\n",
         (f"{TESTS}/test_parts.py::"
          "test_a_helpers_exception_is_raised_and_no_range_starts_after_it",),
         "once a range raised, no thread starts another (the call fails anyway)"),
     Mutant(
-        "disk-split-read-failures-count", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-split-read-failures-count", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "    return all(run_in_parts(len(entries), k, lambda lo, hi: _read_exactly(\n",
         "    return any(run_in_parts(len(entries), k, lambda lo, hi: _read_exactly(\n",
         (f"{TESTS}/test_disk_runs.py::test_a_range_that_fails_to_read_makes_the_job_read_again",),
         "a range of a split read that failed makes the job read again, not a slot left "
         "unfilled"),
     Mutant(
-        "disk-split-parts-of-at-least-half-the-split", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-split-parts-of-at-least-half-the-split", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "    return max(1, min(num_helpers + 1, num_entries, size // (SPLIT_BYTES // 2)))\n",
         "    return max(1, min(num_helpers + 1, num_entries))\n",
         (f"{TESTS}/test_disk_runs.py::"
          "test_a_split_read_has_one_part_per_thread_of_at_least_half_the_split_size",),
         "many cores do not cut a cached read into parts smaller than half the split size"),
     Mutant(
-        "disk-split-parts-at-their-offsets", f"{OFFLOADING}/tiers/disk_read.py",
+        "disk-split-parts-at-their-offsets", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "        run.fd, views[lo:hi], offset + lo * payload, payload), helpers))\n",
         "        run.fd, views[lo:hi], offset, payload), helpers))\n",
         (f"{TESTS}/test_disk_runs.py::test_a_large_cached_extent_is_read_by_several_threads",),
         "each part of a split read fills its slots from its own entries"),
     Mutant(
-        "host-buffer-faulted-in-at-start", f"{OFFLOADING}/tiers/host.py",
+        "host-buffer-faulted-in-at-start", "src/kvport/connectors/offloading/tiers/host/tier.py",
         "        self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8)",
         "        self.buffer = torch.empty((num_slots, slot_bytes), dtype=torch.uint8)",
         (f"{TESTS}/test_host_tier.py::test_the_buffer_is_resident_from_the_start",),
         "the host tier's pages are faulted in when it is made, not by stores beside the forward"),
     # ---- transfer handlers: jobs run together ------------------------------------------------
     Mutant(
-        "transfer-batch-takes-only-what-fits", f"{OFFLOADING}/transfer_threads.py",
+        "transfer-batch-takes-only-what-fits", "src/kvport/connectors/offloading/worker/threads.py",
         "            if blocks + len(task.dst) > limit:\n"
         "                return tasks, task\n",
         "",
         (f"{TESTS}/test_transfers.py::test_queued_jobs_run_as_one_batch_and_are_reported_alone",),
         "a batch holds at most its size in positions (what a job waits for the others)"),
     Mutant(
-        "transfer-batch-sized-by-the-last-rate", f"{OFFLOADING}/transfer_threads.py",
+        "transfer-batch-sized-by-the-last-rate", "src/kvport/connectors/offloading/worker/threads.py",
         "        self._batch_blocks = max(1, min(self._max_batch_blocks, fit, "
         "2 * self._batch_blocks))\n",
         "        self._batch_blocks = max(1, min(self._max_batch_blocks, "
@@ -708,33 +711,33 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_transfers.py::test_a_batch_is_what_the_last_call_moved_in_batch_seconds",),
         "a slow call shrinks the next batch to what its rate moves in batch_seconds"),
     Mutant(
-        "transfer-batch-grows-at-most-twofold", f"{OFFLOADING}/transfer_threads.py",
+        "transfer-batch-grows-at-most-twofold", "src/kvport/connectors/offloading/worker/threads.py",
         "        self._batch_blocks = max(1, min(self._max_batch_blocks, fit, "
         "2 * self._batch_blocks))\n",
         "        self._batch_blocks = max(1, min(self._max_batch_blocks, fit))\n",
         (f"{TESTS}/test_transfers.py::test_a_batch_is_what_the_last_call_moved_in_batch_seconds",),
         "one fast call (bytes read ahead) at most doubles the next batch"),
     Mutant(
-        "transfer-batch-leaves-shutdowns-marker", f"{OFFLOADING}/transfer_threads.py",
+        "transfer-batch-leaves-shutdowns-marker", "src/kvport/connectors/offloading/worker/threads.py",
         "                self._queue.put(None)\n",
         "",
         (f"{TESTS}/test_transfers.py::test_shutdown_ends_every_batching_thread",),
         "a thread that takes shutdown's end marker while taking a batch leaves it for another"),
     Mutant(
-        "transfer-cancelled-jobs-left-out", f"{OFFLOADING}/transfer_threads.py",
+        "transfer-cancelled-jobs-left-out", "src/kvport/connectors/offloading/worker/threads.py",
         "            started = [t for t in tasks if t.state is _QUEUED]\n",
         "            started = list(tasks)\n",
         (f"{TESTS}/test_transfers.py::test_a_job_cancelled_while_queued_is_left_out_of_its_batch",
          f"{TESTS}/test_transfers.py::test_shutdown_with_a_never_completing_job_does_not_hang"),
         "a job cancelled while queued never runs: its destination stays untouched"),
     Mutant(
-        "transfer-waiter-woken-when-all-ended", f"{OFFLOADING}/transfer_threads.py",
+        "transfer-waiter-woken-when-all-ended", "src/kvport/connectors/offloading/worker/threads.py",
         "            if not waiter.pending:\n",
         "            if True:\n",
         (f"{TESTS}/test_transfers.py::test_wait_returns_when_the_last_of_its_jobs_ends",),
         "wait returns only once every job it names ended"),
     Mutant(
-        "disk-batch-outcomes-per-job", f"{OFFLOADING}/tiers/disk.py",
+        "disk-batch-outcomes-per-job", "src/kvport/connectors/offloading/tiers/disk/tier.py",
         "            first += len(src.keys)\n",
         "",
         (f"{TESTS}/test_disk_runs.py::"
@@ -762,71 +765,69 @@ MUTANTS: list[Mutant] = [
         "a run of passes is judged on its passes' median ratio, not on the pooled requests"),
     # ---- deadlines (D2), shutdown (D3), write-through bound (D13), hash blocks (D17) --------
     Mutant(
-        "late-loads-given-up", f"{OFFLOADING}/worker.py",
+        "late-loads-given-up", "src/kvport/connectors/offloading/worker/half.py",
         "        expired = self._deadlines.take_expired()\n",
         "        expired: list[int] = []\n",
         (f"{FAULTS}::test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it",),
         "a promotion or write-through past its deadline is given up: generate() returns"),
     Mutant(
-        "late-load-blocks-fail", f"{OFFLOADING}/worker.py",
-        "                load.engine_failed = sorted(set(load.engine_failed)"
-        " | set(load.job.dst.block_ids))\n",
-        "                pass\n",
+        "late-load-blocks-fail", "src/kvport/connectors/offloading/worker/loads.py",
+        "        load.engine_failed = sorted(set(load.engine_failed) | set(load.job.dst.block_ids))\n",
+        "",
         (f"{FAULTS}::test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it",),
         "a late load's blocks are load errors: the engine recomputes them, never uses them"),
     Mutant(
-        "queued-jobs-get-a-second-deadline", f"{OFFLOADING}/worker.py",
+        "queued-jobs-get-a-second-deadline", "src/kvport/connectors/offloading/worker/half.py",
         "            if started.isdisjoint(keys)"
         " and self._deadlines.extend_once(job_id, seconds):\n",
         "            if False:\n",
         (f"{RACES}::test_a_promotion_only_queued_behind_a_stuck_job_gets_a_second_deadline",),
         "a job only queued behind a stuck one runs on the replacement thread, not failed with it"),
     Mutant(
-        "stuck-threads-replaced", f"{OFFLOADING}/transfer_threads.py",
+        "stuck-threads-replaced", "src/kvport/connectors/offloading/worker/threads.py",
         "        for _ in range(started):\n            self._start_thread()\n",
         "",
         (f"{FAULTS}::test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it",),
         "a stuck transfer's thread is replaced: later disk hits overtake it"),
     Mutant(
-        "late-jobs-keep-nothing-stepping", f"{OFFLOADING}/scheduler.py",
+        "late-jobs-keep-nothing-stepping", "src/kvport/connectors/offloading/scheduler/half.py",
         "        return len(self._jobs) > len(self._late_jobs)\n",
         "        return bool(self._jobs)\n",
         (f"{FAULTS}::test_a_hung_write_through_is_given_up_and_its_slots_return_with_it",),
         "a job the worker gave up on does not keep the engine stepping"),
     Mutant(
-        "late-write-keeps-its-pins", f"{OFFLOADING}/worker.py",
-        "            self.stats.add(num_replaced_threads=transfers.abandon(keys))\n",
-        "            self.stats.add(num_replaced_threads=transfers.abandon(keys))\n"
-        "            if load is None:\n"
-        "                self._results.append(JobResult(job_id, False, stage=Stage.WRITE))\n",
+        "late-write-keeps-its-pins", "src/kvport/connectors/offloading/worker/stores.py",
+        "        self.given_up.add(job_id)\n",
+        "        self.given_up.add(job_id)\n"
+        "        self.submitter.results.append(JobResult(job_id, False, stage=Stage.WRITE))\n",
         (f"{FAULTS}::test_a_hung_write_through_is_given_up_and_its_slots_return_with_it",),
         "a given-up write keeps its host slots pinned until its thread returns"),
     Mutant(
-        "write-throughs-bounded", f"{OFFLOADING}/scheduler.py",
+        "write-throughs-bounded", "src/kvport/connectors/offloading/scheduler/stores.py",
         "            writes = []  # a slow lower tier: this store stays in host memory only\n",
         "            pass\n",
         (f"{STAGES}::test_write_throughs_behind_a_stuck_tier_leave_host_room_for_new_stores",),
         "write-throughs hold at most WRITE_THROUGH_SHARE of the host slots (D13)"),
     Mutant(
-        "mismatched-hashes-not-loaded", f"{OFFLOADING}/scheduler.py",
-        "        if not self._hashes_ok(request):\n",
+        "mismatched-hashes-not-loaded", "src/kvport/connectors/offloading/scheduler/hits.py",
+        "        if not hashes_ok(request, g.block_size):\n",
         "        if False:\n",
         (f"{STAGES}::test_block_hashes_of_another_block_size_are_neither_loaded_nor_stored",),
         "a request hashed in blocks unlike the KV block's is not matched (D17)"),
     Mutant(
-        "mismatched-hashes-not-stored", f"{OFFLOADING}/scheduler.py",
+        "mismatched-hashes-not-stored", "src/kvport/connectors/offloading/scheduler/stores.py",
         "        if req is None or not self.store_enabled or not st.hashes_ok:\n",
         "        if req is None or not self.store_enabled:\n",
         (f"{STAGES}::test_block_hashes_of_another_block_size_are_neither_loaded_nor_stored",),
         "a request hashed in blocks unlike the KV block's is not stored (D17)"),
     Mutant(
-        "planned-promotions-kept-on-disk", f"{OFFLOADING}/worker.py",
+        "planned-promotions-kept-on-disk", "src/kvport/connectors/offloading/worker/loads.py",
         "                self._keep_entries(promotion, True)\n",
         "",
         (f"{RACES}::test_a_run_a_planned_promotion_reads_is_not_evicted_by_a_write_through",),
         "a write-through does not evict the disk run a planned promotion will read (D5)"),
     Mutant(
-        "sync-loads-waited-for-in-vllm", f"{OFFLOADING}/worker.py",
+        "sync-loads-waited-for-in-vllm", "src/kvport/connectors/offloading/worker/loads.py",
         "        timeout = None if self.wait_sync_loads else sync_timeout(num_bytes)\n",
         "        timeout = sync_timeout(num_bytes)\n",
         (f"{SYNC}::test_inside_vllm_a_slow_sync_copy_is_waited_for",),
@@ -839,9 +840,9 @@ MUTANTS: list[Mutant] = [
          "test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
         "inside vLLM synchronous loads are waited for (vLLM keeps a failed one's blocks)"),
     Mutant(
-        "failed-sync-load-stores-nothing", f"{OFFLOADING}/worker.py",
-        "                if job.req_id in self._tainted:  # computed on KV a failed sync load left\n",
-        "                if False:\n",
+        "failed-sync-load-stores-nothing", "src/kvport/connectors/offloading/worker/stores.py",
+        "            if job.req_id in tainted:  # computed on KV a failed sync load left\n",
+        "            if False:\n",
         (f"{SYNC}::test_a_failed_sync_load_stores_nothing_computed_on_it",),
         "a step whose synchronous load failed stores nothing its forward computed on it"),
     # --- soak ---
@@ -1012,40 +1013,40 @@ MUTANTS: list[Mutant] = [
         ("tests/connectors/test_example.py::test_the_default_store_is_private_to_the_user",),
         "ExampleConnector's default store is refused where another user could read or fill it"),
     Mutant(
-        "row-checks-negative", f"{OFFLOADING}/tiers/row_checks.py",
+        "row-checks-negative", "src/kvport/connectors/offloading/tiers/host/row_checks.py",
         "min(a) >= 0 and max(a) < num_a",
         "max(a) < num_a",
         (f"{TESTS}/test_host_bounds.py::test_copy_segments_refuses_a_negative_block_it_would_wrap",
          f"{TESTS}/test_host_bounds.py::test_the_checks_find_the_first_bad_pair_on_either_side"),
         "a negative id is refused, not wrapped to the other end of the pool (D14)"),
     Mutant(
-        "row-checks-past-the-end", f"{OFFLOADING}/tiers/row_checks.py",
+        "row-checks-past-the-end", "src/kvport/connectors/offloading/tiers/host/row_checks.py",
         "min(b) >= 0 and max(b) < num_b",
         "min(b) >= 0",
         (f"{TESTS}/test_host_bounds.py::test_copy_rows_refuses_a_destination_row_out_of_range",),
         "an id past the end is refused, not clipped to the last row (D14)"),
     Mutant(
-        "host-numpy-checks-ids", f"{OFFLOADING}/tiers/host.py",
+        "host-numpy-checks-ids", "src/kvport/connectors/offloading/tiers/host/tier.py",
         "    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])\n    num_bytes",
         "    num_bytes",
         (f"{TESTS}/test_host_bounds.py::test_the_numpy_copy_refuses_a_source_row_it_would_clip",),
         "the numpy copy checks ids: take(mode='clip') would copy the wrong block (D14)"),
     Mutant(
-        "host-strategies-check-ids", f"{OFFLOADING}/tiers/host.py",
+        "host-strategies-check-ids", "src/kvport/connectors/offloading/tiers/host/tier.py",
         "    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])\n"
         "    if strategy == \"runs\":",
         "    if strategy == \"runs\":",
         (f"{TESTS}/test_host_bounds.py::test_copy_rows_refuses_a_destination_row_out_of_range",),
         "the torch strategies check ids before copying any piece"),
     Mutant(
-        "copy-segments-checks-ids", f"{OFFLOADING}/tiers/engine_pool.py",
+        "copy-segments-checks-ids", "src/kvport/connectors/offloading/tiers/host/engine_pool.py",
         "    check_pairs(block_ids, pool.num_blocks, row_ids, rows.shape[0])\n",
         "",
         (f"{TESTS}/test_host_bounds.py::test_copy_segments_refuses_a_host_row_out_of_range",
          f"{TESTS}/test_host_bounds.py::test_copy_segments_refuses_a_negative_block_it_would_wrap"),
         "a pool of several segments checks ids: slices would copy fewer or other rows"),
     Mutant(
-        "block-copy-c-bounds", f"{OFFLOADING}/tiers/block_copy.c",
+        "block-copy-c-bounds", "src/kvport/connectors/offloading/tiers/host/block_copy.c",
         "        if (host_rows[i] < 0 || host_rows[i] >= num_rows || blocks[i] < 0 ||\n"
         "            blocks[i] >= num_blocks)\n",
         "        if (0)\n",
@@ -1098,75 +1099,75 @@ MUTANTS: list[Mutant] = [
         "a slot the C code refused is an error, not a write reported done"),
     # --- diskchaos ---
     Mutant(
-        "diskchaos-other-format-is-the-runs-verdict", f"{OFFLOADING}/tiers/disk_load.py",
+        "diskchaos-other-format-is-the-runs-verdict", "src/kvport/connectors/offloading/tiers/disk/load.py",
         "            header = bad.get(run_id) or read_run_header(",
         "            header = (Verdict.BAD if run_id in bad else None) or read_run_header(",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_a_run_of_another_format_version_is_a_miss_for_every_key_and_left_alone",),
         "every key of another version's run is a miss left alone, not 'bad' from the second on"),
     Mutant(
-        "diskchaos-other-format-is-a-miss", f"{OFFLOADING}/tiers/disk_runs.py",
+        "diskchaos-other-format-is-a-miss", "src/kvport/connectors/offloading/tiers/disk/runs.py",
         "    if version != RUN_VERSION:\n        return Verdict.OTHER_FORMAT\n",
         "",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_a_run_of_another_format_version_is_a_miss_for_every_key_and_left_alone",),
         "a run file of another format version is a miss and left alone, not deleted (D12)"),
     Mutant(
-        "diskchaos-header-within-the-file", f"{OFFLOADING}/tiers/disk_runs.py",
+        "diskchaos-header-within-the-file", "src/kvport/connectors/offloading/tiers/disk/runs.py",
         "            or h > file_size):\n",
         "            ):\n",
         (f"{TESTS}/test_disk_hostile.py::test_huge_counts_are_bad_without_reading_them",),
         "a damaged count never makes the header parser read or allocate past the file"),
     Mutant(
-        "diskchaos-evicts-until-the-ledger-fits", f"{OFFLOADING}/tiers/disk.py",
+        "diskchaos-evicts-until-the-ledger-fits", "src/kvport/connectors/offloading/tiers/disk/tier.py",
         "            self.stats.add(evictions=len(eviction.keys))\n",
         "            self.stats.add(evictions=len(eviction.keys))\n            break\n",
         (f"{TESTS}/test_disk_shared.py::"
          "test_eviction_goes_on_until_the_shared_ledger_says_the_run_fits",),
         "eviction stops when the shared ledger, not this process's index, says the run fits"),
     Mutant(
-        "diskchaos-lost-ledger-write-undoes-the-reserve", f"{OFFLOADING}/tiers/disk.py",
+        "diskchaos-lost-ledger-write-undoes-the-reserve", "src/kvport/connectors/offloading/tiers/disk/tier.py",
         "        if entry.lost is not None:",
         "        if False:",
         (f"{TESTS}/test_disk_full.py::"
          "test_data_pages_full_from_the_first_store_skips_stores_and_they_resume",),
         "a reserve the ledger could not count is not written"),
     Mutant(
-        "diskchaos-ledger-write-failure-is-not-raised", f"{OFFLOADING}/tiers/disk_ledger.py",
+        "diskchaos-ledger-write-failure-is-not-raised", "src/kvport/connectors/offloading/tiers/disk/ledger.py",
         "                    except OSError as exc:\n                        entry.lost = exc\n",
         "                    except OSError as exc:\n                        raise\n",
         (f"{TESTS}/test_disk_full.py::"
          "test_data_pages_full_from_the_first_store_skips_stores_and_they_resume",),
         "a full file system makes a skipped store, never an OSError out of it"),
     Mutant(
-        "diskchaos-ledger-gets-its-bytes-at-open", f"{OFFLOADING}/tiers/disk_ledger.py",
+        "diskchaos-ledger-gets-its-bytes-at-open", "src/kvport/connectors/offloading/tiers/disk/ledger.py",
         "                if os.fstat(fd).st_size < _USED.size:\n",
         "                if False:\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
         "the ledger's bytes are allocated at open, so a later full disk cannot fail its writes"),
     Mutant(
-        "diskchaos-full-disk-at-start-is-no-refusal", f"{OFFLOADING}/tiers/disk_setup.py",
+        "diskchaos-full-disk-at-start-is-no-refusal", "src/kvport/connectors/offloading/tiers/disk/setup.py",
         "        if exc.errno in FULL_DISK:\n",
         "        if False:\n",
         (f"{TESTS}/test_disk_full.py::"
          "test_a_restart_on_a_full_file_system_serves_and_stores_resume",),
         "an engine restarted on a full disk starts and serves what the disk holds"),
     Mutant(
-        "diskchaos-loads-close-runs-others-evicted", f"{OFFLOADING}/tiers/disk_load.py",
+        "diskchaos-loads-close-runs-others-evicted", "src/kvport/connectors/offloading/tiers/disk/load.py",
         "        self.files.close_unlinked(SWEEP_EVERY_S)\n",
         "",
         (f"{TESTS}/test_disk_shared.py::test_runs_another_process_evicted_are_closed_by_loads_too",),
         "a process that only loads does not pin the space of runs others evicted"),
     Mutant(
-        "diskchaos-unlinked-sweep-rate-limited", f"{OFFLOADING}/tiers/disk_files.py",
+        "diskchaos-unlinked-sweep-rate-limited", "src/kvport/connectors/offloading/tiers/disk/files.py",
         "            if now - self._swept < every_s:\n",
         "            if False:\n",
         (f"{TESTS}/test_disk_shared.py::"
          "test_a_sweep_of_unlinked_runs_is_not_repeated_within_its_interval",),
         "loads sweep the open runs at most every SWEEP_EVERY_S (a sweep costs ~0.1 ms)"),
     Mutant(
-        "diskchaos-entry-checksum-checked", f"{OFFLOADING}/tiers/disk_read.py",
+        "diskchaos-entry-checksum-checked", "src/kvport/connectors/offloading/tiers/disk/read.py",
         "        elif checksum(views[j]) != entries[k][2]:\n",
         "        elif False:\n",
         (f"{TESTS}/test_disk_chaos.py::"
@@ -1174,69 +1175,69 @@ MUTANTS: list[Mutant] = [
          f"{TESTS}/test_disk_tier.py::test_corrupt_entry_is_a_miss_and_removed"),
         "M3: a torn, zeroed or rotten entry is a miss, never wrong bytes (there is no fsync)"),
     Mutant(
-        "diskchaos-symlink-never-followed", f"{OFFLOADING}/tiers/disk_load.py",
+        "diskchaos-symlink-never-followed", "src/kvport/connectors/offloading/tiers/disk/load.py",
         "_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
         "_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_a_symlink_at_a_name_is_never_followed_and_is_removed",),
         "a symlink planted at a key's name is never read through (D9)"),
     Mutant(
-        "diskchaos-only-regular-files-are-runs", f"{OFFLOADING}/tiers/disk_load.py",
+        "diskchaos-only-regular-files-are-runs", "src/kvport/connectors/offloading/tiers/disk/load.py",
         "            if not stat.S_ISREG(st.st_mode):\n                os.close(fd)\n",
         "            if False:\n                os.close(fd)\n",
         (f"{TESTS}/test_disk_hostile.py::test_a_fifo_at_a_name_neither_hangs_a_load_nor_a_store",),
         "a FIFO (or other non-file) at a key's name is a miss and removed (D9)"),
     Mutant(
-        "diskchaos-store-removes-a-non-file-name", f"{OFFLOADING}/tiers/disk.py",
+        "diskchaos-store-removes-a-non-file-name", "src/kvport/connectors/offloading/tiers/disk/tier.py",
         "            if not held:\n                self.ledger.remove_names([path])\n",
         "            if False:\n                self.ledger.remove_names([path])\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_a_symlink_at_a_name_is_never_followed_and_is_removed",),
         "a store replaces a symlink or FIFO at its key's name with its own entry"),
     Mutant(
-        "diskchaos-scan-indexes-regular-files-only", f"{OFFLOADING}/tiers/disk_format.py",
+        "diskchaos-scan-indexes-regular-files-only", "src/kvport/connectors/offloading/tiers/disk/location.py",
         "            if not stat.S_ISREG(st.st_mode):\n                return",
         "            if False:\n                return",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_a_symlink_at_a_name_is_never_followed_and_is_removed",),
         "the start's scan never indexes a symlink or FIFO as an entry"),
     Mutant(
-        "diskchaos-another-users-directory-refused", f"{OFFLOADING}/tiers/disk_setup.py",
+        "diskchaos-another-users-directory-refused", "src/kvport/connectors/offloading/tiers/disk/setup.py",
         "    if not group_access:\n",
         "    if False:\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
         "a namespace directory of another user is refused (its entries could be planted)"),
     Mutant(
-        "diskchaos-wide-directory-narrowed", f"{OFFLOADING}/tiers/disk_setup.py",
+        "diskchaos-wide-directory-narrowed", "src/kvport/connectors/offloading/tiers/disk/setup.py",
         "        if mode & ~location.dir_mode:\n",
         "        if False:\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
         "our namespace directory with too wide a mode is narrowed to 0o700"),
     Mutant(
-        "diskchaos-world-writable-directory-refused", f"{OFFLOADING}/tiers/disk_setup.py",
+        "diskchaos-world-writable-directory-refused", "src/kvport/connectors/offloading/tiers/disk/setup.py",
         "    if mode & stat.S_IWOTH:\n",
         "    if False:\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_files_are_private_and_a_directory_anyone_could_plant_in_is_refused",),
         "even with group_access, a directory every user may write is refused"),
     Mutant(
-        "diskchaos-dead-writers-temps-swept", f"{OFFLOADING}/tiers/disk_format.py",
+        "diskchaos-dead-writers-temps-swept", "src/kvport/connectors/offloading/tiers/disk/location.py",
         "                if now - st.st_mtime > stale_temp_seconds or self._writer_dead(entry.name):",
         "                if now - st.st_mtime > stale_temp_seconds:",
         (f"{TESTS}/test_disk_chaos.py::"
          "test_kill_9_at_each_point_leaves_exact_entries_and_no_temp_file",),
         "a killed writer's temp file is removed (and uncounted) by the next process to start"),
     Mutant(
-        "diskchaos-symlinked-key-directory-removed", f"{OFFLOADING}/tiers/disk_format.py",
+        "diskchaos-symlinked-key-directory-removed", "src/kvport/connectors/offloading/tiers/disk/location.py",
         "            if entry.is_symlink():\n",
         "            if False:\n",
         (f"{TESTS}/test_disk_hostile.py::"
          "test_a_symlink_in_place_of_a_key_directory_is_removed_at_start",),
         "no load or store goes through a symlink planted in place of a key directory"),
     Mutant(
-        "diskchaos-ledger-must-be-a-file", f"{OFFLOADING}/tiers/disk_ledger.py",
+        "diskchaos-ledger-must-be-a-file", "src/kvport/connectors/offloading/tiers/disk/ledger.py",
         "            if not stat.S_ISREG(os.fstat(fd).st_mode):",
         "            if False:",
         (f"{TESTS}/test_disk_hostile.py::"
@@ -1244,8 +1245,8 @@ MUTANTS: list[Mutant] = [
         "a FIFO planted at the ledger is refused at start with a clear error"),
     # --- vllmid ---
     Mutant(
-        "vllmid-m1-sync-hit-cap", f"{OFFLOADING}/scheduler.py",
-        "            end = min(end, (request.num_tokens - 1) // self.offload_tokens)\n",
+        "vllmid-m1-sync-hit-cap", "src/kvport/connectors/offloading/scheduler/hits.py",
+        "            end = min(end, g.max_hit_blocks(request.num_tokens))\n",
         "",
         ("tests/vllm/test_vllm_scheduler.py::"
          "test_a_block_aligned_prompt_held_wholly_in_host_memory_computes_its_last_token[True]",),
@@ -1347,7 +1348,7 @@ MUTANTS: list[Mutant] = [
         ("tests/vllm/test_vllm_identity.py::test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named",),
         "shared tiers refuse a model that cannot be identified unless a namespace is named"),
     Mutant(
-        "vllmid-namespace-in-geometry", f"{OFFLOADING}/geometry.py",
+        "vllmid-namespace-in-geometry", "src/kvport/connectors/offloading/geometry.py",
         '            namespace += b"|namespace=" + config.namespace.encode()\n',
         "            pass\n",
         ("tests/offloading/test_geometry.py::"
@@ -1393,7 +1394,7 @@ MUTANTS: list[Mutant] = [
         "the checkpoint digest covers every file's name and size"),
     # --- redischaos ---
     Mutant(
-        "redis-down-state-skips", f"{OFFLOADING}/tiers/redis_node.py",
+        "redis-down-state-skips", "src/kvport/connectors/offloading/tiers/redis/node.py",
         "            if self._probing or time.monotonic() < self._down_until:\n"
         "                return None\n",
         "",
@@ -1401,34 +1402,34 @@ MUTANTS: list[Mutant] = [
          "test_a_half_open_connection_costs_one_timeout_then_skips",),
         "M5: while a server is down calls skip at once (one probe per backoff), never a wait each"),
     Mutant(
-        "redis-header-namespace-checked", f"{OFFLOADING}/tiers/value_format.py",
+        "redis-header-namespace-checked", "src/kvport/connectors/offloading/tiers/value_format.py",
         "        if (ns != self.namespace_digest or kd != key_digest(key)",
         "        if (kd != key_digest(key)",
         (f"{TESTS}/test_redis_values.py::"
          "test_another_namespaces_value_under_this_name_is_a_miss_and_removed",),
         "M2: a value of another namespace under this name is never decoded"),
     Mutant(
-        "redis-moved-followed", f"{OFFLOADING}/tiers/redis_client.py",
+        "redis-moved-followed", "src/kvport/connectors/offloading/tiers/redis/client.py",
         "            self._run(moved, commands, results, deadline)\n",
         "",
         (f"{TESTS}/test_redis_cluster_chaos.py::test_a_moved_slot_is_followed_within_the_call",),
         "D6: a MOVED position goes to the slot's new owner within the same call"),
     Mutant(
-        "redis-ask-followed", f"{OFFLOADING}/tiers/redis_client.py",
+        "redis-ask-followed", "src/kvport/connectors/offloading/tiers/redis/client.py",
         "            self._run(asked, commands, results, deadline, asking=True)\n",
         "",
         (f"{TESTS}/test_redis_cluster_chaos.py::"
          "test_an_ask_during_a_slots_migration_is_followed_with_asking",),
         "D6: an ASK position goes once to the importing server behind ASKING"),
     Mutant(
-        "redis-down-per-node", f"{OFFLOADING}/tiers/redis_client.py",
+        "redis-down-per-node", "src/kvport/connectors/offloading/tiers/redis/client.py",
         "        node.health.down(f\"{self.url} ({node.name}): {why}\")\n",
         "        for other in (list(self._slots._nodes.values()) if self._slots else [node]):\n"
         "            other.health.down(f\"{self.url} ({node.name}): {why}\")\n",
         (f"{TESTS}/test_redis_cluster_chaos.py::test_a_dead_master_costs_its_slots_only",),
         "D6: one dead master costs its own slots' hits, not the whole tier's"),
     Mutant(
-        "redis-unserved-slot-is-a-miss", f"{OFFLOADING}/tiers/redis_client.py",
+        "redis-unserved-slot-is-a-miss", "src/kvport/connectors/offloading/tiers/redis/client.py",
         "            if node is None:\n                results[i] = _NO_MAP\n"
         "                unrouted += 1\n            else:\n"
         "                groups.setdefault(node, []).append(i)\n",
@@ -1439,7 +1440,7 @@ MUTANTS: list[Mutant] = [
          "test_slots_nobody_serves_miss_and_the_served_ones_hit"),
         "D1: a key whose slot nobody serves (or no map at all) is a miss, never an exception"),
     Mutant(
-        "redis-load-batches-bounded", f"{OFFLOADING}/tiers/redis_tier.py",
+        "redis-load-batches-bounded", "src/kvport/connectors/offloading/tiers/redis/tier.py",
         "        for b in range(0, len(src.keys), per_batch):\n",
         "        per_batch = max(1, len(src.keys))\n"
         "        for b in range(0, len(src.keys), per_batch):\n",
@@ -1447,20 +1448,20 @@ MUTANTS: list[Mutant] = [
          "test_a_load_larger_than_a_batch_goes_out_in_several_pipelines",),
         "D7: a promotion's GETs go out in batches of at most STORE_BATCH_BYTES"),
     Mutant(
-        "redis-mac-checked", f"{OFFLOADING}/tiers/value_format.py",
+        "redis-mac-checked", "src/kvport/connectors/offloading/tiers/value_format.py",
         "            return Verdict.OK if good else Verdict.FORGED\n",
         "            return Verdict.OK\n",
         (f"{TESTS}/test_redis_values.py::"
          "test_a_value_without_a_valid_mac_is_a_miss_counted_and_removed[tampered payload]",),
         "D10: with a MAC key, a value without a valid MAC is never decoded"),
     Mutant(
-        "redis-wrongtype-removed", f"{OFFLOADING}/tiers/redis_tier.py",
+        "redis-wrongtype-removed", "src/kvport/connectors/offloading/tiers/redis/tier.py",
         "                if why in (\"corrupt\", \"forged\", \"wrong_type\"):\n",
         "                if why in (\"corrupt\", \"forged\"):\n",
         (f"{TESTS}/test_redis_values.py::test_a_wrongtype_key_is_a_miss_and_removed",),
         "D12: a WRONGTYPE key under a kvport name is removed (else it fails every load)"),
     Mutant(
-        "redis-other-format-left-alone", f"{OFFLOADING}/tiers/value_format.py",
+        "redis-other-format-left-alone", "src/kvport/connectors/offloading/tiers/value_format.py",
         "        if version != FORMAT_VERSION or hsize not in (HEADER.size, HEADER.size + "
         "MAC_BYTES):\n            return Verdict.OTHER_FORMAT\n",
         "        if version != FORMAT_VERSION or hsize not in (HEADER.size, HEADER.size + "
@@ -1468,26 +1469,26 @@ MUTANTS: list[Mutant] = [
         (f"{TESTS}/test_redis_values.py::test_another_format_version_is_a_miss_and_left_alone",),
         "D12: a value of another format version is a miss and left for its readers"),
     Mutant(
-        "redis-config-entry-redacted", f"{OFFLOADING}/config.py",
+        "redis-config-entry-redacted", "src/kvport/connectors/offloading/config.py",
         "                         f\"got {redacted(entry)!r}\")\n",
         "                         f\"got {entry!r}\")\n",
         (f"{TESTS}/test_offloading_config.py::test_no_config_error_shows_a_password",),
         "D11: a bad tier entry's error shows its URL without the password"),
     Mutant(
-        "redis-config-url-redacted", f"{OFFLOADING}/config.py",
+        "redis-config-url-redacted", "src/kvport/connectors/offloading/config.py",
         "            shown = redacted_url(url) if isinstance(url, str) else url\n",
         "            shown = url\n",
         (f"{TESTS}/test_redis_values.py::test_no_redis_tier_config_error_shows_a_password",),
         "D11: a bad URL's error shows it without the password"),
     Mutant(
-        "redis-tenant-prefix", f"{OFFLOADING}/tiers/redis_client.py",
+        "redis-tenant-prefix", "src/kvport/connectors/offloading/tiers/redis/client.py",
         "        tenant = config.tenant.encode() + b\":\" if config.tenant else b\"\"\n",
         "        tenant = b\"\"\n",
         (f"{TESTS}/test_redis_values.py::"
          "test_a_tenants_keys_carry_its_prefix_and_an_acl_scopes_them",),
         "D10: a tenant's keys carry its name first, so an ACL key pattern scopes them"),
     Mutant(
-        "redis-tenant-salt-env", f"{OFFLOADING}/tiers/redis_client.py",
+        "redis-tenant-salt-env", "src/kvport/connectors/offloading/tiers/redis/client.py",
         "        salt = _env(config, \"tenant_salt_env\", \"the tenant salt\") or "
         "config.tenant_salt\n",
         "        salt = config.tenant_salt\n",
@@ -1495,14 +1496,14 @@ MUTANTS: list[Mutant] = [
          "test_tenant_salt_env_names_the_salt_and_no_message_shows_it",),
         "D10: the salt read from tenant_salt_env is part of the namespace"),
     Mutant(
-        "redis-redirects-counted", f"{OFFLOADING}/tiers/redis_tier.py",
+        "redis-redirects-counted", "src/kvport/connectors/offloading/tiers/redis/tier.py",
         "    redirects: int = 0",
         "    _no_redirects: int = 0",
         (f"{TESTS}/test_redis_cluster_chaos.py::"
          "test_a_moved_slot_is_followed_within_the_call",),
         "the worker tier counts redirects (without the field a MOVED raised AttributeError)"),
     Mutant(
-        "redis-whole-call-deadline", f"{OFFLOADING}/tiers/redis_node.py",
+        "redis-whole-call-deadline", "src/kvport/connectors/offloading/tiers/redis/node.py",
         "        alarm = WATCHDOG.arm(deadline, lambda: _shut_down(conn))  # the blocked read "
         "fails\n",
         "        alarm = WATCHDOG.arm(deadline + 3600.0, lambda: _shut_down(conn))\n",
@@ -1511,22 +1512,22 @@ MUTANTS: list[Mutant] = [
         "a reply trickling in within each socket timeout is still cut at the call's deadline"),
     # --- sim ---
     Mutant(
-        "sim-fence-wait", f"{OFFLOADING}/worker.py",
-        "            self._transfers().wait([k for k in self._in_flight if k.stage is Stage.COPY\n"
-        "                                    and k.job_id in meta.jobs_to_flush])\n",
+        "sim-fence-wait", "src/kvport/connectors/offloading/worker/half.py",
+        "            submitter.router.wait([k for k in submitter.in_flight if k.stage is Stage.COPY\n"
+        "                                   and k.job_id in meta.jobs_to_flush])\n",
         "            pass\n",
         (f"{SIM}::test_ci_seed[4]", f"{SIM}::test_ci_seed[8]"),
         "the simulation finds the fence's race by itself (a store reads reused blocks: torn)"),
     Mutant(
-        "sim-failed-copy-reported", f"{OFFLOADING}/worker.py",
-        "                load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
-        "                pass\n",
+        "sim-failed-copy-reported", "src/kvport/connectors/offloading/worker/loads.py",
+        "            load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
+        "            pass\n",
         (f"{SIM}::test_ci_seed[4]",),
         "the simulation's failed HOST->ENGINE copies are recomputed (else wrong tokens)"),
     Mutant(
-        "sim-late-load-reported", f"{OFFLOADING}/worker.py",
-        "                late.add(load.job.req_id)\n",
-        "",
+        "sim-late-load-reported", "src/kvport/connectors/offloading/worker/half.py",
+        "                late.add(loads.give_up(job_id))\n",
+        "                loads.give_up(job_id)\n",
         (f"{SIM}::test_ci_seed[7]", f"{SIM}::test_ci_seed[9]"),
         "a load stuck in a promotion reports its request at load_timeout_s (else it hangs)"),
 ]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvport import native
-from kvport.connectors.offloading.tiers import block_copy
+from kvport.connectors.offloading.tiers.host import block_copy
 from kvport.model import kernels
 
 WITHOUT = "the probe's caller computes in Python"

@@ -2,7 +2,7 @@
 
     GatedHandler         a TransferHandler without threads: a job of a held direction stays in
                          flight until the test releases it; other jobs run when submitted
-    ControlledTransfers  the router (a real OffloadingWorker) with a GatedHandler per direction
+    ControlledTransfers  the router (a real TransferRouter) with a GatedHandler per direction
     ControlledOffloadingConnector   an OffloadingConnector whose worker half uses it
                          (in-process engines only: `kv_connector_module_path` =
                          "controlled_transfers"); `SyncStoresControlledConnector` with
@@ -42,16 +42,16 @@ from kvport.connectors.offloading.mediums import (
     HostBlocks,
     LoadStoreSpec,
 )
-from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.tier_wiring import LowerTier, tier_routes
-from kvport.connectors.offloading.transfers import (
-    OffloadingWorker,
+from kvport.connectors.offloading.tiers.host.tier import HostTier
+from kvport.connectors.offloading.worker.wiring import LowerTier, tier_routes
+from kvport.connectors.offloading.worker.transfers import (
+    TransferRouter,
     TransferFn,
     TransferHandler,
     TransferResult,
     failed_result,
 )
-from kvport.connectors.offloading.worker import OffloadingConnectorWorker
+from kvport.connectors.offloading.worker.half import OffloadingConnectorWorker
 
 Direction = tuple[str, str]
 # A wait at least this long (shutdown's drain) lets held jobs finish, as a real copy would in
@@ -137,7 +137,7 @@ def _as_bytes(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.contiguous().view(torch.uint8)
 
 
-class ControlledTransfers(OffloadingWorker):
+class ControlledTransfers(TransferRouter):
     """The standard routes (ENGINE<->HOST, and HOST<->each lower tier) on GatedHandlers."""
 
     def __init__(self, host: HostTier, lower: Mapping[str, LowerTier]) -> None:

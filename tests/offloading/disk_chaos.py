@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
-from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_format import SUFFIX, TEMP_PREFIX, TEMP_SUFFIX
-from kvport.connectors.offloading.tiers.disk_ledger import LEDGER_NAME
-from kvport.connectors.offloading.tiers.disk_runs import run_bytes
-from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.tiers.disk.location import SUFFIX, TEMP_PREFIX, TEMP_SUFFIX
+from kvport.connectors.offloading.tiers.disk.ledger import LEDGER_NAME
+from kvport.connectors.offloading.tiers.disk.runs import run_bytes
+from kvport.connectors.offloading.tiers.host.tier import HostTier
 
 NS = b"test-disk-chaos"
 PAYLOAD = 4096 + 768  # not whole pages: entries start anywhere in a page

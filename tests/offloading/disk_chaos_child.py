@@ -29,8 +29,8 @@ from typing import Any
 
 from disk_chaos import NS, load, store
 
-from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_format import SUFFIX, TEMP_SUFFIX
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.tiers.disk.location import SUFFIX, TEMP_SUFFIX
 
 NUM_KEYS = 48  # ids the writers use: overlapping runs, and evictions at a small max_bytes
 MAX_OPS = 300

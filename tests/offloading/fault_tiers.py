@@ -18,9 +18,9 @@ from pathlib import Path
 from polling import poll_until
 from kvport.connectors.offloading.mediums import LoadStoreSpec
 from kvport.connectors.offloading.tiers import TransferOutcome
-from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_format import key_digest
-from kvport.connectors.offloading.tiers.disk_runs import PAGE, RECORD, RUN_FIXED
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.tiers.disk.location import key_digest
+from kvport.connectors.offloading.tiers.disk.runs import PAGE, RECORD, RUN_FIXED
 
 DEADLINE_S = 10.0
 

@@ -11,18 +11,18 @@ from typing import Any
 from fault_tiers import FaultyTransfer
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
-from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.tier_wiring import LowerTier, tier_routes
-from kvport.connectors.offloading.transfer_threads import ThreadPoolHandler
-from kvport.connectors.offloading.transfers import OffloadingWorker
-from kvport.connectors.offloading.worker import OffloadingConnectorWorker
+from kvport.connectors.offloading.tiers.host.tier import HostTier
+from kvport.connectors.offloading.worker.wiring import LowerTier, tier_routes
+from kvport.connectors.offloading.worker.threads import ThreadPoolHandler
+from kvport.connectors.offloading.worker.transfers import TransferRouter
+from kvport.connectors.offloading.worker.half import OffloadingConnectorWorker
 
 FAULTS: dict[tuple[str, str], dict[str, Any]] = {}
 WRAPPERS: dict[tuple[str, str], FaultyTransfer] = {}
 
 
-def faulty_transfers(host: HostTier, lower: Mapping[str, LowerTier]) -> OffloadingWorker:
-    worker = OffloadingWorker()
+def faulty_transfers(host: HostTier, lower: Mapping[str, LowerTier]) -> TransferRouter:
+    worker = TransferRouter()
     WRAPPERS.clear()
     for (src, dst), fn in tier_routes(host, lower).items():
         WRAPPERS[(src, dst)] = wrapper = FaultyTransfer(fn, **FAULTS.get((src, dst), {}))

@@ -16,7 +16,7 @@ from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.metadata import OffloadingConnectorMetadata, StoreJob
-from kvport.connectors.offloading.scheduler import OffloadingScheduler
+from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
 
 if TYPE_CHECKING:
     from kvport.connectors.views import SchedulerOutputView

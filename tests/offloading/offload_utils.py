@@ -9,8 +9,8 @@ from typing import Any
 
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.connector import OffloadingConnector
-from kvport.connectors.offloading.scheduler import OffloadingScheduler
-from kvport.connectors.offloading.worker import OffloadingConnectorWorker
+from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
+from kvport.connectors.offloading.worker.half import OffloadingConnectorWorker
 
 BLOCK_SIZE = 4  # engine block (tokens)
 OFFLOAD_BLOCK = 8  # two engine blocks per offload block: partial first blocks get exercised

@@ -10,9 +10,9 @@ import torch
 from kvport.connectors.offloading.config import RedisTierConfig
 from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
 from kvport.connectors.offloading.tiers import TransferOutcome
-from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.tiers.redis_client import RedisLookup
-from kvport.connectors.offloading.tiers.redis_tier import RedisTier
+from kvport.connectors.offloading.tiers.host.tier import HostTier
+from kvport.connectors.offloading.tiers.redis.lookup import RedisLookup
+from kvport.connectors.offloading.tiers.redis.tier import RedisTier
 
 NS = b"kvport-disk-v1|root|float32|layout|16|4|2|32|256"  # a geometry namespace
 PAYLOAD = 16384  # bytes per slot: a GET reply is far larger than any EXISTS reply

@@ -21,7 +21,7 @@ import pytest
 from controlled_transfers import ControlledTransfers
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
-from kvport.connectors.offloading.worker import Stage, TransferKey
+from kvport.connectors.offloading.worker.half import Stage, TransferKey
 from kvport.engine.request import Request, RequestStatus
 from offload_utils import (
     BLOCK_SIZE, assert_nothing_leaked, make_llm, offload_block_bytes, offload_config,

@@ -30,10 +30,10 @@ from disk_chaos import small_fs  # noqa: F401  (a fixture)
 from disk_chaos_child import KILL_POINTS, NUM_KEYS
 from polling import poll_until
 
-from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_format import DiskLocation
-from kvport.connectors.offloading.tiers.disk_ledger import LEDGER_NAME
-from kvport.connectors.offloading.tiers.disk_runs import header_size
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.tiers.disk.location import DiskLocation
+from kvport.connectors.offloading.tiers.disk.ledger import LEDGER_NAME
+from kvport.connectors.offloading.tiers.disk.runs import header_size
 
 HERE = Path(__file__).resolve().parent
 CHILD = str(HERE / "disk_chaos_child.py")

@@ -19,7 +19,7 @@ from offload_utils import (
     assert_nothing_leaked, make_llm, offload_config, prompts, run, run_one_by_one,
 )
 
-from kvport.connectors.offloading.tiers.disk import DiskTier
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
 
 LIMIT = 1 << 30  # far above the file system's size: the file system, not the limit, is full
 

@@ -19,9 +19,9 @@ from fault_tiers import flip_byte
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_format import DiskLocation
-from kvport.connectors.offloading.tiers.disk_runs import (
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.tiers.disk.location import DiskLocation
+from kvport.connectors.offloading.tiers.disk.runs import (
     PAGE, RUN_FIXED, RUN_MAGIC, RUN_VERSION, RunHeader, header_size, read_run_header,
 )
 from kvport.connectors.offloading.tiers.value_format import Verdict

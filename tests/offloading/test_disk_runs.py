@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
-from kvport.connectors.offloading.tiers import disk_read, page_cache
-from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.disk_files import OpenRun, RunFiles, file_stamp
-from kvport.connectors.offloading.tiers.disk_runs import run_bytes
-from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.tiers.disk import page_cache
+from kvport.connectors.offloading.tiers.disk import read as disk_read
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.tiers.disk.files import OpenRun, RunFiles, file_stamp
+from kvport.connectors.offloading.tiers.disk.runs import run_bytes
+from kvport.connectors.offloading.tiers.host.tier import HostTier
 
 NS = b"test-runs"
 PAYLOAD = 4096 + 512  # not a whole number of pages: payloads start at any offset

@@ -9,8 +9,8 @@ import pytest
 from disk_chaos import NS, assert_accounted, dir_state, key, load, run_size, store
 from fault_tiers import evict_name
 
-from kvport.connectors.offloading.tiers import disk_load
-from kvport.connectors.offloading.tiers.disk import DiskTier
+from kvport.connectors.offloading.tiers.disk import load as disk_load
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
 
 
 def test_eviction_goes_on_until_the_shared_ledger_says_the_run_fits(tmp_path: Path) -> None:

@@ -17,9 +17,10 @@ from fault_tiers import DEADLINE_S, FaultyDisk, drop_page_cache, evict_name, wai
 
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.mediums import DiskBlocks, EngineBlocks, HostBlocks
-from kvport.connectors.offloading.tiers.disk import DiskTier, disk_namespace
-from kvport.connectors.offloading.tiers.disk_runs import run_bytes
-from kvport.connectors.offloading.tiers.host import HostTier
+from kvport.connectors.offloading.geometry import tier_namespace
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.tiers.disk.runs import run_bytes
+from kvport.connectors.offloading.tiers.host.tier import HostTier
 
 NS = b"test-namespace"
 PAYLOAD = 256
@@ -257,9 +258,9 @@ def test_entries_of_a_short_file_fail_and_the_others_load(tmp_path: Path) -> Non
 def test_namespace_covers_geometry() -> None:
     spec = KVCacheSpec(num_blocks=8, block_size=16, num_layers=4, num_kv_heads=2, head_dim=32,
                        dtype="float32", layout="blocks-layers-kv-tokens-heads-dim")
-    a = disk_namespace(b"root", spec, 256)
-    assert a != disk_namespace(b"root", spec, 128)
-    assert a != disk_namespace(b"other", spec, 256)
+    a = tier_namespace(b"root", spec, 256)
+    assert a != tier_namespace(b"root", spec, 128)
+    assert a != tier_namespace(b"other", spec, 256)
 
 
 def test_concurrent_writers_keep_the_limit(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ def test_the_connector_imports_with_the_engine_unimportable() -> None:
         import sys
         sys.modules["kvport.engine"] = None
         import kvport.connectors.offloading.connector as connector
-        import kvport.connectors.offloading.worker, kvport.connectors.offloading.scheduler
+        import kvport.connectors.offloading.worker.half, kvport.connectors.offloading.scheduler.half
         assert not [m for m in sys.modules if m.startswith("kvport.engine.")], sys.modules
         print(connector.OffloadingConnector.__name__)
     """)
@@ -28,8 +28,8 @@ def test_the_connector_imports_with_the_engine_unimportable() -> None:
 def test_the_worker_half_does_not_import_the_scheduler_half() -> None:
     script = textwrap.dedent("""
         import sys
-        import kvport.connectors.offloading.worker
-        print("kvport.connectors.offloading.scheduler" in sys.modules)
+        import kvport.connectors.offloading.worker.half
+        print("kvport.connectors.offloading.scheduler.half" in sys.modules)
     """)
     done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True,
                           text=True, timeout=120)

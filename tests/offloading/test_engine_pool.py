@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
-from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segments
-from kvport.connectors.offloading.tiers.host import MULTI_SEGMENT_STRATEGIES, HostTier
+from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool, copy_segments
+from kvport.connectors.offloading.tiers.host.tier import MULTI_SEGMENT_STRATEGIES, HostTier
 
 NUM_LAYERS, NUM_BLOCKS, HEADS, BLOCK, HEAD2 = 3, 10, 2, 4, 16  # vLLM CPU: [B, H, N, 2*C]
 

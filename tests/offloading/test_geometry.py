@@ -8,7 +8,7 @@ import pytest
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
-from kvport.connectors.offloading.tiers.disk_format import disk_namespace
+from kvport.connectors.offloading.geometry import tier_namespace
 from offload_utils import make_llm, offload_config, offloading_half, worker_half
 
 SPEC = KVCacheSpec(num_blocks=64, block_size=16, num_layers=2, num_kv_heads=2, head_dim=64,
@@ -21,7 +21,7 @@ def test_build_derives_every_number_once() -> None:
     # The default offload block: the engine's own block.
     assert (g.block_size, g.block_factor, g.offload_tokens) == (16, 1, 16)
     assert (g.slot_bytes, g.num_slots) == (32 << 10, 320)
-    assert g.disk_namespace == disk_namespace(b"r", SPEC, 16)
+    assert g.namespace == tier_namespace(b"r", SPEC, 16)
     g = OffloadGeometry.build(OffloadingConfig(cpu_bytes_to_use=200 << 10, block_size=32), SPEC)
     assert (g.block_factor, g.offload_tokens, g.slot_bytes, g.num_slots) == (2, 32, 64 << 10, 3)
     assert g.keys([b"a", b"b", b"c", b"d", b"e"]) == [b"b", b"d"]
@@ -45,8 +45,8 @@ def test_a_configured_namespace_separates_the_shared_tiers_entries() -> None:
     disk or Redis entries; without it the namespace is the derived one, unchanged."""
     def ns(**kw: object) -> bytes:
         config = OffloadingConfig(cpu_bytes_to_use=1 << 20, **kw)  # type: ignore[arg-type]
-        return OffloadGeometry.build(config, SPEC).disk_namespace
+        return OffloadGeometry.build(config, SPEC).namespace
 
-    assert ns() == disk_namespace(b"r", SPEC, 16)
+    assert ns() == tier_namespace(b"r", SPEC, 16)
     assert ns(namespace="team-a") == ns(namespace="team-a")
     assert len({ns(), ns(namespace="team-a"), ns(namespace="team-b")}) == 3

@@ -13,12 +13,12 @@ import torch
 from needs import native_switched_off, require
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
-from kvport.connectors.offloading.tiers import block_copy
-from kvport.connectors.offloading.tiers.engine_pool import EnginePool, copy_segments, row_runs
-from kvport.connectors.offloading.tiers.host import (
+from kvport.connectors.offloading.tiers.host import block_copy
+from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool, copy_segments, row_runs
+from kvport.connectors.offloading.tiers.host.tier import (
     STRATEGIES, HostTier, copy_rows, copy_rows_numpy,
 )
-from kvport.connectors.offloading.tiers.row_checks import (
+from kvport.connectors.offloading.tiers.host.row_checks import (
     IdOutOfRangeError, check_pairs, first_bad_pair,
 )
 

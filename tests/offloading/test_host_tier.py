@@ -11,8 +11,8 @@ import torch
 from needs import native_switched_off, require
 
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
-from kvport.connectors.offloading.tiers import block_copy
-from kvport.connectors.offloading.tiers.host import (
+from kvport.connectors.offloading.tiers.host import block_copy
+from kvport.connectors.offloading.tiers.host.tier import (
     STRATEGIES,
     HostTier,
     copy_rows,

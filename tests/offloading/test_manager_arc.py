@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvport.connectors.offloading.arc import ARCManager
+from kvport.connectors.offloading.manager.arc import ARCManager
 from manager_checks import (
     MEDIUM, ExpectedEvent, ExpectedPrepareStoreOutput, verify_events, verify_store_output,
 )
 
-from kvport.connectors.offloading.manager import PrepareStoreOutput
+from kvport.connectors.offloading.manager.abstract import PrepareStoreOutput
 
 
 

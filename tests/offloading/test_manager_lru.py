@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvport.connectors.offloading.admission import AdmitAfterRequests
-from kvport.connectors.offloading.lru import LRUManager
+from kvport.connectors.offloading.manager.admission import AdmitAfterRequests
+from kvport.connectors.offloading.manager.lru import LRUManager
 from manager_checks import (
     MEDIUM, ExpectedEvent, ExpectedPrepareStoreOutput, verify_events, verify_nothing_leaked,
     verify_store_output,

@@ -8,10 +8,10 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvport.connectors.offloading.admission import AdmitAfterRequests
-from kvport.connectors.offloading.arc import ARCManager
-from kvport.connectors.offloading.lru import LRUManager
-from kvport.connectors.offloading.manager import OffloadingManager
+from kvport.connectors.offloading.manager.admission import AdmitAfterRequests
+from kvport.connectors.offloading.manager.arc import ARCManager
+from kvport.connectors.offloading.manager.lru import LRUManager
+from kvport.connectors.offloading.manager.abstract import OffloadingManager
 
 NUM_BLOCKS = 4
 KEYS = st.integers(min_value=0, max_value=7)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fault_tiers import drop_page_cache
 
-from kvport.connectors.offloading.tiers import page_cache
+from kvport.connectors.offloading.tiers.disk import page_cache
 
 
 def test_a_range_read_is_held_and_one_dropped_is_not(tmp_path: Path) -> None:

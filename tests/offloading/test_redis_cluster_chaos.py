@@ -24,7 +24,7 @@ from redis_tier_utils import (
 
 from kvport import LLM
 from kvport.connectors.offloading.config import RedisTierConfig
-from kvport.connectors.offloading.tiers.redis_tier import RedisTier
+from kvport.connectors.offloading.tiers.redis.tier import RedisTier
 from offload_utils import (
     assert_nothing_leaked, host_metrics, make_llm, offload_config, prompts, run,
 )

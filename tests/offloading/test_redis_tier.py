@@ -14,13 +14,10 @@ from redis_fixtures import RedisClusterServers, RedisServer, TlsFiles, free_port
 from kvport.connectors.offloading.config import RedisTierConfig
 from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
 from kvport.connectors.offloading.tiers import TransferOutcome
-from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.tiers.redis_client import (
-    RedisKeyspace,
-    RedisLookup,
-    redis_namespace,
-)
-from kvport.connectors.offloading.tiers.redis_tier import RedisTier
+from kvport.connectors.offloading.tiers.host.tier import HostTier
+from kvport.connectors.offloading.tiers.redis.client import RedisKeyspace, redis_namespace
+from kvport.connectors.offloading.tiers.redis.lookup import RedisLookup
+from kvport.connectors.offloading.tiers.redis.tier import RedisTier
 from kvport.connectors.offloading.tiers.value_format import HEADER, MAGIC
 
 NS = b"kvport-disk-v1|root|float32|layout|16|4|2|32|256"  # a geometry namespace
@@ -378,7 +375,7 @@ def test_a_store_larger_than_a_batch_goes_out_in_several_pipelines(
         redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """The value buffer a worker thread keeps is bounded: a store of more values than fit in
     STORE_BATCH_BYTES is sent in several pipelines, every value whole."""
-    import kvport.connectors.offloading.tiers.redis_tier as redis_tier
+    import kvport.connectors.offloading.tiers.redis.tier as redis_tier
 
     monkeypatch.setattr(redis_tier, "STORE_BATCH_BYTES", 2 * (HEADER.size + PAYLOAD))
     tier, host = RedisTier(RedisTierConfig(redis_server.url), NS), filled_host()

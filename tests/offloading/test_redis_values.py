@@ -22,9 +22,9 @@ from redis_tier_utils import (
 )
 
 from kvport.connectors.offloading.config import RedisTierConfig
-from kvport.connectors.offloading.tiers import redis_tier as redis_tier_module
-from kvport.connectors.offloading.tiers.redis_client import RedisKeyspace
-from kvport.connectors.offloading.tiers.redis_tier import RedisTier
+from kvport.connectors.offloading.tiers.redis import tier as redis_tier_module
+from kvport.connectors.offloading.tiers.redis.client import RedisKeyspace
+from kvport.connectors.offloading.tiers.redis.tier import RedisTier
 from kvport.connectors.offloading.tiers.value_format import (
     FORMAT_VERSION, HEADER, MAC_BYTES, MAGIC, ValueCodec, Verdict, checksum, derive_mac_key,
 )

@@ -9,7 +9,7 @@ from kvport import SamplingParams
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
-from kvport.connectors.offloading.scheduler import OffloadingScheduler
+from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
 from kvport.engine.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from kvport.engine.request import Request
 

@@ -21,7 +21,8 @@ from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST
 from kvport.connectors.offloading.metadata import JobResult, OffloadingWorkerMetadata, Stage
-from kvport.connectors.offloading.scheduler import WRITE_THROUGH_SHARE, OffloadingScheduler
+from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
+from kvport.connectors.offloading.scheduler.stores import WRITE_THROUGH_SHARE
 from view_records import ViewNewRequest, ViewRequest, ViewSchedulerOutput, chain_hashes
 
 PARAMS = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)

@@ -13,7 +13,7 @@ import pytest
 
 import faulty_connector
 from kvport import LLM
-from kvport.connectors.offloading import sync_parts
+from kvport.connectors.offloading.worker import sync_parts
 from kvport.connectors.offloading.mediums import ENGINE, HOST
 from kvport.engine.request import Request
 from kvport.trace.checker import check_file

@@ -24,32 +24,32 @@ from kvport.connectors.offloading.mediums import (
     LoadStoreSpec,
 )
 from kvport.connectors.offloading.tiers import TransferOutcome
-from kvport.connectors.offloading.tiers.disk import DiskTier
-from kvport.connectors.offloading.tiers.host import HostTier
-from kvport.connectors.offloading.tier_wiring import build_tier_worker
-from kvport.connectors.offloading import transfer_threads
-from kvport.connectors.offloading.transfer_threads import ThreadPoolHandler
-from kvport.connectors.offloading.transfers import OffloadingWorker, TransferResult
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.tiers.host.tier import HostTier
+from kvport.connectors.offloading.worker.wiring import build_tier_worker
+from kvport.connectors.offloading.worker import threads as transfer_threads
+from kvport.connectors.offloading.worker.threads import ThreadPoolHandler
+from kvport.connectors.offloading.worker.transfers import TransferRouter, TransferResult
 
 
 @pytest.fixture
-def workers() -> Iterator[list[OffloadingWorker]]:
-    made: list[OffloadingWorker] = []
+def workers() -> Iterator[list[TransferRouter]]:
+    made: list[TransferRouter] = []
     yield made
     for w in made:
         w.shutdown(timeout=1.0)
 
 
-def drain(worker: OffloadingWorker, n: int) -> list[TransferResult]:
+def drain(worker: TransferRouter, n: int) -> list[TransferResult]:
     got: list[TransferResult] = []
     wait_until(lambda: bool(got.extend(worker.get_finished())) or len(got) >= n)
     return got
 
 
 def test_a_job_is_reported_when_it_ends_not_behind_an_earlier_one(
-        workers: list[OffloadingWorker]) -> None:
+        workers: list[TransferRouter]) -> None:
     fn = FaultyTransfer(hold_on={1})
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     workers.append(worker)
     worker.register_handler(ENGINE, HOST, ThreadPoolHandler(fn, num_threads=2))
     worker.submit(10, EngineBlocks([0]), HostBlocks([0]))
@@ -64,12 +64,12 @@ def test_a_job_is_reported_when_it_ends_not_behind_an_earlier_one(
 
 
 def test_an_abandoned_job_is_overtaken_on_a_new_thread_and_still_reported(
-        workers: list[OffloadingWorker]) -> None:
+        workers: list[TransferRouter]) -> None:
     """One thread, stuck in job 1: abandoning it starts a thread for the queued jobs; job 1 is
     reported when it finally ends, and its thread ends then (the pool is one thread again)."""
     fn = FaultyTransfer(hold_on={1})
     handler = ThreadPoolHandler(fn, num_threads=1, name="abandon-test")
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     workers.append(worker)
     worker.register_handler(DISK, HOST, handler)
     worker.submit(1, DiskBlocks([b"a"]), HostBlocks([0]))
@@ -89,11 +89,11 @@ def test_an_abandoned_job_is_overtaken_on_a_new_thread_and_still_reported(
 
 
 def test_abandoning_cancels_queued_jobs_and_stuck_threads_are_capped(
-        workers: list[OffloadingWorker]) -> None:
+        workers: list[TransferRouter]) -> None:
     limit = transfer_threads.MAX_STUCK_THREADS
     fn = FaultyTransfer(hold_on=set(range(1, limit + 3)))
     handler = ThreadPoolHandler(fn, num_threads=1)
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     workers.append(worker)
     worker.register_handler(DISK, HOST, handler)
     for job in range(1, limit + 2):  # each gets stuck in turn, once the one before is replaced
@@ -111,9 +111,9 @@ def test_abandoning_cancels_queued_jobs_and_stuck_threads_are_capped(
 
 
 def test_routing_by_medium_pair_and_directions_are_independent(
-        workers: list[OffloadingWorker]) -> None:
+        workers: list[TransferRouter]) -> None:
     store, load = FaultyTransfer(hold_on={1}), FaultyTransfer()
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     workers.append(worker)
     worker.register_handler(ENGINE, HOST, ThreadPoolHandler(store))
     worker.register_handler(HOST, ENGINE, ThreadPoolHandler(load))
@@ -129,9 +129,9 @@ def test_routing_by_medium_pair_and_directions_are_independent(
         worker.register_handler(ENGINE, HOST, ThreadPoolHandler(store))
 
 
-def test_transfer_exception_becomes_a_failed_result(workers: list[OffloadingWorker]) -> None:
+def test_transfer_exception_becomes_a_failed_result(workers: list[TransferRouter]) -> None:
     fn = FaultyTransfer(fail_on={2})
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     workers.append(worker)
     worker.register_handler(HOST, ENGINE, ThreadPoolHandler(fn))
     for job in (1, 2, 3):
@@ -141,8 +141,8 @@ def test_transfer_exception_becomes_a_failed_result(workers: list[OffloadingWork
     assert got[1].failed_indices == [0, 1]  # every destination engine block position
 
 
-def test_submit_that_raises_is_reported_failed(workers: list[OffloadingWorker]) -> None:
-    worker = OffloadingWorker()
+def test_submit_that_raises_is_reported_failed(workers: list[TransferRouter]) -> None:
+    worker = TransferRouter()
     workers.append(worker)
     handler = ThreadPoolHandler(FaultyTransfer())
     worker.register_handler(HOST, ENGINE, handler)
@@ -154,7 +154,7 @@ def test_submit_that_raises_is_reported_failed(workers: list[OffloadingWorker]) 
 
 
 def test_failed_load_names_the_unfilled_engine_blocks(tmp_path: Path,
-                                                      workers: list[OffloadingWorker]) -> None:
+                                                      workers: list[TransferRouter]) -> None:
     pool = torch.randn(8, 2, 2, 4, 2, 8)
     host = HostTier.for_pool(pool, num_slots=4, blocks_per_slot=2)
     disk = FaultyDisk(tmp_path, 1 << 20, b"ns")
@@ -180,7 +180,7 @@ def test_failed_load_names_the_unfilled_engine_blocks(tmp_path: Path,
 def test_shutdown_with_a_never_completing_job_does_not_hang() -> None:
     fn = FaultyTransfer(hold_on={1})
     handler = ThreadPoolHandler(fn, num_threads=1)
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     worker.register_handler(ENGINE, HOST, handler)
     worker.submit(1, EngineBlocks([0]), HostBlocks([0]))  # runs and never finishes
     worker.submit(2, EngineBlocks([1]), HostBlocks([1]))  # queued behind it
@@ -198,7 +198,7 @@ def test_shutdown_with_a_never_completing_job_does_not_hang() -> None:
 
 
 def test_shutdown_drains_nothing_left_running() -> None:
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     worker.register_handler(ENGINE, HOST, ThreadPoolHandler(FaultyTransfer(), num_threads=2))
     for job in range(5):
         worker.submit(job, EngineBlocks([job]), HostBlocks([job]))
@@ -253,12 +253,12 @@ class RecordingBatch:
                 for _, dst in jobs]
 
 
-def batched_worker(workers: list[OffloadingWorker], fn: FaultyTransfer, batch: RecordingBatch,
+def batched_worker(workers: list[TransferRouter], fn: FaultyTransfer, batch: RecordingBatch,
                    max_batch_blocks: int, num_threads: int = 1,
                    name: str = "transfer") -> ThreadPoolHandler:
     handler = ThreadPoolHandler(fn, num_threads, name, batch=batch,
                                 max_batch_blocks=max_batch_blocks)
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     workers.append(worker)
     worker.register_handler(DISK, HOST, handler)
     return handler
@@ -273,7 +273,7 @@ def submit_held(handler: ThreadPoolHandler, fn: FaultyTransfer, sizes: list[int]
 
 
 def test_queued_jobs_run_as_one_batch_and_are_reported_alone(
-        workers: list[OffloadingWorker]) -> None:
+        workers: list[TransferRouter]) -> None:
     """The jobs queued while the thread was busy run in batches of at most max_batch_blocks
     positions, in submission order (a job that does not fit starts the next batch); each job
     is reported alone, with its own outcome; a job alone in the queue runs alone."""
@@ -293,7 +293,7 @@ def test_queued_jobs_run_as_one_batch_and_are_reported_alone(
 
 
 def test_a_batch_is_what_the_last_call_moved_in_batch_seconds(
-        workers: list[OffloadingWorker], monkeypatch: pytest.MonkeyPatch) -> None:
+        workers: list[TransferRouter], monkeypatch: pytest.MonkeyPatch) -> None:
     """With batch_seconds, the next batch is what the last call's rate moves in that long:
     grown at most twofold a call, shrunk at once by a slow call, never over max_batch_blocks;
     first_batch_blocks until a call was timed."""
@@ -304,7 +304,7 @@ def test_a_batch_is_what_the_last_call_moved_in_batch_seconds(
     batch = RecordingBatch(clock=clock, seconds_per_block=[tick, tick, 4 * tick])
     handler = ThreadPoolHandler(fn, batch=batch, max_batch_blocks=12, batch_seconds=10 * tick,
                                 first_batch_blocks=4)
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     workers.append(worker)
     worker.register_handler(DISK, HOST, handler)
     submit_held(handler, fn, [2] * 16)
@@ -322,7 +322,7 @@ def test_a_batch_is_what_the_last_call_moved_in_batch_seconds(
 
 
 def test_a_batch_that_raises_runs_job_by_job_and_a_bad_job_fails_alone(
-        workers: list[OffloadingWorker]) -> None:
+        workers: list[TransferRouter]) -> None:
     fn, batch = FaultyTransfer(hold_on={1}, fail_on={3}), RecordingBatch(raises=True)
     handler = batched_worker(workers, fn, batch, max_batch_blocks=100)
     submit_held(handler, fn, [1, 2, 3])  # jobs 2, 3, 4: fn's calls 2, 3, 4 after the batch
@@ -335,7 +335,7 @@ def test_a_batch_that_raises_runs_job_by_job_and_a_bad_job_fails_alone(
 
 
 def test_a_job_cancelled_while_queued_is_left_out_of_its_batch(
-        workers: list[OffloadingWorker]) -> None:
+        workers: list[TransferRouter]) -> None:
     fn, batch = FaultyTransfer(hold_on={1}), RecordingBatch()
     handler = batched_worker(workers, fn, batch, max_batch_blocks=100)
     submit_held(handler, fn, [1, 2, 3])
@@ -348,7 +348,7 @@ def test_a_job_cancelled_while_queued_is_left_out_of_its_batch(
         (1, True, []), (2, True, []), (3, False, [0, 1]), (4, True, [])]
 
 
-def test_shutdown_ends_every_batching_thread(workers: list[OffloadingWorker]) -> None:
+def test_shutdown_ends_every_batching_thread(workers: list[TransferRouter]) -> None:
     """A thread that meets shutdown's end marker while it takes a batch leaves it for the
     others: each of the threads takes one and ends."""
     fn, batch = FaultyTransfer(hold_on={1, 2}), RecordingBatch()
@@ -369,7 +369,7 @@ def test_shutdown_ends_every_batching_thread(workers: list[OffloadingWorker]) ->
 
 
 def test_the_standard_wiring_batches_disk_promotions_only(tmp_path: Path,
-                                                          workers: list[OffloadingWorker]
+                                                          workers: list[TransferRouter]
                                                           ) -> None:
     host = HostTier(4, 4096)
     worker = build_tier_worker(host, {DISK: DiskTier(tmp_path, 1 << 20, b"ns")})
@@ -379,11 +379,11 @@ def test_the_standard_wiring_batches_disk_promotions_only(tmp_path: Path,
     assert batching == {(DISK, HOST)}
 
 
-def test_wait_returns_when_the_last_of_its_jobs_ends(workers: list[OffloadingWorker]) -> None:
+def test_wait_returns_when_the_last_of_its_jobs_ends(workers: list[TransferRouter]) -> None:
     """A waiter is woken once, by the end of the last job it waits for, not by each one."""
     fn = FaultyTransfer(hold_on={1, 2})
     handler = ThreadPoolHandler(fn, num_threads=2)
-    worker = OffloadingWorker()
+    worker = TransferRouter()
     workers.append(worker)
     worker.register_handler(HOST, ENGINE, handler)
     worker.submit(1, HostBlocks([0]), EngineBlocks([0]))

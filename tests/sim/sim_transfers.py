@@ -37,17 +37,17 @@ from controlled_transfers import (  # noqa: E402
 from fault_tiers import FaultyDisk  # noqa: E402
 from kvport.connectors.offloading.config import OffloadingConfig  # noqa: E402
 from kvport.connectors.offloading.geometry import OffloadGeometry  # noqa: E402
-from kvport.connectors.offloading.inflight import InflightWaits  # noqa: E402
+from kvport.connectors.offloading.scheduler.inflight import InflightWaits  # noqa: E402
 from kvport.connectors.offloading.mediums import (  # noqa: E402
     DISK, ENGINE, HOST, DiskBlocks, EngineBlocks, HostBlocks, LoadStoreSpec,
 )
-from kvport.connectors.offloading.scheduler import OffloadingScheduler  # noqa: E402
-from kvport.connectors.offloading.tier_wiring import LowerTier  # noqa: E402
+from kvport.connectors.offloading.scheduler.half import OffloadingScheduler  # noqa: E402
+from kvport.connectors.offloading.worker.wiring import LowerTier  # noqa: E402
 from kvport.connectors.offloading.tiers import TransferOutcome  # noqa: E402
-from kvport.connectors.offloading.tiers.disk import DiskTier  # noqa: E402
-from kvport.connectors.offloading.tiers.host import HostTier  # noqa: E402
-from kvport.connectors.offloading.transfers import TransferFn, TransferResult  # noqa: E402
-from kvport.connectors.offloading.worker import OffloadingConnectorWorker  # noqa: E402
+from kvport.connectors.offloading.tiers.disk.tier import DiskTier  # noqa: E402
+from kvport.connectors.offloading.tiers.host.tier import HostTier  # noqa: E402
+from kvport.connectors.offloading.worker.transfers import TransferFn, TransferResult  # noqa: E402
+from kvport.connectors.offloading.worker.half import OffloadingConnectorWorker  # noqa: E402
 
 NEVER = math.inf  # a stuck job's release step: only the final drain releases it
 

@@ -53,7 +53,7 @@ from sim_transfers import NEVER, World, activate  # noqa: E402  (first: it sets 
 from fault_tiers import flip_byte  # noqa: E402
 from kvport import LLM, SamplingParams  # noqa: E402
 from kvport.connectors.offloading.mediums import DISK  # noqa: E402
-from kvport.connectors.offloading.tiers.disk_format import SUFFIX, TEMP_PREFIX  # noqa: E402
+from kvport.connectors.offloading.tiers.disk.location import SUFFIX, TEMP_PREFIX  # noqa: E402
 from kvport.engine.executor import InProcExecutor  # noqa: E402
 from kvport.engine.request import Request, RequestStatus  # noqa: E402
 from offload_utils import (  # noqa: E402

@@ -116,7 +116,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         "stats": vars(connector.scheduler_half.stats).copy(),
         "leaks": {"requests": len(scheduler.requests),
                   "referenced_blocks": sum(b.ref_cnt > 0 for b in pool.blocks),
-                  "worker_loads": len(worker._loads) + len(worker._in_flight)},
+                  "worker_loads": worker.num_in_flight},
     }
     llm.llm_engine.engine_core.shutdown()
     return result

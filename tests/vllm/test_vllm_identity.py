@@ -29,7 +29,7 @@ COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 def _namespace(model_dir: Path, disk: Path, **extra: Any) -> bytes:
     config = vllm_config({**offload_extra(disk_dir=disk), **extra}, model_dir=model_dir)
     connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config(16))
-    return connector.geometry.disk_namespace
+    return connector.geometry.namespace
 
 
 def _model_copy(dst: Path) -> Path:

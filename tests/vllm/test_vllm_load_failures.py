@@ -58,8 +58,7 @@ def _check_running_blocks(h: Harness, reqs: list[Request]) -> None:
 
 
 def _assert_worker_idle(h: Harness) -> None:
-    w = h.worker.worker_half
-    assert not w._loads and not w._in_flight and not w._ready and not w._load_errors
+    h.worker.worker_half.check_no_leaks()
 
 
 def _store_round(h: Harness, prompts: list[list[int]], max_tokens: int,

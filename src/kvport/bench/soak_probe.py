@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 # The disk tier writes a run under this prefix and suffix, then links it to its keys' names
-# (tiers/disk_format.py); a name of this shape left behind is a writer's unfinished run.
+# (tiers/disk/location.py); a name of this shape left behind is a writer's unfinished run.
 TEMP_PREFIX = ".run."
 TEMP_SUFFIX = ".tmp"
 

@@ -76,7 +76,7 @@ class TransferBenchConfig:
                      "job_blocks", "redis_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        from kvport.connectors.offloading.tiers.host import STRATEGIES
+        from kvport.connectors.offloading.tiers.host.tier import STRATEGIES
 
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
@@ -115,7 +115,7 @@ class TransferBenchConfig:
     def host_strategies(self, case: PoolCase) -> tuple[str, ...]:
         """The copy strategies this layout supports (a layer-major pool has one segment per
         layer, which only some strategies move)."""
-        from kvport.connectors.offloading.tiers.host import MULTI_SEGMENT_STRATEGIES
+        from kvport.connectors.offloading.tiers.host.tier import MULTI_SEGMENT_STRATEGIES
 
         if case.layout == "kvport":
             return self.strategies

@@ -54,9 +54,9 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path,
     import torch
 
     from kvport.connectors.offloading.mediums import DISK, DiskBlocks, HostBlocks
-    from kvport.connectors.offloading.tiers.disk import DiskTier
-    from kvport.connectors.offloading.tiers.host import HostTier
-    from kvport.connectors.offloading.tier_wiring import build_tier_worker
+    from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+    from kvport.connectors.offloading.tiers.host.tier import HostTier
+    from kvport.connectors.offloading.worker.wiring import build_tier_worker
 
     root.mkdir()
     n = max(1, cfg.disk_mib * MIB // size)
@@ -184,8 +184,8 @@ def _side_stats(num_bytes: int, times: dict[str, list[float]]) -> dict[str, Any]
 def _read_checked(path: Path, out: memoryview, entry_bytes: int) -> None:
     """One file into out, a piece at a time (the tier's piece size, whole entries), each entry
     hashed right after its piece landed."""
-    from kvport.connectors.offloading.tiers.disk_format import checksum
-    from kvport.connectors.offloading.tiers.disk_read import PIECE_BYTES
+    from kvport.connectors.offloading.tiers.disk.location import checksum
+    from kvport.connectors.offloading.tiers.disk.read import PIECE_BYTES
 
     piece = max(1, PIECE_BYTES // entry_bytes) * entry_bytes
     with open(path, "rb", buffering=0) as fh:

@@ -43,7 +43,7 @@ def bench_host(cfg: TransferBenchConfig) -> list[dict[str, Any]]:
 def _make_pool(case: PoolCase, num_blocks: int, gen: Any) -> Any:
     import torch
 
-    from kvport.connectors.offloading.tiers.engine_pool import EnginePool
+    from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool
 
     layers, heads, head_dim = GEOMETRIES[case.geometry]
     bs = case.block_tokens
@@ -58,7 +58,7 @@ def _case_rows(cfg: TransferBenchConfig, case: PoolCase, size: int,
                gen: Any) -> list[dict[str, Any]]:
     import torch
 
-    from kvport.connectors.offloading.tiers.host import HostTier
+    from kvport.connectors.offloading.tiers.host.tier import HostTier
 
     f = size // case.engine_block_bytes
     num_slots = max(1, cfg.total_mib * MIB // size)

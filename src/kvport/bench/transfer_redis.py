@@ -120,9 +120,9 @@ def _redis_row(cfg: TransferBenchConfig, size: int, client: Any, salt: str,
 
     from kvport.connectors.offloading.config import RedisTierConfig
     from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
-    from kvport.connectors.offloading.tiers.host import HostTier
-    from kvport.connectors.offloading.tiers.redis_client import RedisKeyspace
-    from kvport.connectors.offloading.tiers.redis_tier import RedisTier
+    from kvport.connectors.offloading.tiers.host.tier import HostTier
+    from kvport.connectors.offloading.tiers.redis.client import RedisKeyspace
+    from kvport.connectors.offloading.tiers.redis.tier import RedisTier
 
     assert cfg.redis_url is not None
     n = max(1, cfg.redis_mib * MIB // size)

@@ -40,8 +40,8 @@ from kvport.connectors.offloading.mediums import DISK, HOST, REDIS
 from kvport.connectors.offloading.metadata import (
     OffloadingConnectorMetadata, OffloadingWorkerMetadata,
 )
-from kvport.connectors.offloading.scheduler import OffloadingScheduler
-from kvport.connectors.offloading.worker import OffloadingConnectorWorker
+from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
+from kvport.connectors.offloading.worker.half import OffloadingConnectorWorker
 from kvport.vllm.compat import require_vllm
 from kvport.vllm.objects import (
     RequestAdapter, adapt_scheduler_output, engine_pool, group0, hash_root, hashes_are_stable,

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kvport.connectors.offloading.tiers.engine_pool import EnginePool
+from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool
 
 # vLLM hashes blocks with a process-random seed for these algorithms unless PYTHONHASHSEED is
 # set: equal prefixes in two processes then get different hashes.

@@ -35,7 +35,7 @@ class DiskTierConfig:
 
     root_dir: str
     # The run files under root_dir of every process sharing it, headers included (a shared
-    # ledger counts them: tiers/disk_ledger.py).
+    # ledger counts them: tiers/disk/ledger.py).
     max_bytes: int
     # Files 0o640 and directories 0o750 instead of 0o600 / 0o700: processes of other users in
     # the directory's group may read (and, through the group's write bit on directories, store).

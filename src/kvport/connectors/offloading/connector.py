@@ -33,8 +33,8 @@ from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.metadata import (
     OffloadingConnectorMetadata, OffloadingWorkerMetadata,
 )
-from kvport.connectors.offloading.scheduler import OffloadingScheduler
-from kvport.connectors.offloading.worker import OffloadingConnectorWorker
+from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
+from kvport.connectors.offloading.worker.half import OffloadingConnectorWorker
 
 if TYPE_CHECKING:
     from kvport.config import KVTransferConfig

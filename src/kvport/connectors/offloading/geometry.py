@@ -1,10 +1,23 @@
-"""The offload geometry: how offload blocks lie over the engine's pool, the host tier's slots and
-the disk tier's namespace. Built once per half from (config, KVCacheSpec) by
-`OffloadGeometry.build`, so the scheduler half and the worker half cannot disagree about it.
+"""The offload geometry: how offload blocks lie over the engine's pool and the host tier's slots,
+and the namespace of the tiers below host memory. Built once per half from (config, KVCacheSpec)
+by `OffloadGeometry.build`, so the scheduler half and the worker half cannot disagree about it.
+Every index conversion between tokens, engine blocks, offload blocks and host rows is here.
 
 An offload block is `block_factor` (f) engine blocks: `offload_tokens = f * block_size` tokens,
 `slot_bytes = f * engine block bytes` in a host slot. Its key is the chained hash of its last
-engine block, which identifies the whole prefix up to it (`offload_keys`).
+engine block, which identifies the whole prefix up to it (`keys`).
+
+                    offload block 0      offload block 1      offload block 2       (f = 4)
+    tokens          |<- offload_tokens ->|
+    engine blocks   b0   b1   b2   b3   b4   b5   b6   b7   b8   b9   b10  b11
+    keys                           k0                  k1                  k2
+    local hit       ==========                                  (num_local = 2 blocks' tokens)
+    load            start = 0, skip = 2: copies b2 b3 | b4 .. b7 | b8 .. b11
+    host rows       slot s holds rows s*f .. s*f + f-1 (one per engine block)
+
+A load whose first offload block is partly covered by the engine's own prefix hit skips the
+first `skip` engine blocks of it (`load_start`); every later offload block is whole. A store
+always copies whole offload blocks.
 """
 
 from __future__ import annotations
@@ -14,7 +27,10 @@ from dataclasses import dataclass
 
 from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
-from kvport.connectors.offloading.tiers.disk_format import disk_namespace
+from kvport.connectors.offloading.mediums import DISK, REDIS
+
+# The namespace's format: v2 names run files (v1, one file per entry, is not read).
+NAMESPACE_VERSION = "kvport-disk-v2"
 
 
 @dataclass(frozen=True)
@@ -23,8 +39,9 @@ class OffloadGeometry:
     block_factor: int  # f: engine blocks per offload block
     slot_bytes: int  # one offload block (f engine blocks, every layer, K and V)
     num_slots: int  # host tier capacity, offload blocks
-    # the disk and Redis tiers' namespace: model, dtype, layout, sizes, the config's namespace
-    disk_namespace: bytes
+    # The disk and Redis tiers' namespace: model, dtype, layout, sizes, the config's namespace.
+    namespace: bytes
+    lower_media: tuple[str, ...]  # the tiers below host, top down (DISK, REDIS)
 
     @classmethod
     def build(cls, config: OffloadingConfig, spec: KVCacheSpec) -> OffloadGeometry:
@@ -34,26 +51,83 @@ class OffloadGeometry:
         if num_slots < 1:
             raise ValueError(f"OffloadingConnector: cpu_bytes_to_use={config.cpu_bytes_to_use} is "
                              f"smaller than one offload block ({slot_bytes} bytes)")
-        namespace = disk_namespace(spec.hash_root, spec, f * spec.block_size)
+        namespace = tier_namespace(spec.hash_root, spec, f * spec.block_size)
         if config.namespace is not None:  # the user's name for what may share entries
             namespace += b"|namespace=" + config.namespace.encode()
-        return cls(spec.block_size, f, slot_bytes, num_slots, namespace)
+        media = tuple(m for m, tier in ((DISK, config.disk_tier), (REDIS, config.redis_tier))
+                      if tier is not None)
+        return cls(spec.block_size, f, slot_bytes, num_slots, namespace, media)
 
     @property
     def offload_tokens(self) -> int:
-        """Tokens per offload block (obs)."""
+        """Tokens per offload block."""
         return self.block_factor * self.block_size
 
     def keys(self, block_hashes: Sequence[bytes]) -> list[bytes]:
         return offload_keys(block_hashes, self.block_factor)
 
+    def num_offload_blocks(self, num_tokens: int) -> int:
+        """Offload blocks wholly inside the first `num_tokens` tokens."""
+        return num_tokens // self.offload_tokens
+
+    def max_hit_blocks(self, num_tokens: int) -> int:
+        """Offload blocks a hit of an `num_tokens`-token request may cover: the forward computes
+        at least the last token (its logits give the next token), as the engine's own prefix
+        cache does."""
+        return (num_tokens - 1) // self.offload_tokens
+
+    def hit_tokens(self, num_local: int, start: int, end: int) -> int:
+        """Tokens a hit of offload blocks [start, end) adds beyond a local hit of `num_local`
+        tokens (which may end inside block `start`)."""
+        return end * self.offload_tokens - num_local
+
+    def skip(self, num_local: int, start: int) -> int:
+        """Engine blocks of offload block `start` (a hit's first) that a local hit of `num_local`
+        tokens covers: a load does not copy them."""
+        return num_local // self.block_size - start * self.block_factor
+
+    def hit_blocks(self, num_local: int, start: int, end: int) -> slice:
+        """The engine blocks of offload blocks [start, end), as a slice of the block table, but
+        for those a local hit of `num_local` tokens covers."""
+        f = self.block_factor
+        return slice(max(num_local // self.block_size, start * f), end * f)
+
+    def whole_blocks(self, num_engine_blocks: int) -> int:
+        """Offload blocks wholly inside the first `num_engine_blocks` engine blocks."""
+        return num_engine_blocks // self.block_factor
+
+    def engine_span(self, block_ids: Sequence[int], start: int, end: int) -> list[int]:
+        """The engine blocks of offload blocks [start, end) in a block table."""
+        f = self.block_factor
+        return list(block_ids[start * f:end * f])
+
+    def blocks_of(self, block_ids: Sequence[int], j: int, skip: int, n: int = 1) -> list[int]:
+        """The engine blocks of offload blocks j .. j+n-1 of a load's destination (`block_ids`,
+        whose first offload block skips its first `skip` engine blocks)."""
+        return blocks_of(block_ids, j, self.block_factor, skip, n)
+
+
+def offload_keys(block_hashes: Sequence[bytes], f: int) -> list[bytes]:
+    """Keys of the full offload blocks of f engine blocks: the chained hash of each one's last
+    engine block (which identifies the whole prefix up to it)."""
+    return list(block_hashes[f - 1::f])
+
+
+def blocks_of(block_ids: Sequence[int], j: int, f: int, skip: int, n: int = 1) -> list[int]:
+    """`OffloadGeometry.blocks_of` for a factor f."""
+    return list(block_ids[max(0, j * f - skip):(j + n) * f - skip])
+
+
+def slot_rows(slot_ids: Sequence[int], f: int) -> list[int]:
+    """The host rows of these slots, f per slot (f = 1: the slot ids themselves)."""
+    return list(slot_ids) if f == 1 else [s * f + k for s in slot_ids for k in range(f)]
+
 
 def block_factor(config: OffloadingConfig, engine_block_size: int) -> int:
     """Engine blocks per offload block (f). The default is 1: keys, hits and stores at the
     engine's own granularity, so no token the engine's block could supply is recomputed (a
-    request's last full engine block is stored and hit too). Bandwidth does not need bigger
-    blocks: a job's blocks move together (consecutive host slots: one gather or scatter). A
-    configured block_size must be a whole number of engine blocks."""
+    request's last full engine block is stored and hit too). A configured block_size must be a
+    whole number of engine blocks."""
     if config.block_size is None:
         return 1
     if config.block_size % engine_block_size:
@@ -62,7 +136,10 @@ def block_factor(config: OffloadingConfig, engine_block_size: int) -> int:
     return config.block_size // engine_block_size
 
 
-def offload_keys(block_hashes: Sequence[bytes], factor: int) -> list[bytes]:
-    """Keys of the request's full offload blocks: the chained hash of each one's last engine
-    block (which identifies the whole prefix up to it)."""
-    return list(block_hashes[factor - 1::factor])
+def tier_namespace(root_hash: bytes, spec: KVCacheSpec, offload_block_size: int) -> bytes:
+    """The namespace of the tiers below host memory: the engine's hash root (model, dtype, block
+    size, layout) plus the pool geometry and offload block size, which fix the payload's byte
+    layout."""
+    fields = [root_hash.hex(), spec.dtype, spec.layout, str(spec.block_size), str(spec.num_layers),
+              str(spec.num_kv_heads), str(spec.head_dim), str(offload_block_size)]
+    return "|".join([NAMESPACE_VERSION, *fields]).encode()

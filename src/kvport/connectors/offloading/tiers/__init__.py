@@ -2,7 +2,7 @@
 host memory) and `disk.DiskTier` (local files below it, written through from the host tier).
 
 A tier exposes transfer functions `(src, dst) -> TransferOutcome` that run synchronously on a
-worker thread; `kvport.connectors.offloading.transfers` wraps them in thread-pool handlers. This
+worker thread; `kvport.connectors.offloading.worker.transfers` wraps them in thread-pool handlers. This
 module holds the records both tiers share; the tiers themselves are imported from their modules
 (`tiers.host`, `tiers.disk`) so that importing one does not import the other.
 """

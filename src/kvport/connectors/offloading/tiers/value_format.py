@@ -1,5 +1,5 @@
 """The header every stored value carries (Redis values; the disk tier's run files have their own,
-tiers/disk_runs.py, with the same digests), and the check a reader makes before it decodes one.
+tiers/disk/runs.py, with the same digests), and the check a reader makes before it decodes one.
 
 Header (little endian):
 

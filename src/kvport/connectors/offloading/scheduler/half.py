@@ -1,0 +1,302 @@
+"""The OffloadingConnector's scheduler half: which offload blocks to load and store, as jobs.
+
+Keys: offload block i of a request (f engine blocks, geometry.py) is keyed by the chained hash
+of its last engine block. Only full offload blocks are stored or loaded.
+
+This class is the connector API's scheduler side; the work is done by its parts:
+    hits.HitPlanner     get_num_new_matched_tokens, and the load job of an admitted hit
+    stores.StorePlanner the store jobs of what each step computed (build_connector_meta)
+    fence.BlockFence    the jobs to finish before blocks handed out again are written
+    jobs.JobTable       jobs in flight, their stages, the tensor-parallel ranks' results
+The results of the jobs (update_connector_output) update the host tier's manager here.
+
+Re-admission: a preempted request asked again while its own stores are unreported is answered
+None (ask again) until they report. They were flushed at the preemption, so they are done or
+nearly, but their keys are still being written: matched now, the hit run would end at them and
+the request would recompute what it has just offloaded. Waiting lets it load them, and keeps a
+request's jobs simple: store jobs or one load job, never both.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kvport.connectors.base import KVCacheEvent, KVConnectorOutput
+from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.geometry import OffloadGeometry
+from kvport.connectors.offloading.manager.admission import admission_for
+from kvport.connectors.offloading.manager.arc import ARCManager
+from kvport.connectors.offloading.manager.lru import LRUManager
+from kvport.connectors.offloading.manager.policy import PolicyManager
+from kvport.connectors.offloading.mediums import DISK, HOST, REDIS
+from kvport.connectors.offloading.metadata import (
+    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage,
+)
+from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
+from kvport.connectors.offloading.scheduler.fence import BlockFence
+from kvport.connectors.offloading.scheduler.hits import HitPlanner, hashes_ok
+from kvport.connectors.offloading.scheduler.inflight import InflightWaits
+from kvport.connectors.offloading.scheduler.jobs import STORE, Job, JobTable
+from kvport.connectors.offloading.scheduler.lower_lookup import LowerLookup
+from kvport.connectors.offloading.scheduler.requests import ReqState
+from kvport.connectors.offloading.scheduler.stores import StorePlanner
+
+if TYPE_CHECKING:
+    from kvport.connectors.views import RequestView, SchedulerOutputView
+
+logger = logging.getLogger(__name__)
+
+
+def make_manager(config: OffloadingConfig, num_slots: int) -> PolicyManager:
+    """The host tier's manager: the configured eviction policy and admission control."""
+    cls = LRUManager if config.eviction_policy == "lru" else ARCManager
+    return cls(num_slots, HOST, admission_for(config.store_threshold))
+
+
+class OffloadingScheduler:
+    def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool = True,
+                 store: bool = True, num_workers: int = 1) -> None:
+        self.geometry = geometry
+        self.manager = make_manager(config, geometry.num_slots)
+        self.lower = LowerLookup(config, geometry)  # disk, Redis: which keys
+        self.waits = InflightWaits(config.inflight_wait_s)
+        self.stats = SchedulerCounters()
+        # In flight (planned, not every stage reported by every worker: one per TP rank).
+        self._jobs = JobTable(num_workers)
+        self.hits = HitPlanner(geometry, self.manager, self.lower, self.waits, self._jobs,
+                               self.stats, load_enabled=load,
+                               sync_host_loads=config.sync_host_loads)
+        self.stores = StorePlanner(geometry, self.manager, self._jobs, self.stats,
+                                   store_enabled=store)
+        self.fence = BlockFence(self._jobs)
+        self._reqs: dict[str, ReqState] = {}
+        self._finished: set[str] = set()  # finished requests kept until their jobs report
+        self._loads: list[LoadJob] = []  # for the next metadata
+        self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
+        self.worker_stats: dict[str, float] = {}  # the workers' own (deadlines.WorkerStats)
+        self._late_jobs: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
+
+    # ---- admission -----------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: RequestView,
+                                   num_local: int) -> tuple[int | None, bool]:
+        st = self._reqs.get(request.request_id)
+        if st is not None and st.store_jobs:
+            self.stats.num_busy_answers += 1
+            return None, False  # its own stores are unreported: load them once they are
+        return self.hits.match(request, num_local, st)
+
+    def update_state_after_alloc(self, request: RequestView, block_ids: list[int],
+                                 num_external: int) -> None:
+        rid = request.request_id
+        self.waits.forget(rid)
+        old = self._reqs.get(rid)
+        match = self.hits.admit(request)
+        st = ReqState(request, list(block_ids), store_jobs=set(old.store_jobs) if old else set(),
+                      load_failed=old is not None and old.load_failed,
+                      hashes_ok=hashes_ok(request, self.geometry.block_size))
+        self._reqs[rid] = st
+        # Blocks new to this request may have been freed by another one with a store pending.
+        num_local = match.num_local if match is not None else request.num_computed_tokens
+        self.fence.allocated(old.block_ids if old is not None else [], block_ids,
+                             num_local // self.geometry.block_size)
+        if num_external > 0:
+            assert match is not None, f"{rid}: {num_external} external tokens without a match"
+            load = self.hits.plan_load(st, match, num_external)
+            st.load_job = load.job_id
+            self._loads.append(load)
+            if load.sync:
+                self.fence.sync_load(load)
+
+    def take_hit_split(self, req_id: str) -> dict[str, int]:
+        """Tokens of the request's latest hit per tier (HOST, DISK, REDIS): for engines that
+        report hits by source (vLLM)."""
+        return self.hits.take_hit_split(req_id)
+
+    # ---- per step ------------------------------------------------------------------------------
+
+    def build_connector_meta(self, so: SchedulerOutputView) -> OffloadingConnectorMetadata:
+        meta = OffloadingConnectorMetadata(loads=self._loads)
+        self._loads = []
+        flush: set[int] = set()
+        for rid in so.preempted_req_ids:
+            st = self._reqs.get(rid)
+            if st is not None:
+                flush |= st.store_jobs
+                st.block_ids, st.next_store_idx = [], 0
+        computed: dict[str, int] = {}  # req_id -> tokens computed before this step
+        bs = self.geometry.block_size
+        for new in so.scheduled_new_reqs:
+            st = self._reqs.setdefault(new.req_id, ReqState())
+            self.fence.scheduled(st.block_ids, new.block_ids, new.num_computed_tokens // bs)
+            st.block_ids = list(new.block_ids)
+            computed[new.req_id] = new.num_computed_tokens
+        for cached in so.scheduled_cached_reqs:
+            st = self._reqs.setdefault(cached.req_id, ReqState())
+            st.block_ids.extend(cached.new_block_ids)
+            self.fence.grown(cached.new_block_ids)
+            computed[cached.req_id] = cached.num_computed_tokens
+        meta.jobs_to_flush = flush | self.fence.jobs_to_flush(meta.loads)
+        self.stats.num_flushed_jobs += len(meta.jobs_to_flush)
+        for rid, num_computed in computed.items():
+            job = self.stores.plan(self._reqs[rid],
+                                   num_computed + so.num_scheduled_tokens.get(rid, 0),
+                                   self.hits.room())
+            if job is not None:
+                meta.stores.append(job)
+        return meta
+
+    def update_connector_output(self, out: KVConnectorOutput) -> None:
+        meta = out.worker_meta
+        if meta is None:
+            return
+        assert isinstance(meta, OffloadingWorkerMetadata), f"not the offloading worker's: {meta!r}"
+        self.tier_stats.update(meta.tier_stats)
+        self.worker_stats.update(meta.worker_stats)
+        self._late_jobs.update(meta.late_jobs)
+        for one in meta.results:
+            job = self._jobs.get(one.job_id)
+            if job is None:
+                logger.warning("OffloadingConnector: result of unknown job %d", one.job_id)
+                continue
+            result = self._jobs.complete(one)
+            if result is None:
+                continue  # other workers have not reported this stage yet
+            if job.kind == STORE and result.stage is Stage.COPY:
+                self._finish_copy(result, job)
+            elif job.kind == STORE:
+                self._finish_write(result, job)
+            else:
+                self._jobs.pop(result.job_id)
+                self._jobs.release_reads(result.job_id, job)
+                self.fence.load_ended(result.job_id)
+                self._finish_load(result, job)
+                self.manager.complete_load(job.pinned)
+        self._late_jobs = {j for j in self._late_jobs if j in self._jobs}
+
+    def _finish_copy(self, result: JobResult, job: Job) -> None:
+        """Every worker copied the store's blocks into host slots: its keys are ready (the
+        failed ones freed), and the fence no longer waits for it."""
+        self._jobs.release_reads(result.job_id, job)
+        st = self._reqs.get(job.req_id)
+        if st is not None:
+            st.store_jobs.discard(result.job_id)
+        failed = set(result.failed_indices)
+        good = [k for i, k in enumerate(job.keys) if i not in failed]
+        bad = [k for i, k in enumerate(job.keys) if i in failed]
+        if bad:
+            self.stats.num_failed_stores += 1
+        self.manager.complete_store(good, success=True)
+        if job.writes_through:
+            # NOTE: the workers write their slots to disk now: keep the ready ones pinned and
+            # the failed ones reserved (a worker whose copy worked may be writing them) until
+            # every worker reported its write.
+            self.manager.prepare_load(good)
+            job.pinned, job.failed_keys = good, bad
+        else:
+            self.manager.complete_store(bad, success=False)
+            self._jobs.pop(result.job_id)
+        if st is not None:
+            self._forget_if_done(job.req_id)
+
+    def _finish_write(self, result: JobResult, job: Job) -> None:
+        """Every worker's write-throughs ended (written, skipped or failed: each lower tier
+        counts which); the slots they read may be reused."""
+        self._jobs.pop(result.job_id)
+        self.stores.write_ended(job)
+        self.manager.complete_load(job.pinned)
+        self.manager.complete_store(job.failed_keys, success=False)
+
+    def _finish_load(self, result: JobResult, job: Job) -> None:
+        if job.promoted:
+            failed = set(result.promote_failed)
+            self.manager.complete_store([k for i, k in enumerate(job.promoted) if i in failed],
+                                        success=False)
+            self.manager.complete_store([k for i, k in enumerate(job.promoted)
+                                         if i not in failed])
+        if not result.success:
+            self.stats.num_failed_loads += 1
+        st = self._reqs.get(job.req_id)
+        if st is not None:
+            st.load_job = None
+            st.load_failed = st.load_failed or not result.success
+            self._forget_if_done(job.req_id)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def request_finished(self, request: RequestView) -> None:
+        """The blocks are freed now; pending stores keep reading them under the fence."""
+        rid = request.request_id
+        self.hits.forget(rid)
+        self.waits.forget(rid)
+        st = self._reqs.get(rid)
+        if st is not None:
+            st.request, st.block_ids, st.next_store_idx = None, [], 0
+            self._finished.add(rid)
+            self._forget_if_done(rid)
+
+    def _forget_if_done(self, rid: str) -> None:
+        st = self._reqs.get(rid)
+        if st is not None and rid in self._finished and st.idle:
+            del self._reqs[rid]
+            self._finished.discard(rid)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return [KVCacheEvent(tuple(e.keys), e.medium, e.removed)
+                for e in self.manager.take_events()]
+
+    def has_pending_work(self) -> bool:
+        """A job is in flight that the workers still wait for (not one they gave up on: its
+        thread may never return, and the engine must not step forever for it)."""
+        return len(self._jobs) > len(self._late_jobs)
+
+    def reset_cache(self) -> bool:
+        """Drops the host tier (not disk or Redis: other engines may share them). False while
+        any host block is being read or written."""
+        return self.manager.reset()
+
+    def metrics(self) -> dict[str, Any]:
+        """Per tier: the worker's transfer counters, with what only this half knows (lookups,
+        hits, evictions and occupancy of the host tier are the manager's)."""
+        m, g = self.manager.stats, self.geometry
+        used = g.num_slots - self.manager.num_free_slots
+        host = dict(self.tier_stats.get(HOST, {}))
+        host.update(num_slots=g.num_slots, occupancy_blocks=used,
+                    occupancy_bytes=used * g.slot_bytes, lookups=m.num_lookups,
+                    hits=m.num_hit_blocks, evictions=m.num_evicted_blocks,
+                    num_rejected_stores=m.num_rejected_stores,
+                    num_deferred_blocks=m.num_deferred_blocks,
+                    hit_tokens=self.stats.num_host_hit_tokens)
+        requests = dict(vars(self.stats), num_late_jobs=len(self._late_jobs),
+                        num_inflight_waits=self.waits.num_waits,
+                        num_inflight_timeouts=self.waits.num_timeouts)
+        out: dict[str, Any] = {"offload_block_tokens": g.offload_tokens, "host": host,
+                               "requests": requests, "worker": dict(self.worker_stats)}
+        hit_tokens = {DISK: self.stats.num_disk_hit_tokens, REDIS: self.stats.num_redis_hit_tokens}
+        for medium in self.lower.media:
+            tier = dict(self.tier_stats.get(medium, {}))
+            tier.update(self.lower.stats(medium))  # the lookups: this half's own
+            tier["hit_tokens"] = hit_tokens[medium]
+            out[medium.lower()] = tier
+        return out
+
+    def close(self) -> None:
+        """Releases the lookups' connections (Redis)."""
+        self.lower.close()
+
+    def check_no_leaks(self) -> None:
+        """Raise if any job, pinned or half-written host block is left (tests call it)."""
+        self.manager.check_integrity()
+        problems = self._jobs.check()
+        if problems:
+            raise RuntimeError(f"OffloadingConnector: {'; '.join(problems)}")
+        if len(self.waits):
+            raise RuntimeError(f"OffloadingConnector: {len(self.waits)} requests still marked as "
+                               f"waiting for another job's write")
+        assert self._jobs or not self.stores.num_writing, \
+            f"{self.stores.num_writing} keys still writing"
+        if self._jobs or self.manager.num_pinned or self.manager.num_being_written:
+            raise RuntimeError(f"OffloadingConnector: {len(self._jobs)} jobs in flight, "
+                               f"{self.manager.num_pinned} pinned and "
+                               f"{self.manager.num_being_written} half-written host blocks")

@@ -1,0 +1,101 @@
+"""The scheduler half's view of the tiers below host memory: which keys the disk tier and the Redis
+tier hold, asked at scheduling time.
+
+The disk tier is asked per key (tiers/disk/lookup.py: one stat). Redis is asked once per request,
+for every key the disk does not settle, in one batched round trip with a short timeout
+(tiers/redis/lookup.py); a timeout, an error or a Redis that is down answers "none", so the
+request computes those blocks instead of waiting. A key is taken from the highest tier that holds it (disk before Redis: a local read is
+cheaper than a network one).
+
+Bounded: with a disk tier the lookup runs on a helper thread (bounded.BoundedCall) and the
+scheduler waits at most the disk's `lookup_timeout_ms` (plus Redis's, when the run reaches it):
+a stat on a hung network file system makes misses, not a stalled scheduler. Redis's own query is
+bounded by its deadline (redis_node), so without a disk tier no thread is involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kvport.connectors.offloading.scheduler.bounded import BoundedCall
+from kvport.connectors.offloading.config import OffloadingConfig
+from kvport.connectors.offloading.geometry import OffloadGeometry
+from kvport.connectors.offloading.mediums import DISK, REDIS
+from kvport.connectors.offloading.tiers.disk.lookup import DiskLookup
+
+if TYPE_CHECKING:
+    from kvport.connectors.offloading.tiers.redis.lookup import RedisLookup
+
+REDIS_GRACE_S = 0.05  # past Redis's deadline: its watchdog's cut and the reply's handling
+
+
+class LowerLookup:
+    def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry) -> None:
+        namespace = geometry.namespace
+        disk = config.disk_tier
+        self.disk = DiskLookup(disk, namespace) if disk is not None else None
+        self.redis: RedisLookup | None = None
+        self._timeout_s = 0.0  # how long the scheduler waits for a lookup with a disk tier
+        if disk is not None:
+            self._timeout_s += self.disk.timeout_s
+        if config.redis_tier is not None:
+            # Imported here: redis-py is an optional dependency (kvport[redis]).
+            from kvport.connectors.offloading.tiers.redis.lookup import RedisLookup
+
+            self.redis = RedisLookup(config.redis_tier, namespace)
+            self._timeout_s += config.redis_tier.lookup_timeout_ms / 1000.0 + REDIS_GRACE_S
+        self._bounded = BoundedCall("disk-lookup") if disk is not None else None
+        # The lower tiers top down; stores are written through to each of them.
+        self.media = list(geometry.lower_media)
+
+    def __bool__(self) -> bool:
+        return bool(self.media)
+
+    def find_run(self, keys: list[bytes],
+                 stop: Callable[[bytes], bool]) -> list[tuple[bytes, str]]:
+        """The leading run of `keys` some lower tier holds, each with the tier (DISK, REDIS) to
+        promote it from. `stop(key)` True ends the run at that key (it is being written to the
+        host tier). Bounded in time (module docstring): too late, it is empty (a miss)."""
+        if self._bounded is None or not keys:
+            return self._find_run(keys, stop)
+        # `stop` reads the scheduler's manager: evaluated here, on the scheduler's thread.
+        end = next((i for i, key in enumerate(keys) if stop(key)), len(keys))
+        return self._bounded.run(lambda: self._find_run(keys[:end], lambda _: False),
+                                 self._timeout_s, [])
+
+    def _find_run(self, keys: list[bytes],
+                  stop: Callable[[bytes], bool]) -> list[tuple[bytes, str]]:
+        run: list[tuple[bytes, str]] = []
+        in_redis: list[bool] | None = None  # for keys[first_asked:], asked at most once
+        first_asked = 0
+        for i, key in enumerate(keys):
+            if stop(key):
+                break
+            if self.disk is not None and self.disk.exists(key):
+                run.append((key, DISK))
+                continue
+            if self.redis is None:
+                break
+            if in_redis is None:
+                in_redis, first_asked = self.redis.exists(keys[i:]), i
+            if not in_redis[i - first_asked]:
+                break
+            run.append((key, REDIS))
+        return run
+
+    def stats(self, medium: str) -> dict[str, float]:
+        """The lookups' own counters of one tier (Redis: round trips, timeouts, ...; disk: the
+        lookups that timed out, and those skipped while one ran late)."""
+        if medium == REDIS and self.redis is not None:
+            return {f"lookup_{name}": value for name, value in self.redis.stats().items()}
+        if medium == DISK and self._bounded is not None:
+            return {"lookup_timeouts": self._bounded.num_timeouts,
+                    "lookup_skipped": self._bounded.num_skipped}
+        return {}
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.close()
+        if self._bounded is not None:
+            self._bounded.close()

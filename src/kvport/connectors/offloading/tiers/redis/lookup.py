@@ -1,0 +1,34 @@
+"""Scheduler side: which keys the Redis tier holds. One batched EXISTS per request and server,
+within `lookup_timeout_ms` in all; a timeout, an error or a Redis that is down answers "none",
+so the request computes those blocks instead of waiting."""
+
+from __future__ import annotations
+
+from kvport.connectors.offloading.config import RedisTierConfig
+from kvport.connectors.offloading.tiers.redis.client import (
+    CONNECTION_COUNTERS, Counters, RedisConnection, RedisKeyspace,
+)
+
+
+class RedisLookup:
+    """The scheduler's question "which of these keys does Redis hold?", answered in one round
+    trip per server within `lookup_timeout_ms` in all; any problem answers "none" (a miss)."""
+
+    def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
+        self.keyspace = RedisKeyspace.build(config, namespace)
+        self.namespace_digest = self.keyspace.namespace_digest
+        self._stats = Counters("lookups", "keys_queried", "keys_found", *CONNECTION_COUNTERS)
+        self._conn = RedisConnection(config, timeout_s=config.lookup_timeout_ms / 1000.0,
+                                     stats=self._stats)
+
+    def exists(self, keys: list[bytes]) -> list[bool]:
+        replies = self._conn.execute([("EXISTS", self.keyspace.key(k)) for k in keys])
+        found = [r == 1 for r in replies]  # an exception at a position: a miss
+        self._stats.add(lookups=1, keys_queried=len(keys), keys_found=sum(found))
+        return found
+
+    def stats(self) -> dict[str, float]:
+        return {**self._stats.snapshot(), "map_refreshes": self._conn.map_refreshes}
+
+    def close(self) -> None:
+        self._conn.close()
