@@ -49,7 +49,7 @@ RACES = f"{TESTS}/test_connector_races.py"
 ENGINE = f"{TESTS}/test_connector_engine.py"
 FAULTS = f"{TESTS}/test_connector_faults.py"
 ADMISSION = f"{TESTS}/test_connector_admission.py"
-FENCE = f"{TESTS}/test_scheduler_fence.py"
+HOLD = f"{TESTS}/test_scheduler_hold.py"
 STAGES = f"{TESTS}/test_store_stages.py"
 SYNC = f"{TESTS}/test_sync_loads.py"
 SCHED = "tests/engine/test_scheduler_connector.py"
@@ -75,13 +75,13 @@ class Mutant:
 
 
 MUTANTS: list[Mutant] = [
-    # ---- OffloadingConnector: the block-reuse fence ------------------------------------------
+    # ---- OffloadingConnector: no job touches blocks the engine reused ----------------------
     Mutant(
         "fence-wait", "src/kvport/connectors/offloading/worker/half.py",
         "            submitter.router.wait([k for k in submitter.in_flight if k.stage is Stage.COPY\n"
         "                                   and k.job_id in meta.jobs_to_flush])\n",
         "            pass\n",
-        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
+        (f"{RACES}::test_a_preempted_requests_blocks_wait_for_its_stores_in_flight",),
         "handle_preemptions waits for jobs_to_flush before the forward overwrites their blocks"),
     Mutant(
         "sync-stores-report-in-their-step", "src/kvport/connectors/offloading/worker/half.py",
@@ -90,24 +90,25 @@ MUTANTS: list[Mutant] = [
         (f"{STAGES}::test_sync_stores_report_in_the_step_that_computed_them",),
         "with sync_stores a step's stores report in that step (vLLM may stop stepping)"),
     Mutant(
-        "fence-handed-out-blocks", "src/kvport/connectors/offloading/scheduler/fence.py",
-        "        flush = self.jobs.readers_of(fresh)\n",
-        "        flush: set[int] = set()\n",
-        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
-        "pending stores reading a block handed out again in this step are flushed"),
+        "finished-request-held", "src/kvport/connectors/offloading/scheduler/half.py",
+        "        if jobs and not self.sync_stores:\n",
+        "        if False:\n",
+        (f"{RACES}::test_a_finished_requests_blocks_are_held_while_its_stores_read_them",
+         f"{HOLD}::test_a_finished_request_is_held_until_its_stores_copied"),
+        "a finished request's blocks are held while its stores still read them"),
     Mutant(
-        "fence-resent-request-blocks", "src/kvport/connectors/offloading/scheduler/fence.py",
-        "        else:  # admitted (known in full already), or running and sent in full again\n"
-        "            self._fresh.update(block_ids[len(known):])\n",
-        "",
-        (f"{FENCE}::test_a_resent_requests_new_blocks_are_handed_out_again",),
-        "new blocks of a running request sent to the runner in full again count as handed out"),
+        "held-until-copies-end", "src/kvport/connectors/offloading/worker/half.py",
+        "        touching = stores.copies.keys() | loads.sync_in_flight()\n",
+        "        touching: set[int] = set()\n",
+        (f"{RACES}::test_a_finished_requests_blocks_are_held_while_its_stores_read_them",),
+        "a held request is reported in finished_sending only once its jobs' copies ended"),
     Mutant(
-        "fence-admitted-blocks", "src/kvport/connectors/offloading/scheduler/fence.py",
-        "            self._fresh.update(block_ids[num_local_blocks:])\n",
-        "            pass\n",
-        (f"{RACES}::test_a_finished_requests_blocks_wait_for_its_stores_in_flight",),
-        "the blocks an admitted request got beyond its local hit count as handed out again"),
+        "preempted-jobs-flushed", "src/kvport/connectors/offloading/scheduler/half.py",
+        "                meta.jobs_to_flush |= st.engine_jobs()\n",
+        "                pass\n",
+        (f"{RACES}::test_a_preempted_requests_blocks_wait_for_its_stores_in_flight",
+         f"{HOLD}::test_a_preempted_requests_stores_are_flushed"),
+        "a preempted request's stores are flushed before its freed blocks are written"),
     # ---- OffloadingConnector: hits and loads -------------------------------------------------
     Mutant(
         "readmission-waits-for-own-stores", "src/kvport/connectors/offloading/scheduler/half.py",
@@ -272,10 +273,8 @@ MUTANTS: list[Mutant] = [
         "slots of a failed store are freed, not published with garbage"),
     Mutant(
         "stores-submitted-every-step", "src/kvport/connectors/offloading/worker/half.py",
-        "        if meta is not None:\n"
         "            self._on_finished(stores.submit(meta.stores, tainted))\n",
-        "        if meta is not None and did_forward:\n"
-        "            self._on_finished(stores.submit(meta.stores, tainted))\n",
+        "            self._on_finished(stores.submit(meta.stores if did_forward else [], tainted))\n",
         (f"{ENGINE}::test_no_store_is_lost_when_every_other_step_has_no_forward[one-step-late]",),
         "stores reaching the worker on a step without a forward are submitted too"),
     # ---- the engine's connector bookkeeping (engine/kv_transfer.py, engine/scheduler.py) ------
@@ -526,11 +525,11 @@ MUTANTS: list[Mutant] = [
         (f"{SYNC}::test_a_late_copy_recomputes_exactly_the_blocks_it_did_not_copy",),
         "parts of a synchronous load still running at its deadline fail their blocks"),
     Mutant(
-        "late-sync-loads-fenced", "src/kvport/connectors/offloading/scheduler/fence.py",
-        "                self.jobs.fence(load.job_id, self._sync_loads[load.job_id])\n",
-        "                pass\n",
-        (f"{RACES}::test_a_late_sync_loads_blocks_wait_for_it_before_another_request_gets_them",),
-        "blocks a synchronous load writes are fenced until it ends (a late part may copy)"),
+        "late-sync-load-held", "src/kvport/connectors/offloading/scheduler/requests.py",
+        "        if self.load_job is not None and self.load_sync:\n",
+        "        if False:\n",
+        (f"{RACES}::test_a_late_sync_loads_blocks_are_held_until_it_ends",),
+        "a request whose synchronous load has a late part is held until the part ends"),
     Mutant(
         "late-sync-parts-write-nothing", "src/kvport/connectors/offloading/worker/wiring.py",
         "    if dst.deadline is not None and time.monotonic() > dst.deadline:\n",
@@ -1516,13 +1515,14 @@ MUTANTS: list[Mutant] = [
         "            submitter.router.wait([k for k in submitter.in_flight if k.stage is Stage.COPY\n"
         "                                   and k.job_id in meta.jobs_to_flush])\n",
         "            pass\n",
-        (f"{SIM}::test_ci_seed[4]", f"{SIM}::test_ci_seed[8]"),
-        "the simulation finds the fence's race by itself (a store reads reused blocks: torn)"),
+        (f"{SIM}::test_seeds_that_preempt_a_request_with_stores_in_flight[40]",
+         f"{SIM}::test_seeds_that_preempt_a_request_with_stores_in_flight[43]"),
+        "the simulation finds the preemption race by itself (a store reads reused blocks: torn)"),
     Mutant(
         "sim-failed-copy-reported", "src/kvport/connectors/offloading/worker/loads.py",
         "            load.engine_failed += [load.copy_dst[i] for i in result.failed_indices]\n",
         "            pass\n",
-        (f"{SIM}::test_ci_seed[4]",),
+        (f"{SIM}::test_seeds_with_failed_copies_into_the_engine[29]",),
         "the simulation's failed HOST->ENGINE copies are recomputed (else wrong tokens)"),
     Mutant(
         "sim-late-load-reported", "src/kvport/connectors/offloading/worker/half.py",

@@ -174,20 +174,12 @@ def test_preempted_request_flushes_its_stores_and_loads_them_back() -> None:
 
     def checked_build(so: SchedulerOutput) -> OffloadingConnectorMetadata:
         nonlocal checked
-        pending = {rid: set(st.store_jobs) for rid, st in half._reqs.items()}
-        # Expected from the scheduler's output alone: the preempted requests' pending stores,
-        # and the pending stores that read a block handed out in this step.
-        fresh = {b for c in so.scheduled_cached_reqs for b in c.new_block_ids}
-        fresh |= {b for n in so.scheduled_new_reqs for b in n.block_ids[n.num_computed_tokens // 4:]}
-        expected = {j for rid in so.preempted_req_ids for j in pending.get(rid, ())}
-        expected |= half._jobs.readers_of(fresh)
-        # A resumed request's blocks that the connector loads (a hit once its stores are done,
-        # which depends on timing) are handed out fresh too; the scheduler's output does not
-        # say which, so those readers are allowed, and nothing else.
-        handed = {b for n in so.scheduled_new_reqs for b in n.block_ids}
-        allowed = expected | half._jobs.readers_of(fresh | handed)
+        # Expected from the scheduler's output alone: the preempted requests' jobs that still
+        # read or write their blocks (stores, late synchronous-load parts), and nothing else.
+        expected = {j for rid in so.preempted_req_ids if rid in half._reqs
+                    for j in half._reqs[rid].engine_jobs()}
         meta = build(so)
-        assert expected <= meta.jobs_to_flush <= allowed
+        assert meta.jobs_to_flush == expected
         checked += bool(so.preempted_req_ids and expected)
         return meta
 

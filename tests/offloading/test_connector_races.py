@@ -61,10 +61,14 @@ def two_prompts(seed: int, length: int = 40) -> list[list[int]]:
     return [ps[0][:length], ps[2][:length]]
 
 
-def test_a_finished_requests_blocks_wait_for_its_stores_in_flight() -> None:
+def held_ids(llm: LLM) -> list[str]:
+    return llm.engine.scheduler.xfer.held_request_ids
+
+
+def test_a_finished_requests_blocks_are_held_while_its_stores_read_them() -> None:
     # 16 blocks: R (40 prompt tokens, 6 decoded) leaves 4 never used. It finishes with its
-    # stores held; Q then gets those 4 and 6 of R's blocks, which R's prompt store still reads.
-    # The guard: handed-out blocks' pending stores are flushed before Q's forward writes them.
+    # stores in flight: the engine holds its blocks (request_finished answered True) until the
+    # worker reports the stores' copies ended, so Q, which needs 10 blocks, waits for them.
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ps = two_prompts(seed=5)
     want = reference(ps, params, max_model_len=64, num_kv_blocks=16)
@@ -72,24 +76,24 @@ def test_a_finished_requests_blocks_wait_for_its_stores_in_flight() -> None:
     transfers.hold((ENGINE, HOST))
     r = llm.engine.add_request("R", ps[0], params)
     step_until(llm, lambda: r.is_finished)
-    stores = transfers.in_flight((ENGINE, HOST))
-    assert stores, "R's stores should still be in flight"
+    assert transfers.in_flight((ENGINE, HOST)), "R's stores should still be in flight"
     q = llm.engine.add_request("Q", ps[1], params)
-    llm.engine.step()  # Q is admitted on R's blocks
-    fenced = list(transfers.fenced)
+    for _ in range(3):
+        llm.engine.step()
+        assert held_ids(llm) == ["R"] and q.num_computed_tokens == 0  # Q waits for R's blocks
     release_and_finish(llm, transfers)
     assert [r.output_token_ids, q.output_token_ids] == want
+    assert transfers.fenced == []  # nothing had to be flushed: the blocks were never reused
     llm.reset_prefix_cache()  # R's prompt comes back from the host tier, as R's store read it
     assert run_bounded(llm, ps[:1], params) == want[:1]
     assert offloading_half(llm).stats.num_host_hit_tokens > 0
     assert_nothing_leaked(llm)
-    assert fenced == stores  # the race did happen: Q's first forward waited for R's stores
 
 
-def test_a_late_sync_loads_blocks_wait_for_it_before_another_request_gets_them() -> None:
+def test_a_late_sync_loads_blocks_are_held_until_it_ends() -> None:
     """R's synchronous load is still in flight when its step gives up on it: R recomputes its
-    blocks and finishes. Q is then given some of those blocks: Q's first forward waits for the
-    late copy (the fence), so nothing can write Q's blocks after Q computed them."""
+    blocks and finishes. Its blocks stay held until the late copy ended, so nothing can write
+    them after another request computed them."""
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ps = two_prompts(seed=5)
     want = reference(ps, params, max_model_len=64, num_kv_blocks=16)
@@ -99,15 +103,14 @@ def test_a_late_sync_loads_blocks_wait_for_it_before_another_request_gets_them()
     transfers.hold((HOST, ENGINE))
     r = llm.engine.add_request("R", ps[0], params)
     step_until(llm, lambda: r.is_finished)  # the load is late: R recomputed its blocks
-    late = transfers.in_flight((HOST, ENGINE))
-    assert late, "R's synchronous load should still be in flight"
+    assert transfers.in_flight((HOST, ENGINE)), "R's synchronous load should still be in flight"
     q = llm.engine.add_request("Q", ps[1], params)
-    llm.engine.step()  # Q is admitted on R's blocks
-    fenced = list(transfers.fenced)
+    for _ in range(3):
+        llm.engine.step()
+        assert held_ids(llm) == ["R"] and q.num_computed_tokens == 0  # Q waits for R's blocks
     release_and_finish(llm, transfers)
     assert [r.output_token_ids, q.output_token_ids] == want
     assert offloading_half(llm).stats.num_sync_loads == 1
-    assert fenced == late  # the race did happen: Q's first forward waited for R's late load
 
 
 @dataclass
@@ -147,7 +150,8 @@ def test_a_preempted_requests_blocks_wait_for_its_stores_in_flight() -> None:
     assert run_bounded(s.llm, s.prompts, s.params) == s.want
     assert_nothing_leaked(s.llm)
     # The race did happen: the preemption step's forward waited for R's stores, among them
-    # the one planned in the step before (submitted in this very step).
+    # the one planned in the step before (submitted in this very step): a preemption frees
+    # blocks at once (no hold), so its jobs are flushed.
     assert fenced and fenced <= r_stores and max(r_stores) in fenced
 
 

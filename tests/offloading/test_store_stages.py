@@ -145,7 +145,7 @@ def test_a_store_is_done_when_every_worker_reported_it(tmp_path: Path, disk: boo
     assert half.manager.lookup(keys) == 0  # rank 1 has not reported: nothing is ready
     report(half, JobResult(store.job_id, True))  # rank 1: all written
     assert half.manager.lookup(keys) == 1  # block 1 failed on one rank: not ready anywhere
-    assert half._jobs.readers_of({3, 4}) == set()  # the fence no longer waits for it
+    assert half._reqs["A"].engine_jobs() == set()  # no longer reads the engine's blocks
     if disk:
         # rank 1 may still be writing block 1's slot to disk: it stays reserved, block 0 pinned
         assert half.manager.num_being_written == 1 and half.manager.num_pinned == 1

@@ -45,3 +45,16 @@ def test_faults_of_synchronous_loads_store_no_kv_computed_on_them(seed: int) -> 
     blocks its forward computed on the missing KV, and a later hit loaded them (seed 22: wrong
     tokens). The worker now drops that request's stores of that step."""
     run_seed(seed, sync_load_faults=True)
+
+
+@pytest.mark.parametrize("seed", [40, 43])
+def test_seeds_that_preempt_a_request_with_stores_in_flight(seed: int) -> None:
+    """Seeds whose schedule preempts a request while its stores still read its blocks, which
+    the next step hands out again: the flush in handle_preemptions is what keeps them whole."""
+    run_seed(seed)
+
+
+@pytest.mark.parametrize("seed", [29])
+def test_seeds_with_failed_copies_into_the_engine(seed: int) -> None:
+    """A seed whose HOST->ENGINE copies fail part of a load: those blocks are recomputed."""
+    run_seed(seed)

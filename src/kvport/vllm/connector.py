@@ -147,7 +147,7 @@ class OffloadingConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = OffloadingScheduler(
                 self.offloading_config, self.geometry, load=ktc.is_kv_consumer,
-                store=ktc.is_kv_producer, num_workers=self._num_workers)
+                store=ktc.is_kv_producer, num_workers=self._num_workers, sync_stores=True)
         else:
             self._worker = OffloadingConnectorWorker(self.offloading_config, sync_stores=True,
                                                      wait_sync_loads=True)
@@ -259,9 +259,11 @@ class OffloadingConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """(False, None): the blocks are freed now; the fence protects pending stores."""
+        """(False, None): the blocks are freed now; with synchronous stores no job touches them
+        after their step."""
         self._hit_sources.pop(str(request.request_id), None)
-        self.scheduler_half.request_finished(RequestAdapter(request, self._block_size))
+        held = self.scheduler_half.request_finished(RequestAdapter(request, self._block_size))
+        assert not held, "a request held under synchronous stores"
         return False, None
 
     def take_events(self) -> Iterable[KVCacheEvent]:
@@ -330,8 +332,9 @@ class OffloadingConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         meta = self._connector_metadata
         did_forward = isinstance(meta, OffloadingMetadata) and meta.did_forward
-        recving = self.worker_half.get_finished(_inner(meta) if meta is not None else None,
-                                                did_forward)
+        sending, recving = self.worker_half.get_finished(
+            _inner(meta) if meta is not None else None, did_forward)
+        assert not sending, f"requests held under synchronous stores: {sending}"
         return None, recving
 
     def get_block_ids_with_load_errors(self) -> set[int]:

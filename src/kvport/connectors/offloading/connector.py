@@ -99,9 +99,9 @@ class OffloadingConnector(KVConnectorBase):
     def request_finished(
         self, request: RequestView, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        """(False, None): the blocks are freed now; the fence protects pending stores."""
-        self.scheduler_half.request_finished(request)
-        return False, None
+        """True while the request's stores (or a late synchronous load) still read or write its
+        blocks: the worker reports it in finished_sending when they stopped."""
+        return self.scheduler_half.request_finished(request), None
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.scheduler_half.take_events()
@@ -142,10 +142,10 @@ class OffloadingConnector(KVConnectorBase):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
-        recving = self.worker_half.get_finished(_checked(meta) if meta is not None else None,
-                                                self._did_forward)
+        sending, recving = self.worker_half.get_finished(
+            _checked(meta) if meta is not None else None, self._did_forward)
         self._did_forward = False
-        return None, recving
+        return sending, recving
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker_half.get_block_ids_with_load_errors()

@@ -73,9 +73,13 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     # wrote them.
     stores: list[StoreJob] = field(default_factory=list)
     loads: list[LoadJob] = field(default_factory=list)  # submitted in start_load_kv
-    # Store jobs that must finish before this step writes KV: they read blocks that were freed
-    # (preemption, finished request) and are handed out again in this step.
+    # Jobs that must finish before this step writes KV: the stores and late synchronous-load
+    # parts of requests preempted in this step, whose blocks are free already.
     jobs_to_flush: set[int] = field(default_factory=set)
+    # Finished requests whose blocks the engine holds (request_finished answered True) until
+    # these jobs stopped reading or writing them: req_id -> job ids. The worker reports each
+    # request in finished_sending once its jobs' engine copies ended.
+    held: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -6,9 +6,18 @@ of its last engine block. Only full offload blocks are stored or loaded.
 This class is the connector API's scheduler side; the work is done by its parts:
     hits.HitPlanner     get_num_new_matched_tokens, and the load job of an admitted hit
     stores.StorePlanner the store jobs of what each step computed (build_connector_meta)
-    fence.BlockFence    the jobs to finish before blocks handed out again are written
     jobs.JobTable       jobs in flight, their stages, the tensor-parallel ranks' results
 The results of the jobs (update_connector_output) update the host tier's manager here.
+
+Blocks in use: no job reads or writes an engine block after the engine gave it to another
+request. A finished request whose stores (or late synchronous-load parts) are in flight is held:
+request_finished answers True, the next metadata names its jobs (`held`), and the worker reports
+it in finished_sending once their copies ended; only then does the engine free its blocks. A
+preempted request's blocks are free at once (the API has no hold for a preemption): its jobs go
+into the step's `jobs_to_flush`, which the worker finishes in handle_preemptions, before
+anything writes KV. With `sync_stores` (vLLM) a step's stores are copied within that step and
+its synchronous loads are waited for, so nothing is in flight when a request finishes: it is
+never held.
 
 Re-admission: a preempted request asked again while its own stores are unreported is answered
 None (ask again) until they report. They were flushed at the preemption, so they are done or
@@ -34,7 +43,6 @@ from kvport.connectors.offloading.metadata import (
     JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage,
 )
 from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
-from kvport.connectors.offloading.scheduler.fence import BlockFence
 from kvport.connectors.offloading.scheduler.hits import HitPlanner, hashes_ok
 from kvport.connectors.offloading.scheduler.inflight import InflightWaits
 from kvport.connectors.offloading.scheduler.jobs import STORE, Job, JobTable
@@ -56,7 +64,7 @@ def make_manager(config: OffloadingConfig, num_slots: int) -> PolicyManager:
 
 class OffloadingScheduler:
     def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool = True,
-                 store: bool = True, num_workers: int = 1) -> None:
+                 store: bool = True, num_workers: int = 1, sync_stores: bool = False) -> None:
         self.geometry = geometry
         self.manager = make_manager(config, geometry.num_slots)
         self.lower = LowerLookup(config, geometry)  # disk, Redis: which keys
@@ -69,10 +77,11 @@ class OffloadingScheduler:
                                sync_host_loads=config.sync_host_loads)
         self.stores = StorePlanner(geometry, self.manager, self._jobs, self.stats,
                                    store_enabled=store)
-        self.fence = BlockFence(self._jobs)
+        self.sync_stores = sync_stores
         self._reqs: dict[str, ReqState] = {}
         self._finished: set[str] = set()  # finished requests kept until their jobs report
         self._loads: list[LoadJob] = []  # for the next metadata
+        self._held: dict[str, list[int]] = {}  # for the next metadata: finished, blocks held
         self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
         self.worker_stats: dict[str, float] = {}  # the workers' own (deadlines.WorkerStats)
         self._late_jobs: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
@@ -97,17 +106,11 @@ class OffloadingScheduler:
                       load_failed=old is not None and old.load_failed,
                       hashes_ok=hashes_ok(request, self.geometry.block_size))
         self._reqs[rid] = st
-        # Blocks new to this request may have been freed by another one with a store pending.
-        num_local = match.num_local if match is not None else request.num_computed_tokens
-        self.fence.allocated(old.block_ids if old is not None else [], block_ids,
-                             num_local // self.geometry.block_size)
         if num_external > 0:
             assert match is not None, f"{rid}: {num_external} external tokens without a match"
             load = self.hits.plan_load(st, match, num_external)
-            st.load_job = load.job_id
+            st.load_job, st.load_sync = load.job_id, load.sync
             self._loads.append(load)
-            if load.sync:
-                self.fence.sync_load(load)
 
     def take_hit_split(self, req_id: str) -> dict[str, int]:
         """Tokens of the request's latest hit per tier (HOST, DISK, REDIS): for engines that
@@ -117,28 +120,23 @@ class OffloadingScheduler:
     # ---- per step ------------------------------------------------------------------------------
 
     def build_connector_meta(self, so: SchedulerOutputView) -> OffloadingConnectorMetadata:
-        meta = OffloadingConnectorMetadata(loads=self._loads)
-        self._loads = []
-        flush: set[int] = set()
+        meta = OffloadingConnectorMetadata(loads=self._loads, held=self._held)
+        self._loads, self._held = [], {}
         for rid in so.preempted_req_ids:
             st = self._reqs.get(rid)
             if st is not None:
-                flush |= st.store_jobs
+                meta.jobs_to_flush |= st.engine_jobs()
                 st.block_ids, st.next_store_idx = [], 0
+        self.stats.num_flushed_jobs += len(meta.jobs_to_flush)
         computed: dict[str, int] = {}  # req_id -> tokens computed before this step
-        bs = self.geometry.block_size
-        for new in so.scheduled_new_reqs:
+        for new in so.scheduled_new_reqs:  # admitted, resumed, or sent in full again
             st = self._reqs.setdefault(new.req_id, ReqState())
-            self.fence.scheduled(st.block_ids, new.block_ids, new.num_computed_tokens // bs)
             st.block_ids = list(new.block_ids)
             computed[new.req_id] = new.num_computed_tokens
         for cached in so.scheduled_cached_reqs:
             st = self._reqs.setdefault(cached.req_id, ReqState())
             st.block_ids.extend(cached.new_block_ids)
-            self.fence.grown(cached.new_block_ids)
             computed[cached.req_id] = cached.num_computed_tokens
-        meta.jobs_to_flush = flush | self.fence.jobs_to_flush(meta.loads)
-        self.stats.num_flushed_jobs += len(meta.jobs_to_flush)
         for rid, num_computed in computed.items():
             job = self.stores.plan(self._reqs[rid],
                                    num_computed + so.num_scheduled_tokens.get(rid, 0),
@@ -169,16 +167,13 @@ class OffloadingScheduler:
                 self._finish_write(result, job)
             else:
                 self._jobs.pop(result.job_id)
-                self._jobs.release_reads(result.job_id, job)
-                self.fence.load_ended(result.job_id)
                 self._finish_load(result, job)
                 self.manager.complete_load(job.pinned)
         self._late_jobs = {j for j in self._late_jobs if j in self._jobs}
 
     def _finish_copy(self, result: JobResult, job: Job) -> None:
         """Every worker copied the store's blocks into host slots: its keys are ready (the
-        failed ones freed), and the fence no longer waits for it."""
-        self._jobs.release_reads(result.job_id, job)
+        failed ones freed)."""
         st = self._reqs.get(job.req_id)
         if st is not None:
             st.store_jobs.discard(result.job_id)
@@ -225,16 +220,23 @@ class OffloadingScheduler:
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
-    def request_finished(self, request: RequestView) -> None:
-        """The blocks are freed now; pending stores keep reading them under the fence."""
+    def request_finished(self, request: RequestView) -> bool:
+        """True: the request's blocks are held until the worker reports it in finished_sending
+        (jobs in flight still read or write them; see the module docstring)."""
         rid = request.request_id
         self.hits.forget(rid)
         self.waits.forget(rid)
         st = self._reqs.get(rid)
-        if st is not None:
-            st.request, st.block_ids, st.next_store_idx = None, [], 0
-            self._finished.add(rid)
-            self._forget_if_done(rid)
+        if st is None:
+            return False
+        st.request, st.block_ids, st.next_store_idx = None, [], 0
+        self._finished.add(rid)
+        jobs = st.engine_jobs()
+        self._forget_if_done(rid)
+        if jobs and not self.sync_stores:
+            self._held[rid] = sorted(jobs)
+            return True
+        return False
 
     def _forget_if_done(self, rid: str) -> None:
         st = self._reqs.get(rid)

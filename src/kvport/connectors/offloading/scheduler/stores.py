@@ -67,8 +67,7 @@ class StorePlanner:
             writes = []  # a slow lower tier: this store stays in host memory only
             self.counters.num_skipped_write_throughs += 1
         self.num_writing += len(stored) if writes else 0
-        job_id = self.jobs.add(Job(STORE, req.request_id, stored, src,
-                                   writes_through=bool(writes)))
+        job_id = self.jobs.add(Job(STORE, req.request_id, stored, writes_through=bool(writes)))
         st.store_jobs.add(job_id)
         self.counters.num_store_jobs += 1
         return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids), writes,

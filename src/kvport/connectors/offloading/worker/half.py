@@ -76,6 +76,9 @@ class OffloadingConnectorWorker:
         self._loads: LoadRunner | None = None
         self._stores: StoreRunner | None = None
         self._late: list[int] = []  # job ids given up on, for the next worker metadata
+        # Finished requests whose blocks the engine holds until these jobs' engine copies end
+        # (OffloadingConnectorMetadata.held); reported in finished_sending then.
+        self._held: dict[str, set[int]] = {}
         self.stats = WorkerStats()
 
     def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool,
@@ -109,11 +112,14 @@ class OffloadingConnectorWorker:
             loads.settle_sync(sync)
 
     def get_finished(self, meta: OffloadingConnectorMetadata | None,
-                     did_forward: bool) -> set[str]:
-        """Submits this step's stores; returns the requests whose load finished."""
+                     did_forward: bool) -> tuple[set[str], set[str]]:
+        """Submits this step's stores; returns (finished_sending: held requests whose jobs no
+        longer touch their blocks, finished_recving: requests whose load finished)."""
         submitter, loads, stores = self._parts()
         tainted = loads.take_tainted()
         if meta is not None:
+            for rid, jobs in meta.held.items():
+                self._held[rid] = set(jobs)
             self._on_finished(stores.submit(meta.stores, tainted))
             if self.sync_stores and meta.stores:
                 # NOTE: no timeout, as for the fence: these copy memory into host slots.
@@ -122,7 +128,16 @@ class OffloadingConnectorWorker:
         if not did_forward:
             self._wait_without_forward()
         late = self._give_up_late_jobs()
-        return loads.take_finished() | late
+        return self._released(), loads.take_finished() | late
+
+    def _released(self) -> set[str]:
+        """The held requests whose jobs' engine copies all ended."""
+        _, loads, stores = self._parts()
+        touching = stores.copies.keys() | loads.sync_in_flight()
+        released = {rid for rid, jobs in self._held.items() if touching.isdisjoint(jobs)}
+        for rid in released:
+            del self._held[rid]
+        return released
 
     def _on_finished(self, done: list[TransferResult]) -> None:
         _, loads, stores = self._parts()
@@ -238,7 +253,8 @@ class OffloadingConnectorWorker:
         _, loads, stores = self._parts()
         left = {"loads": len(loads.loads), "transfers": len(self._submitter.in_flight),
                 "finished loads": int(loads.has_ready), "load errors": loads.num_errors,
-                "store copies": len(stores.copies), "write-throughs": len(stores.writes)}
+                "store copies": len(stores.copies), "write-throughs": len(stores.writes),
+                "held requests": len(self._held)}
         if any(left.values()):
             raise RuntimeError(f"OffloadingConnector worker: left in flight: {left}")
 

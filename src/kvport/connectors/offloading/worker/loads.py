@@ -202,6 +202,10 @@ class LoadRunner:
         return [k for k in self.submitter.in_flight if (load := self.loads.get(k.job_id))
                 is not None and not load.parts and not load.late]
 
+    def sync_in_flight(self) -> set[int]:
+        """Synchronous loads whose parts may still write engine blocks."""
+        return {job_id for job_id, load in self.loads.items() if load.job.sync}
+
     @property
     def num_errors(self) -> int:
         """Engine blocks reported as load errors by the next get_block_ids_with_load_errors."""
