@@ -159,8 +159,9 @@ def _worker(root: str, max_bytes: int, seconds: float, seed: int, out: int) -> N
               "start_fds": start_fds}
     _workload(disk, rng, time.monotonic() + seconds, report)
     report["open_runs"] = len(disk.files)
-    report.update({k: v for k, v in disk.stats.snapshot().items()
-                   if k in ("evictions", "skipped_stores", "failures", "rejected")})
+    s = disk.stats.snapshot()
+    report.update(evictions=s.evictions, skipped_stores=s.skipped_stores, failures=s.failures,
+                  rejected=s.rejected)
     disk.close()
     os.write(out, (json.dumps(report) + "\n").encode())
 

@@ -193,7 +193,7 @@ def test_a_hung_disk_read_fails_its_load_and_later_disk_hits_overtake_it(
     assert not llm.engine.has_pending_work()  # a late job keeps nothing stepping
     wrapper.release_all()  # the read returns: its slots are free again
     settle(llm)
-    assert worker_half(llm).stats.num_replaced_threads >= 1
+    assert worker_half(llm).stats.snapshot().num_replaced_threads >= 1
     assert llm.reset_prefix_cache(reset_connector=True)
     assert run(llm, prompts())[0] == reference  # disk still serves, every entry intact
     finish(llm, tmp_path)
@@ -205,7 +205,7 @@ def test_a_hung_write_through_is_given_up_and_its_slots_return_with_it(
     llm = faulty_llm(tmp_path, {(HOST, DISK): {"hold_on": {1}}}, config={"write_timeout_s": 1.0})
     assert run_bounded(llm, prompts()) == reference  # the hung write stops keeping it busy
     wait_until(lambda: bool(llm.engine.step() or True)
-               and worker_half(llm).stats.num_late_writes >= 1)
+               and worker_half(llm).stats.snapshot().num_late_writes >= 1)
     assert not llm.engine.has_pending_work()
     manager = offloading_half(llm).manager
     assert manager.num_pinned > 0  # the given-up write's slots: its thread may still read them
@@ -223,10 +223,10 @@ def test_shutdown_does_not_wait_for_a_write_it_gave_up(tmp_path: Path) -> None:
                      config={"write_timeout_s": 1.0, "shutdown_timeout_s": 8.0})
     run_bounded(llm, prompts()[:2])
     wait_until(lambda: bool(llm.engine.step() or True)
-               and worker_half(llm).stats.num_late_writes >= 1)
+               and worker_half(llm).stats.snapshot().num_late_writes >= 1)
     worker = worker_half(llm)
     start = time.monotonic()
     llm.shutdown()
     assert time.monotonic() - start < 5  # not the 8 s shutdown_timeout_s
-    assert worker.stats.num_dropped_at_shutdown == 0  # given up before, not dropped now
+    assert worker.stats.snapshot().num_dropped_at_shutdown == 0  # given up before, not dropped now
     faulty_connector.WRAPPERS[(HOST, DISK)].release_all()

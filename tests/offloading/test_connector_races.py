@@ -438,9 +438,9 @@ def test_a_promotion_only_queued_behind_a_stuck_job_gets_a_second_deadline(
     assert len(transfers.in_flight((DISK, HOST))) == 1
     clock[0] = 6.0
     llm.engine.step()
-    assert worker.stats.num_late_loads == 0  # only queued: a second deadline, at 11 s
+    assert worker.stats.snapshot().num_late_loads == 0  # only queued: a second deadline, at 11 s
     clock[0] = 12.0
     llm.engine.step()
-    assert worker.stats.num_late_loads == 1  # late now: recomputed
+    assert worker.stats.snapshot().num_late_loads == 1  # late now: recomputed
     release_and_finish(llm, transfers)
     assert [list(a.output_token_ids)] == want

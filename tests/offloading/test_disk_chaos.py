@@ -67,7 +67,7 @@ def _check_after_crash(root: Path, what: str) -> int:
     before = dir_state(directory)
     fresh = DiskTier(root, MAX_BYTES, NS, num_threads=1)
     try:
-        assert fresh.stats.snapshot()["swept_temp_files"] == len(before.temps), what
+        assert fresh.stats.snapshot().swept_temp_files == len(before.temps), what
         state = assert_accounted(fresh)
         named = ids_of(state, range(NUM_KEYS))
         # No name ever links to a run not written whole: every named key loads, exactly.
@@ -151,7 +151,7 @@ def test_power_loss_of_named_files_data_is_misses_never_wrong_bytes(tmp_path: Pa
     for i in every:
         assert fresh.location.exists(key(i)) == (i not in bad), i  # bad names removed
     assert load(fresh, every) == set(every) - bad
-    assert fresh.stats.snapshot()["rejected"] == len(bad)
+    assert fresh.stats.snapshot().rejected == len(bad)
     assert_accounted(fresh)
     assert_accounted(DiskTier(tmp_path, 1 << 24, NS, num_threads=1))
 

@@ -85,7 +85,7 @@ def test_data_pages_full_from_the_first_store_skips_stores_and_they_resume(
     assert enospc.count("pwrite") == 3, enospc  # at the ledger's open, then at each reserve
     state = dir_state(disk.dir)
     assert (state.names, state.temps, state.stray) == ({}, [], [])
-    assert disk.stats.snapshot()["skipped_stores"] == 4
+    assert disk.stats.snapshot().skipped_stores == 4
     filler.unlink()
     assert store(disk, [1, 2, 3]) == [] and load(disk, [1, 2, 3, 4]) == {1, 2, 3}
     _fill(fs)
@@ -93,7 +93,7 @@ def test_data_pages_full_from_the_first_store_skips_stores_and_they_resume(
     assert "writev" in enospc, enospc
     assert load(disk, [1, 2, 3, 5]) == {1, 2, 3}  # serving goes on
     s = disk.stats.snapshot()
-    assert (s["skipped_stores"], s["failures"]) == (6, 2)  # the failures: the misses of 4 and 5
+    assert (s.skipped_stores, s.failures) == (6, 2)  # the failures: the misses of 4 and 5
     assert_accounted(disk)
     (fs / "filler").unlink()
     assert store(disk, [5, 6]) == [] and load(disk, [5, 6]) == {5, 6}
@@ -134,7 +134,7 @@ def test_inodes_full_makes_creates_mkdirs_and_links_fail_and_stores_skip(
     state = dir_state(disk.dir)
     assert set(state.names) == {key(0)} and not state.temps
     assert load(disk, [0, new]) == {0}
-    assert disk.stats.snapshot()["skipped_stores"] == 3
+    assert disk.stats.snapshot().skipped_stores == 3
     for f in fillers:
         f.unlink()
     mixed = [new, _old_prefix(disk, 3000, of=0), _new_prefix(disk, 4000)]
@@ -158,7 +158,7 @@ def test_a_restart_on_a_full_file_system_serves_and_stores_resume(
     disk = DiskTier(fs, LIMIT, NS)
     assert "open" in enospc, enospc
     assert load(disk, [1, 2]) == {1, 2}
-    assert store(disk, [3]) == [0] and disk.stats.snapshot()["skipped_stores"] == 1
+    assert store(disk, [3]) == [0] and disk.stats.snapshot().skipped_stores == 1
     filler.unlink()
     for f in fillers:
         f.unlink()

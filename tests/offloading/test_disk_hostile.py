@@ -43,7 +43,7 @@ def test_a_run_of_another_format_version_is_a_miss_for_every_key_and_left_alone(
     assert load(disk, [0, 1, 2, 3, 4]) == {4}
     assert load(disk, [3, 2]) == set()
     s = disk.stats.snapshot()
-    assert (s["other_format"], s["rejected"]) == (2, 0)  # once per job that opened the run
+    assert (s.other_format, s.rejected) == (2, 0)  # once per job that opened the run
     for i in range(5):
         assert disk.location.exists(key(i)), i
     assert store(disk, [1]) == [] and load(disk, [1]) == set()  # held: the other version's
@@ -70,11 +70,11 @@ def test_a_symlink_at_a_name_is_never_followed_and_is_removed(tmp_path: Path) ->
     assert key(7) not in again
     assert load(again, [7]) == set()
     assert not os.path.lexists(link) and target.stat().st_size == run_size(1)
-    assert again.stats.snapshot()["rejected"] == 1
+    assert again.stats.snapshot().rejected == 1
     link.symlink_to(target)
     assert store(again, [7]) == []  # a store removes it and writes its own entry
     assert stat.S_ISREG(os.lstat(link).st_mode) and load(again, [7]) == {7}
-    assert again.stats.snapshot()["rejected"] == 2
+    assert again.stats.snapshot().rejected == 2
     assert_accounted(again)
 
 
@@ -92,9 +92,9 @@ def test_a_fifo_at_a_name_neither_hangs_a_load_nor_a_store(tmp_path: Path) -> No
     assert got == [{1}], "a load waited on a FIFO planted at a key's name"
     assert not os.path.lexists(fifo)
     os.mkfifo(fifo)
-    assert DiskTier(tmp_path, LIMIT, NS).stats.snapshot()["occupancy_blocks"] == 1  # not indexed
+    assert DiskTier(tmp_path, LIMIT, NS).stats.snapshot().occupancy_blocks == 1  # not indexed
     assert store(disk, [2]) == [] and load(disk, [2]) == {2}
-    assert disk.stats.snapshot()["rejected"] == 2
+    assert disk.stats.snapshot().rejected == 2
     assert_accounted(disk)
 
 
@@ -219,7 +219,7 @@ def test_a_symlink_in_place_of_a_key_directory_is_removed_at_start(tmp_path: Pat
     disk.path(key(7)).parent.symlink_to(elsewhere)
     again = DiskTier(tmp_path / "root", LIMIT, NS)
     assert not os.path.lexists(disk.path(key(7)).parent)
-    assert again.stats.snapshot()["rejected"] == 1
+    assert again.stats.snapshot().rejected == 1
     assert load(again, [7]) == set() and store(again, [7]) == []
     assert stat.S_ISDIR(os.lstat(disk.path(key(7)).parent).st_mode)
     assert (elsewhere / disk.path(key(7)).name).stat().st_nlink == 1  # nothing linked there

@@ -77,8 +77,8 @@ def test_a_job_is_one_run_file_with_a_name_per_key(tmp_path: Path) -> None:
     assert new.st_ino != stats[0].st_ino and new.st_nlink == 2
     assert new.st_size == run_bytes(2, PAYLOAD)
     s = disk.stats.snapshot()
-    assert (s["blocks_stored"], s["occupancy_blocks"]) == (7, 7)
-    assert s["occupancy_bytes"] == run_bytes(5, PAYLOAD) + run_bytes(2, PAYLOAD)
+    assert (s.blocks_stored, s.occupancy_blocks) == (7, 7)
+    assert s.occupancy_bytes == run_bytes(5, PAYLOAD) + run_bytes(2, PAYLOAD)
     assert load(disk, [6, 0, 1, 2, 3, 4, 5])[0] == []
     disk.check_integrity()
 
@@ -109,7 +109,7 @@ def test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone(
     for i in set(range(18)) - bad:
         assert disk.location.exists(key(i))
     s = disk.stats.snapshot()
-    assert (s["blocks_loaded"], s["failures"]) == (len(ids) - len(bad), len(bad))
+    assert (s.blocks_loaded, s.failures) == (len(ids) - len(bad), len(bad))
     disk.check_integrity()
 
 
@@ -137,11 +137,11 @@ def test_eviction_takes_the_least_recently_used_run_whole(tmp_path: Path) -> Non
     assert not any(disk.location.exists(key(i)) for i in (3, 4, 5))
     assert all(disk.location.exists(key(i)) for i in (0, 1, 2, 6, 7, 8))
     s = disk.stats.snapshot()
-    assert (s["evictions"], s["occupancy_blocks"], s["occupancy_bytes"]) == (3, 6, room)
+    assert (s.evictions, s.occupancy_blocks, s.occupancy_bytes) == (3, 6, room)
     # A run that cannot fit evicts nothing, stores nothing, and counts every entry skipped.
     assert store(disk, list(range(10, 20))) == list(range(10))
     s = disk.stats.snapshot()
-    assert (s["evictions"], s["skipped_stores"], s["occupancy_blocks"]) == (3, 10, 6)
+    assert (s.evictions, s.skipped_stores, s.occupancy_blocks) == (3, 10, 6)
     assert all(key(i) in disk for i in (0, 1, 2, 6, 7, 8))
     disk.check_integrity()
 
@@ -164,7 +164,7 @@ def test_restart_groups_names_into_runs(tmp_path: Path) -> None:
     os.utime(first.path(key(3)), (1e9, 1e9))  # run B is the older one now
     restarted = DiskTier(tmp_path, run_bytes(3, PAYLOAD) + run_bytes(1, PAYLOAD), NS)
     s = restarted.stats.snapshot()
-    assert (s["occupancy_blocks"], s["occupancy_bytes"]) == (4, restarted.max_bytes)
+    assert (s.occupancy_blocks, s.occupancy_bytes) == (4, restarted.max_bytes)
     assert store(restarted, [4]) == []  # evicts the oldest run (B) only
     assert not restarted.location.exists(key(3))
     assert all(restarted.location.exists(key(i)) for i in (0, 1, 2, 4))
@@ -180,7 +180,7 @@ def test_a_name_another_process_removed_is_written_again(tmp_path: Path) -> None
     assert b.path(key(2)).stat().st_nlink == 1
     evict_name(a, key(1))  # b evicted it, say
     assert store(a, [1]) == []  # a finds the name gone and writes it again
-    assert a.stats.snapshot()["blocks_stored"] == 3
+    assert a.stats.snapshot().blocks_stored == 3
     assert load(a, [0, 1, 2])[0] == []  # 2 is b's: adopted
     assert key(2) in a
     a.check_integrity()
@@ -193,7 +193,7 @@ def test_a_name_found_gone_frees_its_room_before_the_store_makes_room(tmp_path: 
     evict_name(disk, key(0))  # another process evicted run (0): its room is free again
     assert store(disk, [0]) == []  # written again, in that room: run (1) stays
     assert disk.location.exists(key(1)) and key(1) in disk
-    assert disk.stats.snapshot()["evictions"] == 0
+    assert disk.stats.snapshot().evictions == 0
     evict_name(disk, key(1))
     disk.ledger.add(disk.max_bytes)  # another process's writes hold every byte meanwhile
     assert store(disk, [1]) == [0]  # skipped for room: and no longer indexed either
@@ -240,7 +240,7 @@ def test_a_read_error_fails_the_load_and_keeps_the_entry(
     assert all(disk.location.exists(key(i)) and key(i) in disk for i in (0, 1, 2))
     monkeypatch.setattr(disk_read.os, "preadv", real)
     assert load(disk, [0, 1, 2])[0] == []  # ... the next load reads them
-    assert disk.stats.snapshot()["failures"] == 3
+    assert disk.stats.snapshot().failures == 3
     disk.check_integrity()
 
 
@@ -251,7 +251,7 @@ def test_write_errors_leave_nothing_and_count(tmp_path: Path) -> None:
     disk.write_errno = errno.ENOSPC
     assert store(disk, [0, 1, 2]) == [0, 1, 2]
     s = disk.stats.snapshot()
-    assert (s["failures"], s["skipped_stores"], s["occupancy_bytes"]) == (3, 3, 0)
+    assert (s.failures, s.skipped_stores, s.occupancy_bytes) == (3, 3, 0)
     assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.kvb"))
     disk.write_errno = None
     assert store(disk, [0, 1, 2]) == [] and load(disk, [2, 1, 0])[0] == []
@@ -495,7 +495,7 @@ def test_a_range_that_fails_to_read_makes_the_job_read_again(
     assert load(disk, list(range(6)))[0] == []  # the payloads are all there (load checks)
     # six ranges of one entry at once, then the piece reads (one piece holds all six)
     assert sorted(c[1] for c in calls[:6]) == [1] * 6 and [c[1] for c in calls[6:]] == [6]
-    assert disk.stats.snapshot()["failures"] == 0
+    assert disk.stats.snapshot().failures == 0
     disk.close()
     disk.check_integrity()
 
@@ -644,13 +644,13 @@ class DiskRuns(RuleBasedStateMachine):
 
     @rule(ids=st.lists(st.integers(0, 11), min_size=1, max_size=6, unique=True))
     def store(self, ids: list[int]) -> None:
-        skipped = self.disk.stats.snapshot()["skipped_stores"]
+        skipped = self.disk.stats.snapshot().skipped_stores
         failed = store(self.disk, ids)
         self._sync_model()
         # A run fits by evicting others, not those holding keys of this job: else skipped.
         assert {i for p, i in enumerate(ids) if p not in failed} <= self.held
         assert not self.held & {ids[p] for p in failed}
-        assert self.disk.stats.snapshot()["skipped_stores"] == skipped + len(failed)
+        assert self.disk.stats.snapshot().skipped_stores == skipped + len(failed)
 
     @rule(ids=st.lists(st.integers(0, 11), min_size=1, max_size=8))
     def load(self, ids: list[int]) -> None:

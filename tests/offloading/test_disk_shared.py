@@ -28,7 +28,7 @@ def test_eviction_goes_on_until_the_shared_ledger_says_the_run_fits(tmp_path: Pa
     state = dir_state(a.dir)
     assert state.named_bytes <= limit and state.ledger == state.named_bytes, state
     assert load(a, [5]) == {5} and load(b, [3, 4]) == {3, 4}
-    assert a.stats.snapshot()["shared_bytes"] <= limit
+    assert a.stats.snapshot().shared_bytes <= limit
     assert store(a, [6]) == [1] or dir_state(a.dir).named_bytes <= limit
     a.check_integrity()
     b.check_integrity()
@@ -42,7 +42,7 @@ def test_a_store_that_finds_only_others_runs_is_skipped_not_over_the_limit(
     b = DiskTier(tmp_path, limit, NS)
     assert store(b, [1]) == [] and store(b, [2]) == []
     assert store(a, [3]) == [0]  # A has nothing of its own to evict
-    assert a.stats.snapshot()["skipped_stores"] == 1
+    assert a.stats.snapshot().skipped_stores == 1
     assert dir_state(a.dir).named_bytes == limit
     assert_accounted(DiskTier(tmp_path, limit, NS))
 

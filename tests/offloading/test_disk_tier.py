@@ -61,7 +61,7 @@ def test_round_trip_survives_restart_and_file_layout(tmp_path: Path) -> None:
     assert path.stat().st_size == ENTRY
     second = DiskTier(tmp_path, 10 * ENTRY, NS)  # a restart: index rebuilt from the directory
     assert key(1) in second
-    assert second.stats.snapshot()["occupancy_blocks"] == 1
+    assert second.stats.snapshot().occupancy_blocks == 1
     got = read(second, key(1))
     assert got is not None and torch.equal(got, payload(1))
     assert path.exists()  # a load keeps the entry
@@ -79,7 +79,7 @@ def test_another_live_instances_new_entry_is_found_and_adopted(tmp_path: Path) -
     assert got is not None and torch.equal(got, payload(2))
     assert key(2) in b  # adopted by the load
     s = b.stats.snapshot()
-    assert (s["blocks_loaded"], s["bytes_loaded"], s["occupancy_blocks"]) == (1, PAYLOAD, 1)
+    assert (s.blocks_loaded, s.bytes_loaded, s.occupancy_blocks) == (1, PAYLOAD, 1)
 
 
 @pytest.mark.parametrize("where", ["payload", "header", "truncated"])
@@ -95,7 +95,7 @@ def test_corrupt_entry_is_a_miss_and_removed(tmp_path: Path, where: str) -> None
     assert read(tier, key(3)) is None
     assert not tier.path(key(3)).exists()
     assert not tier.location.exists(key(3))
-    assert tier.stats.snapshot()["failures"] == 1
+    assert tier.stats.snapshot().failures == 1
 
 
 def test_wrong_key_or_namespace_in_header_is_a_miss(tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_torn_temp_files_are_ignored(tmp_path: Path) -> None:
     tier = FaultyDisk(tmp_path, 10 * ENTRY, NS)
     tier.write_errno = errno.EIO  # leaves half a temp file, then raises
     assert not tier.write(key(6), payload(6))
-    assert tier.stats.snapshot()["failures"] == 1
+    assert tier.stats.snapshot().failures == 1
     assert not list(tier.dir.glob(".run.*"))  # our own half write was removed
     # A crash mid-write by another process: a temp file nobody will finish, an hour old.
     torn = tier.dir / ".run.999.1.0.tmp"
@@ -122,7 +122,7 @@ def test_torn_temp_files_are_ignored(tmp_path: Path) -> None:
     os.utime(torn, (1e9, 1e9))
     restarted = DiskTier(tmp_path, 10 * ENTRY, NS)
     assert not restarted.location.exists(key(6))
-    assert restarted.stats.snapshot()["occupancy_blocks"] == 0
+    assert restarted.stats.snapshot().occupancy_blocks == 0
     assert not torn.exists() and fresh.exists()
 
 
@@ -135,11 +135,11 @@ def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
     assert not tier.path(key(2)).exists() and not tier.location.exists(key(2))
     assert all(tier.location.exists(key(i)) for i in (1, 3, 4))
     s = tier.stats.snapshot()
-    assert (s["evictions"], s["occupancy_blocks"], s["occupancy_bytes"]) == (1, 3, 3 * ENTRY)
+    assert (s.evictions, s.occupancy_blocks, s.occupancy_bytes) == (1, 3, 3 * ENTRY)
     # Larger than the tier: skipped and counted, and nothing else is lost.
     assert not tier.write(b"big", torch.zeros(4 * ENTRY, dtype=torch.uint8))
     s = tier.stats.snapshot()
-    assert (s["skipped_stores"], s["evictions"], s["occupancy_blocks"]) == (1, 1, 3)
+    assert (s.skipped_stores, s.evictions, s.occupancy_blocks) == (1, 1, 3)
     assert all(key(i) in tier for i in (1, 3, 4))  # the index lost none of them either
     for i in (1, 3, 4):
         assert tier.location.exists(key(i)) and torch.equal(read(tier, key(i)), payload(i))
@@ -160,7 +160,7 @@ def test_room_held_by_writes_in_flight_skips_the_store_and_evicts_nothing(tmp_pa
         wait_until(lambda: tier.num_waiting == 2)
         assert not tier.write(key(5), torch.zeros(2 * ENTRY, dtype=torch.uint8))
         s = tier.stats.snapshot()
-        assert (s["skipped_stores"], s["evictions"]) == (1, 0)
+        assert (s.skipped_stores, s.evictions) == (1, 0)
         assert tier.location.exists(key(1)) and torch.equal(read(tier, key(1)), payload(1))
         # An entry that fits beside the writes in flight evicts only what it needs (nothing).
         assert tier.write(key(7), payload(7))
@@ -169,7 +169,7 @@ def test_room_held_by_writes_in_flight_skips_the_store_and_evicts_nothing(tmp_pa
         for t in writers:
             t.join()
     assert all(tier.location.exists(key(i)) for i in (1, 2, 3, 7))
-    assert tier.stats.snapshot()["evictions"] == 0
+    assert tier.stats.snapshot().evictions == 0
     tier.check_integrity()
 
 
@@ -197,7 +197,7 @@ def test_restart_with_a_smaller_limit_trims_the_oldest(tmp_path: Path) -> None:
         os.utime(tier.path(key(i)), (1e9 + i, 1e9 + i))
     smaller = DiskTier(tmp_path, 2 * ENTRY, NS)
     assert not tier.path(key(1)).exists()
-    assert smaller.stats.snapshot()["occupancy_blocks"] == 2
+    assert smaller.stats.snapshot().occupancy_blocks == 2
     smaller.check_integrity()
 
 
@@ -218,7 +218,7 @@ def test_full_disk_skips_the_store_and_counts_it(tmp_path: Path) -> None:
     tier.write_errno = errno.ENOSPC
     assert not tier.write(key(8), payload(8))
     s = tier.stats.snapshot()
-    assert (s["skipped_stores"], s["failures"], s["blocks_stored"]) == (1, 0, 0)
+    assert (s.skipped_stores, s.failures, s.blocks_stored) == (1, 0, 0)
     assert not tier.location.exists(key(8))
     assert not list(tmp_path.rglob("*.tmp"))  # the half-written temp file is gone
     tier.write_errno = None  # space again: serving goes on
@@ -277,9 +277,9 @@ def test_concurrent_writers_keep_the_limit(tmp_path: Path) -> None:
         t.join()
     tier.check_integrity()
     s = tier.stats.snapshot()
-    assert s["occupancy_blocks"] <= 5 and s["occupancy_bytes"] <= 5 * ENTRY
-    assert s["blocks_stored"] + s["skipped_stores"] == 80
-    assert len(list(tier.dir.rglob("*.kvb"))) == s["occupancy_blocks"]
+    assert s.occupancy_blocks <= 5 and s.occupancy_bytes <= 5 * ENTRY
+    assert s.blocks_stored + s.skipped_stores == 80
+    assert len(list(tier.dir.rglob("*.kvb"))) == s.occupancy_blocks
 
 
 # ---- jobs of entries, as promotions read them: cold (page cache dropped) and warm ---------------
@@ -310,7 +310,7 @@ def test_a_job_of_entries_loads_exactly(tmp_path: Path, cold: bool) -> None:
     for i in (3, 5, 7, 9):
         assert not disk.path(key(i)).exists() and key(i) not in disk
     s = disk.stats.snapshot()
-    assert (s["blocks_loaded"], s["failures"]) == (n - 4, 4)
+    assert (s.blocks_loaded, s.failures) == (n - 4, 4)
     disk.check_integrity()
 
 
@@ -335,7 +335,7 @@ def test_store_writes_header_and_payload_whole_and_leaves_no_temp(tmp_path: Path
     assert disk.write(key(2), payload(2))
     shutil.rmtree(disk.path(key(2)).parent)  # removed from under the tier: made again
     assert disk.write(key(2), payload(2))
-    assert disk.stats.snapshot()["blocks_stored"] == 3  # the name was gone: written again
+    assert disk.stats.snapshot().blocks_stored == 3  # the name was gone: written again
     got = read(disk, key(2))
     assert got is not None and torch.equal(got, payload(2))
     assert not list(tmp_path.rglob("*.tmp"))

@@ -120,8 +120,8 @@ def test_stats_count_bytes_and_blocks() -> None:
     host.store(EngineBlocks([0, 1, 2, 3]), HostBlocks([0, 1]))
     host.load(HostBlocks([1]), EngineBlocks([5], skip=1))
     s = host.stats.snapshot()
-    assert (s["blocks_stored"], s["bytes_stored"]) == (2, 2 * host.slot_bytes)
-    assert (s["blocks_loaded"], s["bytes_loaded"]) == (1, host.slot_bytes // 2)
+    assert (s.blocks_stored, s.bytes_stored) == (2, 2 * host.slot_bytes)
+    assert (s.blocks_loaded, s.bytes_loaded) == (1, host.slot_bytes // 2)
 
 
 @pytest.mark.parametrize("strategy", ["native", "numpy"])

@@ -85,9 +85,9 @@ def test_a_cluster_nobody_answers_is_a_miss_counted_and_down() -> None:
     assert time.monotonic() - start < 0.5 + SLACK_S
     ls = lookup.stats()
     # One attempt at a map (then its down state paces them); every call counted as skipped.
-    assert ls["map_refreshes"] == 1 and ls["skipped_down"] == 5, ls
+    assert ls.map_refreshes == 1 and ls.skipped_down == 5, ls
     assert lookup._conn.down and tier._conn.down
-    assert tier.stats.snapshot()["failures"] == 3 and untouched(host, [8, 9, 10])
+    assert tier.stats.snapshot().failures == 3 and untouched(host, [8, 9, 10])
 
 
 def test_an_engine_on_a_cluster_nobody_answers_serves_every_request(
@@ -119,7 +119,7 @@ def test_slots_nobody_serves_miss_and_the_served_ones_hit(
     assert failed == [i for i in ids if i not in served]
     assert lookup.exists([key(i) for i in ids]) == [i in served for i in ids]
     assert loaded_exactly(tier, host, served, [16 + i for i in range(len(served))])
-    assert tier.stats.snapshot()["skipped_down"] >= 1 and lookup.stats()["skipped_down"] >= 1
+    assert tier.stats.snapshot().skipped_down >= 1 and lookup.stats().skipped_down >= 1
 
 
 def test_the_urls_node_gone_a_startup_node_reaches_the_cluster(
@@ -149,10 +149,10 @@ def test_a_moved_slot_is_followed_within_the_call(cluster: RedisClusterServers) 
     refreshes = tier._conn.map_refreshes
     assert loaded_exactly(tier, host, [0], [8])  # MOVED, then the new owner: one call
     s = tier.stats.snapshot()
-    assert s["redirects"] == 1 and tier._conn.map_refreshes == refreshes, s
+    assert s.redirects == 1 and tier._conn.map_refreshes == refreshes, s
     assert lookup.exists([key(0)]) == [True]
     assert loaded_exactly(tier, host, [0], [9])  # the slot's owner learned: no redirect
-    assert tier.stats.snapshot()["redirects"] == 1
+    assert tier.stats.snapshot().redirects == 1
 
 
 def test_an_ask_during_a_slots_migration_is_followed_with_asking(
@@ -167,9 +167,9 @@ def test_an_ask_during_a_slots_migration_is_followed_with_asking(
     move_slot(cluster, slot, src, dst, finalize=False)  # the key moved, the slot not yet
     try:
         assert loaded_exactly(tier, host, [0], [8])
-        assert tier.stats.snapshot()["redirects"] == 1
+        assert tier.stats.snapshot().redirects == 1
         assert loaded_exactly(tier, host, [0], [9])  # ASK moves nothing: asked again
-        assert tier.stats.snapshot()["redirects"] == 2
+        assert tier.stats.snapshot().redirects == 2
     finally:
         for n in cluster.masters():
             cluster.admin(n).execute_command("CLUSTER", "SETSLOT", slot, "NODE",
@@ -197,7 +197,7 @@ def test_a_dead_master_costs_its_slots_only(tmp_path: Path) -> None:
             assert lookup.exists([key(i) for i in order]) == [i in kept for i in order]
         assert loaded_exactly(tier, host, kept, list(range(24, 24 + len(kept))))
         s = tier.stats.snapshot()
-        assert s["errors"] + s["timeouts"] >= 1 and s["skipped_down"] >= 2, s
+        assert s.errors + s.timeouts >= 1 and s.skipped_down >= 2, s
     finally:
         c.stop()
 

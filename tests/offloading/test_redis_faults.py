@@ -89,8 +89,8 @@ def test_latency_within_the_deadline_serves_beyond_it_times_out_once(proxy: Faul
     found, elapsed = timed(lambda: lookup.exists([key(0)]))
     assert found == [False] and elapsed < LOOKUP_MS / 1000 + SLACK_S, elapsed
     s, ls = tier.stats.snapshot(), lookup.stats()
-    assert (s["timeouts"], s["errors"], s["failures"]) == (1, 0, 4), s
-    assert (ls["timeouts"], ls["errors"]) == (1, 0), ls
+    assert (s.timeouts, s.errors, s.failures) == (1, 0, 4), s
+    assert (ls.timeouts, ls.errors) == (1, 0), ls
     proxy.clear()
     wait_for(lambda: loaded_exactly(tier, host, ids, [12, 13, 14, 15]), "recovery", RECOVER_S)
 
@@ -106,7 +106,7 @@ def test_a_trickled_reply_is_cut_at_the_whole_calls_deadline(proxy: FaultProxy) 
     out = within(IO_S + SLACK_S, lambda: load(tier, host, ids, [8, 9, 10, 11]))
     assert out.failed_indices == ids and untouched(host, [8, 9, 10, 11])
     s = tier.stats.snapshot()
-    assert (s["timeouts"], s["errors"], s["round_trips"]) == (1, 0, 3), s  # EXISTS, SET, GET
+    assert (s.timeouts, s.errors, s.round_trips) == (1, 0, 3), s  # EXISTS, SET, GET
     proxy.clear()
     wait_for(lambda: loaded_exactly(tier, host, ids, [8, 9, 10, 11]), "recovery", RECOVER_S)
 
@@ -120,7 +120,7 @@ def test_throttled_a_small_job_fits_a_large_one_times_out(proxy: FaultProxy) -> 
     out, elapsed = timed(lambda: load(tier, host, list(range(16)), list(range(16, 32))))
     assert len(out.failed_indices) == 16 and elapsed < IO_S + SLACK_S, elapsed
     s = tier.stats.snapshot()
-    assert (s["timeouts"], s["errors"], s["blocks_loaded"]) == (1, 0, 2), s
+    assert (s.timeouts, s.errors, s.blocks_loaded) == (1, 0, 2), s
 
 
 def test_a_reset_in_the_middle_of_a_get_pipeline_fails_that_round_trip_only(
@@ -133,7 +133,7 @@ def test_a_reset_in_the_middle_of_a_get_pipeline_fails_that_round_trip_only(
     out = load(tier, host, ids, list(range(8, 16)))
     assert out.failed_indices == ids and untouched(host, list(range(8, 16)))
     s = tier.stats.snapshot()
-    assert (s["errors"], s["timeouts"], proxy.resets) == (1, 0, 1), s
+    assert (s.errors, s.timeouts, proxy.resets) == (1, 0, 1), s
     # A new connection, nothing of the cut reply read by it: exact bytes once the backoff ends.
     wait_for(lambda: loaded_exactly(tier, host, ids, list(range(8, 16))), "recovery", RECOVER_S)
     assert proxy.connections == 2
@@ -148,7 +148,7 @@ def test_a_reset_in_the_middle_of_a_set_pipeline_stores_whole_values_or_none(
     proxy.reset_after(PAYLOAD * 7 // 2 + 2000, direction="up")  # past the EXISTS, in the SETs
     assert store(tier, host, ids[1:]).failed_indices == list(range(7))
     s = tier.stats.snapshot()
-    assert (s["errors"], s["timeouts"], proxy.resets) == (1, 0, 1), s
+    assert (s.errors, s.timeouts, proxy.resets) == (1, 0, 1), s
     # What Redis holds is whole and exact (it runs complete commands only); the rest is absent.
     wait_for(lambda: load(tier, host, [0], [8]).failed_indices == [], "recovery", RECOVER_S)
     held = [i for i in ids if redis_server.client().exists(tier.key(key(i)))]
@@ -169,10 +169,10 @@ def test_a_half_open_connection_costs_one_timeout_then_skips(proxy: FaultProxy) 
     assert answers == [[False, False]] * 20
     assert elapsed < LOOKUP_MS / 1000 + SLACK_S, elapsed
     ls = lookup.stats()
-    assert ls["timeouts"] == 1 and ls["skipped_down"] >= 18, ls  # 20 unless CI stalled > 0.2 s
+    assert ls.timeouts == 1 and ls.skipped_down >= 18, ls  # 20 unless CI stalled > 0.2 s
     out, elapsed = timed(lambda: load(tier, host, [0, 1], [8, 9]))
     assert out.failed_indices == [0, 1] and elapsed < IO_S + SLACK_S, elapsed
-    assert tier.stats.snapshot()["timeouts"] == 1
+    assert tier.stats.snapshot().timeouts == 1
     assert proxy.connections - connections <= 2, "a probe per call while down"
     proxy.clear()
     wait_for(lambda: lookup.exists([key(0)]) == [True], "lookup recovery", RECOVER_S)

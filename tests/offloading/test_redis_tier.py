@@ -16,6 +16,7 @@ from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
 from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.host.tier import HostTier
 from kvport.connectors.offloading.tiers.redis.client import RedisKeyspace, redis_namespace
+from kvport.connectors.offloading.metrics import RedisLookupMetrics
 from kvport.connectors.offloading.tiers.redis.lookup import RedisLookup
 from kvport.connectors.offloading.tiers.redis.tier import RedisTier
 from kvport.connectors.offloading.tiers.value_format import HEADER, MAGIC
@@ -64,22 +65,21 @@ def test_round_trip_in_one_round_trip_per_job(redis_server: RedisServer) -> None
     cfg = RedisTierConfig(redis_server.url)
     tier, host = RedisTier(cfg, NS), filled_host()
     assert store(tier, host, [0, 1, 2, 3]) == TransferOutcome(4 * PAYLOAD, [])
-    assert tier.stats.snapshot()["round_trips"] == 2
+    assert tier.stats.snapshot().round_trips == 2
     lookup = RedisLookup(cfg, NS)
     assert lookup.exists([key(0), key(9), key(3)]) == [True, False, True]
-    assert lookup.stats() == {"lookups": 1, "keys_queried": 3, "keys_found": 2, "round_trips": 1,
-                              "timeouts": 0, "errors": 0, "skipped_down": 0, "redirects": 0,
-                              "map_refreshes": 0}
+    assert lookup.stats() == RedisLookupMetrics(lookups=1, keys_queried=3, keys_found=2,
+                                                round_trips=1)
     got = load(tier, host, [3, 2, 9, 1, 0], [8, 9, 10, 11, 12])
     assert got == TransferOutcome(4 * PAYLOAD, [2])
     for i, slot in ((3, 8), (2, 9), (1, 11), (0, 12)):
         assert torch.equal(host.slot(slot), payload(i))
     s = tier.stats.snapshot()
-    assert (s["round_trips"], s["blocks_stored"], s["bytes_stored"]) == (3, 4, 4 * PAYLOAD)
-    assert (s["blocks_loaded"], s["bytes_loaded"], s["failures"], s["vanished"]) == \
+    assert (s.round_trips, s.blocks_stored, s.bytes_stored) == (3, 4, 4 * PAYLOAD)
+    assert (s.blocks_loaded, s.bytes_loaded, s.failures, s.vanished) == \
         (4, 4 * PAYLOAD, 1, 1)
     assert tier.load_to_host(host, RedisBlocks([]), HostBlocks([])) == TransferOutcome(0, [])
-    assert tier.stats.snapshot()["round_trips"] == 3  # nothing to do: no network
+    assert tier.stats.snapshot().round_trips == 3  # nothing to do: no network
     tier.close()
     lookup.close()
 
@@ -93,7 +93,7 @@ def test_a_value_redis_holds_is_not_sent_again(redis_server: RedisServer) -> Non
         admin.set(tier.key(key(0)), b"a value this store must leave alone")
     assert store(tier, host, [0, 1, 2]) == TransferOutcome(3 * PAYLOAD, [])
     s = tier.stats.snapshot()
-    assert (s["blocks_stored"], s["already_present"]) == (3, 2), s
+    assert (s.blocks_stored, s.already_present) == (3, 2), s
     with redis_server.client() as admin:
         assert admin.get(tier.key(key(0))) == b"a value this store must leave alone"
         assert admin.dbsize() == 3
@@ -128,14 +128,14 @@ def test_cluster_spreads_keys_one_round_trip_per_node(redis_cluster: RedisCluste
     sizes = [n.client().dbsize() for n in redis_cluster.nodes]
     used = sum(1 for size in sizes if size)
     assert sum(sizes) == 12 and used >= 2, sizes  # no hash tags: the keys spread
-    assert tier.stats.snapshot()["round_trips"] == 2 * used  # EXISTS, then SET
+    assert tier.stats.snapshot().round_trips == 2 * used  # EXISTS, then SET
     lookup = RedisLookup(cfg, NS)
     assert lookup.exists([key(i) for i in range(12)]) == [True] * 12
-    assert lookup.stats()["round_trips"] == used
+    assert lookup.stats().round_trips == used
     assert load(tier, host, list(range(12)), list(range(4, 16))).failed_indices == []
     for i in range(12):
         assert torch.equal(host.slot(4 + i), payload(i))
-    assert tier.stats.snapshot()["round_trips"] == 3 * used
+    assert tier.stats.snapshot().round_trips == 3 * used
     tier.close()
 
 
@@ -151,7 +151,7 @@ def test_namespaces_and_tenants_never_share_keys(redis_server: RedisServer) -> N
         assert RedisLookup(cfg, ns).exists([key(0), key(1)]) == [False, False]
         other = RedisTier(cfg, ns)
         assert load(other, host, [0, 1], [4, 5]).failed_indices == [0, 1]
-        assert other.stats.snapshot()["vanished"] == 2
+        assert other.stats.snapshot().vanished == 2
     assert RedisLookup(a.config, NS).exists([key(0), key(1)]) == [True, True]
 
 
@@ -181,7 +181,7 @@ def test_corrupt_values_fail_are_counted_and_deleted(redis_server: RedisServer,
         assert admin.exists(rkey) == 0  # deleted
     assert torch.equal(host.slot(5), payload(1))
     s = tier.stats.snapshot()
-    assert (s["corrupt"], s["failures"], s["vanished"], s["blocks_loaded"]) == (1, 1, 0, 1)
+    assert (s.corrupt, s.failures, s.vanished, s.blocks_loaded) == (1, 1, 0, 1)
 
 
 def test_a_value_gone_between_lookup_and_load_is_vanished(redis_server: RedisServer) -> None:
@@ -193,7 +193,7 @@ def test_a_value_gone_between_lookup_and_load_is_vanished(redis_server: RedisSer
         admin.delete(tier.key(key(1)))  # evicted by Redis, or deleted by another instance
     assert load(tier, host, [0, 1, 2], [4, 5, 6]) == TransferOutcome(2 * PAYLOAD, [1])
     s = tier.stats.snapshot()
-    assert (s["vanished"], s["failures"], s["corrupt"]) == (1, 1, 0)
+    assert (s.vanished, s.failures, s.corrupt) == (1, 1, 0)
 
 
 # --- Redis unavailable, slow, full ---------------------------------------------------------------
@@ -210,8 +210,8 @@ def test_absent_at_start_then_started_recovers_by_itself(redis_server_factory: F
     assert lookup.exists([key(0)]) == [False]
     assert time.monotonic() - start < 1.0
     s = tier.stats.snapshot()
-    assert (s["errors"], s["skipped_down"], s["skipped_stores"]) == (1, 1, 4)
-    assert lookup.stats()["errors"] == 1 and lookup.stats()["skipped_down"] == 1
+    assert (s.errors, s.skipped_down, s.skipped_stores) == (1, 1, 4)
+    assert lookup.stats().errors == 1 and lookup.stats().skipped_down == 1
     server.start()
     wait_for(lambda: stored_ok(tier, host, [0, 1]), "tier recovery", RECOVER_S)
     wait_for(lambda: lookup.exists([key(0), key(1)]) == [True, True], "lookup recovery",
@@ -231,8 +231,8 @@ def test_killed_mid_run_then_restarted_recovers(redis_server: RedisServer) -> No
     assert lookup.exists([key(0), key(1)]) == [False, False]
     assert time.monotonic() - start < 1.0
     s = tier.stats.snapshot()
-    assert s["errors"] + s["timeouts"] == 1 and s["skipped_down"] == 1
-    assert (s["skipped_stores"], s["failures"], s["vanished"]) == (2, 2, 0)
+    assert s.errors + s.timeouts == 1 and s.skipped_down == 1
+    assert (s.skipped_stores, s.failures, s.vanished) == (2, 2, 0)
     redis_server.start()  # same port, empty (no persistence)
     assert redis_server.port == port
     wait_for(lambda: stored_ok(tier, host, [2, 3]), "tier recovery", RECOVER_S)
@@ -254,7 +254,7 @@ def test_slow_redis_lookup_answers_miss_within_the_timeout(redis_server: RedisSe
     assert lookup.exists([key(0)]) == [False]  # down: no wait at all
     assert time.monotonic() - start < 0.6, elapsed  # the timeout (0.1 s) and slack
     s = lookup.stats()
-    assert (s["timeouts"], s["skipped_down"], s["keys_found"]) == (1, 1, 0)
+    assert (s.timeouts, s.skipped_down, s.keys_found) == (1, 1, 0)
     wait_for(lambda: lookup.exists([key(0)]) == [True], "lookup recovery", RECOVER_S)
     lookup.close()
     tier.close()
@@ -268,10 +268,10 @@ def test_full_redis_refuses_stores_without_raising(redis_server_factory: Factory
     out = tier.store_from_host(host, HostBlocks(list(range(8))),
                                RedisBlocks([key(i) for i in range(8)]))
     s = tier.stats.snapshot()
-    assert out.failed_indices and s["refused_stores"] == len(out.failed_indices)
-    assert s["skipped_stores"] == len(out.failed_indices) and s["skipped_down"] == 0
-    assert s["blocks_stored"] == 8 - len(out.failed_indices)
-    assert out.num_bytes == s["blocks_stored"] * big
+    assert out.failed_indices and s.refused_stores == len(out.failed_indices)
+    assert s.skipped_stores == len(out.failed_indices) and s.skipped_down == 0
+    assert s.blocks_stored == 8 - len(out.failed_indices)
+    assert out.num_bytes == s.blocks_stored * big
     # Refused writes are replies, not an outage: the tier stays up and loads still work.
     ok = [i for i in range(8) if i not in out.failed_indices]
     assert tier.load_to_host(host, RedisBlocks([key(i) for i in ok]),
@@ -332,7 +332,7 @@ def test_password_never_logged_or_raised(redis_server_factory: Factory,
         tier, host = RedisTier(cfg, NS), filled_host(1)
         assert store(tier, host, [0]).failed_indices == [0]
         assert RedisLookup(cfg, NS).exists([key(0)]) == [False]
-        assert tier.stats.snapshot()["errors"] == 1
+        assert tier.stats.snapshot().errors == 1
     monkeypatch.setenv("KVPORT_TEST_REDIS_PASSWORD", wrong)
     env_cfg = RedisTierConfig(server.url, password_env="KVPORT_TEST_REDIS_PASSWORD")
     assert store(RedisTier(env_cfg, NS), filled_host(1), [0]).failed_indices == [0]
@@ -353,7 +353,7 @@ def test_tls_with_ca_file(redis_server_factory: Factory, redis_tls_files: TlsFil
     # Without the CA the server's certificate is not trusted: failed, not raised.
     tier = RedisTier(RedisTierConfig(server.url), NS)
     assert store(tier, filled_host(1), [0]).failed_indices == [0]
-    assert tier.stats.snapshot()["errors"] == 1
+    assert tier.stats.snapshot().errors == 1
 
 
 def test_close_returns_at_once_even_while_redis_hangs(redis_server: RedisServer) -> None:
@@ -366,7 +366,7 @@ def test_close_returns_at_once_even_while_redis_hangs(redis_server: RedisServer)
     assert load(tier, host, [0], [1]).failed_indices == [0]  # bounded by io_timeout_s
     tier.close()
     assert time.monotonic() - start < 0.8
-    assert tier.stats.snapshot()["timeouts"] == 1
+    assert tier.stats.snapshot().timeouts == 1
     assert RedisKeyspace.build(RedisTierConfig(redis_server.url), NS).namespace_digest == \
         tier.namespace_digest
 
@@ -380,9 +380,9 @@ def test_a_store_larger_than_a_batch_goes_out_in_several_pipelines(
     monkeypatch.setattr(redis_tier, "STORE_BATCH_BYTES", 2 * (HEADER.size + PAYLOAD))
     tier, host = RedisTier(RedisTierConfig(redis_server.url), NS), filled_host()
     assert store(tier, host, [0, 1, 2, 3, 4]) == TransferOutcome(5 * PAYLOAD, [])
-    assert tier.stats.snapshot()["round_trips"] == 1 + 3  # EXISTS, then SETs of 2, 2 and 1
+    assert tier.stats.snapshot().round_trips == 1 + 3  # EXISTS, then SETs of 2, 2 and 1
     assert load(tier, host, [0, 1, 2, 3, 4], [8, 9, 10, 11, 12]).failed_indices == []
-    assert tier.stats.snapshot()["round_trips"] == 4 + 3  # GETs of 2, 2 and 1: bounded too
+    assert tier.stats.snapshot().round_trips == 4 + 3  # GETs of 2, 2 and 1: bounded too
     for i in range(5):
         assert torch.equal(host.slot(8 + i), payload(i))
     tier.close()

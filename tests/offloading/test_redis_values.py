@@ -59,7 +59,7 @@ def test_another_format_version_is_a_miss_and_left_alone(redis_server: RedisServ
     planted(redis_server, tier, 0, bytes(value))
     assert load(tier, host, [0], [8]).failed_indices == [0] and untouched(host, [8])
     s = tier.stats.snapshot()
-    assert (s["other_format"], s["corrupt"], s["forged"]) == (1, 0, 0), s
+    assert (s.other_format, s.corrupt, s.forged) == (1, 0, 0), s
     assert held(redis_server, tier, 0) == bytes(value)  # the other version's readers keep it
 
 
@@ -69,7 +69,7 @@ def test_a_wrongtype_key_is_a_miss_and_removed(redis_server: RedisServer) -> Non
     assert lookup.exists([key(0)]) == [True]  # every lookup would find it ...
     host = filled_host(1)
     assert load(tier, host, [0], [8]).failed_indices == [0]  # ... and every load fail
-    assert tier.stats.snapshot()["wrong_type"] == 1
+    assert tier.stats.snapshot().wrong_type == 1
     assert lookup.exists([key(0)]) == [False]  # removed: a miss, then stored again
     assert store(tier, host, [0]).failed_indices == []
     assert loaded_exactly(tier, host, [0], [9])
@@ -90,7 +90,7 @@ def test_another_namespaces_value_under_this_name_is_a_miss_and_removed(
     assert store(other, host, [0]).failed_indices == []
     planted(redis_server, mine, 0, held(redis_server, other, 0) or b"")
     assert load(mine, host, [0], [8]).failed_indices == [0] and untouched(host, [8])
-    assert mine.stats.snapshot()["corrupt"] == 1
+    assert mine.stats.snapshot().corrupt == 1
     assert held(redis_server, mine, 0) is None and held(redis_server, other, 0) is not None
 
 
@@ -145,7 +145,7 @@ def test_a_value_without_a_valid_mac_is_a_miss_counted_and_removed(
     planted(redis_server, victim, 1, value)
     assert load(victim, host, [1], [9]).failed_indices == [0] and untouched(host, [9])
     s = victim.stats.snapshot()
-    assert (s["forged"], s["blocks_loaded"]) == (1, 1), s
+    assert (s.forged, s.blocks_loaded) == (1, 1), s
     assert held(redis_server, victim, 1) is None
 
 
@@ -169,7 +169,7 @@ def test_a_tenants_keys_carry_its_prefix_and_an_acl_scopes_them(
     assert other.key(key(0)).startswith(b"kvport:globex:")
     assert store(other, host, [0]).failed_indices == [0]
     assert other_lookup.exists([key(0)]) == [False]
-    assert other.stats.snapshot()["refused_stores"] == 1
+    assert other.stats.snapshot().refused_stores == 1
 
 
 def test_tenant_salt_env_names_the_salt_and_no_message_shows_it(
@@ -214,10 +214,10 @@ def test_a_load_larger_than_a_batch_goes_out_in_several_pipelines(
     tier, _ = tier_and_lookup(RedisTierConfig(redis_server.url))
     host = filled_host(10)
     assert store(tier, host, list(range(10))).failed_indices == []
-    before = tier.stats.snapshot()["round_trips"]
+    before = tier.stats.snapshot().round_trips
     monkeypatch.setattr(redis_tier_module, "STORE_BATCH_BYTES", 3 * (PAYLOAD + HEADER.size))
     assert loaded_exactly(tier, host, list(range(10)), list(range(10, 20)))
-    assert tier.stats.snapshot()["round_trips"] - before == 4  # 3 + 3 + 3 + 1 values
+    assert tier.stats.snapshot().round_trips - before == 4  # 3 + 3 + 3 + 1 values
 
 
 # --- the header parser, fuzzed -----------------------------------------------------------------

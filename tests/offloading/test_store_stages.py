@@ -96,7 +96,7 @@ def test_shutdown_writes_through_a_copy_that_ended_after_the_last_step(tmp_path:
     worker = llm.engine.runner.driver.connector.worker_half  # type: ignore[union-attr]
     llm.shutdown()
     assert len(list(tmp_path.rglob("*.kvb"))) == 5  # every offload block reached the disk
-    assert worker.stats.num_dropped_at_shutdown == 0
+    assert worker.stats.snapshot().num_dropped_at_shutdown == 0
 
 
 def test_shutdown_drops_what_runs_past_its_deadline_and_says_what(
@@ -109,7 +109,7 @@ def test_shutdown_drops_what_runs_past_its_deadline_and_says_what(
     step_until(llm, lambda: req.is_finished)
     worker = llm.engine.runner.driver.connector.worker_half  # type: ignore[union-attr]
     llm.shutdown()  # the write-through stays held: a disk that does not answer
-    assert worker.stats.num_dropped_at_shutdown == 1
+    assert worker.stats.snapshot().num_dropped_at_shutdown == 1
     assert "shutdown dropped 1 transfers" in caplog.text and "write to DISK" in caplog.text
     assert not list(tmp_path.rglob("*.kvb"))
 

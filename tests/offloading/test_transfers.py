@@ -174,7 +174,7 @@ def test_failed_load_names_the_unfilled_engine_blocks(tmp_path: Path,
     worker.submit(4, HostBlocks([0]), DiskBlocks([b"new-key"]))
     (res,) = drain(worker, 1)
     assert (res.success, res.failed_indices) == (False, [0])
-    assert disk.stats.snapshot()["skipped_stores"] == 1
+    assert disk.stats.snapshot().skipped_stores == 1
 
 
 def test_shutdown_with_a_never_completing_job_does_not_hang() -> None:

@@ -90,7 +90,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("connector"):
         connector = connector_of(llm)
         result["stats"] = vars(connector.scheduler_half.stats).copy()
-        result["metrics"] = connector.scheduler_half.metrics()
+        result["metrics"] = connector.scheduler_half.metrics().as_dict()
     llm.llm_engine.engine_core.shutdown()  # drains kvport's write-throughs
     return result
 

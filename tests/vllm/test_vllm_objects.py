@@ -3,6 +3,9 @@ persistent tier (what vLLM's block hashes lack)."""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +15,7 @@ from harness import BLOCK_SIZE, kv_cache_config, offload_extra, vllm_config
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from kvport.connectors.views import RequestView, SchedulerOutputView
+from kvport.vllm import stats
 from kvport.vllm.connector import OffloadingConnector
 from kvport.vllm.objects import (
     RequestAdapter, adapt_scheduler_output, engine_pool, hash_root, hashes_are_stable,
@@ -93,3 +97,31 @@ def test_every_prometheus_metric_has_its_documentation() -> None:
 
     names = {m.name.removeprefix("vllm:kvport_") for m in stats.METRICS}
     assert names - set(stats._DOC) == set()
+
+
+def test_every_prometheus_metric_names_a_field_of_the_connectors_metrics() -> None:
+    """A renamed field fails here, instead of silently dropping its Prometheus metric."""
+    from kvport.connectors.offloading import metrics
+
+    sections = typing.get_type_hints(metrics.ConnectorMetrics)
+    for m in stats.METRICS:
+        section, field = m.path
+        assert section in sections, f"{m.name}: ConnectorMetrics has no section {section!r}"
+        record = next(t for t in typing.get_args(sections[section]) or (sections[section],)
+                      if dataclasses.is_dataclass(t))
+        names = {f.name for f in dataclasses.fields(record)}
+        assert field in names, f"{m.name}: {record.__name__} has no field {field!r}"
+
+
+def test_flatten_reads_each_metric_from_the_record() -> None:
+    from kvport.connectors.offloading import metrics
+
+    record = metrics.ConnectorMetrics(
+        16, metrics.HostMetrics(bytes_stored=5, hit_tokens=3), metrics.RequestMetrics(),
+        metrics.WorkerMetrics(num_late_loads=2),
+        redis=metrics.RedisMetrics(lookup_round_trips=7, round_trips=1))
+    flat = stats.flatten(record)
+    assert flat["host.bytes_stored"] == 5 and flat["host.hit_tokens"] == 3
+    assert flat["worker.num_late_loads"] == 2
+    assert flat["redis.lookup_round_trips"] == 7 and flat["redis.round_trips"] == 1
+    assert not any(key.startswith("disk.") for key in flat)  # no disk tier: absent

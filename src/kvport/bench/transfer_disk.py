@@ -23,6 +23,8 @@ the row fails.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import itertools
 import os
@@ -167,7 +169,7 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path,
             if not torch.equal(host.buffer, expected):
                 raise RuntimeError(f"disk bench, {size} B entries: loaded slots differ from "
                                    f"the stored ones")
-            row["tier_stats"] = disk.stats.snapshot()
+            row["tier_stats"] = dataclasses.asdict(disk.stats.snapshot())
             rows.append(row)
     finally:
         worker.shutdown()

@@ -17,6 +17,8 @@ keys are deleted (never FLUSHDB/FLUSHALL), also when the run fails.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import secrets
 import statistics
@@ -212,5 +214,5 @@ def _redis_row(cfg: TransferBenchConfig, size: int, client: Any, salt: str,
             # tier / redis-py bandwidth per round (both measured back to back), median
             "ratio": statistics.median(b / t for t, b in zip(tier_s, base_s)),
             "tier_s": tier_s, "redis_py_s": base_s}
-    row["tier_stats"] = tier.stats.snapshot()
+    row["tier_stats"] = dataclasses.asdict(tier.stats.snapshot())
     return row

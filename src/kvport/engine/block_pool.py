@@ -32,7 +32,7 @@ class KVBlock:
 
 
 @dataclass
-class BlockPoolStats:
+class BlockPoolCounters:
     num_evicted_blocks: int = 0  # cached blocks whose contents were dropped for reuse
     num_queried_blocks: int = 0
     num_hit_blocks: int = 0
@@ -48,7 +48,7 @@ class BlockPool:
         # block_id -> block; head = least recently freed = next to be reused
         self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}  # block_hash -> block holding it
-        self.stats = BlockPoolStats()
+        self.stats = BlockPoolCounters()
 
     @property
     def num_free_blocks(self) -> int:

@@ -38,7 +38,7 @@ MAX_EVENTS = 10_000  # events kept for LLM.take_kv_events(); older ones are drop
 
 
 @dataclass
-class KVTransferStats:
+class KVTransferCounters:
     num_queried_tokens: int = 0  # prompt tokens asked of the connector (beyond local hits)
     num_hit_tokens: int = 0  # tokens the connector said it could load
     num_invalid_blocks: int = 0  # pool blocks a load failed to fill
@@ -76,7 +76,7 @@ class KVTransferTracker:
         self._no_external: set[str] = set()  # req_ids whose load delivered nothing: never again
         self._held: dict[str, tuple[Request, set[str]]] = {}  # req_id -> (request, hold reasons)
         self._events: deque[KVCacheEvent] = deque(maxlen=max_events)
-        self.stats = KVTransferStats()
+        self.stats = KVTransferCounters()
 
     def trace_step(self, step: int) -> None:
         if self.connector is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvport.connectors.offloading.metrics import ConnectorMetrics
 from kvport.vllm.compat import require_vllm
 
 require_vllm()
@@ -25,14 +26,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # noqa: E402
 
 @dataclass(frozen=True)
 class Metric:
-    key: str  # flat key in the stats dict: "<section>.<counter>" of the connector's metrics()
+    # (section, field) of ConnectorMetrics (a record of its own, or a tier's, which may be
+    # absent); a test resolves every path against the records' fields.
+    path: tuple[str, str]
     name: str  # Prometheus name
     labels: tuple[tuple[str, str], ...]
     gauge: bool = False  # a level: the latest value, not a sum
 
+    @property
+    def key(self) -> str:
+        """Its key in the stats dict vLLM carries between processes."""
+        return ".".join(self.path)
+
 
 def _m(key: str, name: str, gauge: bool = False, **labels: str) -> Metric:
-    return Metric(key, f"vllm:kvport_{name}", tuple(labels.items()), gauge)
+    section, _, field_name = key.partition(".")
+    return Metric((section, field_name), f"vllm:kvport_{name}", tuple(labels.items()), gauge)
 
 
 METRICS = (
@@ -107,14 +116,14 @@ _DOC = {
 }
 
 
-def flatten(metrics: dict[str, Any]) -> dict[str, float]:
-    """The numbers METRICS names, from the connector's metrics() (missing tiers are absent)."""
+def flatten(metrics: ConnectorMetrics) -> dict[str, float]:
+    """The numbers METRICS names, from the scheduler half's record (tiers not configured are
+    absent)."""
     out: dict[str, float] = {}
     for m in METRICS:
-        section, _, name = m.key.partition(".")
-        value = metrics.get(section, {}).get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[m.key] = float(value)
+        section = getattr(metrics, m.path[0])
+        if section is not None:
+            out[m.key] = float(getattr(section, m.path[1]))
     return out
 
 

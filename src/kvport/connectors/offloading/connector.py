@@ -115,8 +115,8 @@ class OffloadingConnector(KVConnectorBase):
         return self.scheduler_half.reset_cache()
 
     def get_metrics(self) -> dict[str, Any]:
-        """Cumulative counters per tier (see OffloadingScheduler.metrics)."""
-        return self.scheduler_half.metrics()
+        """Cumulative counters per tier (metrics.ConnectorMetrics, as plain data)."""
+        return self.scheduler_half.metrics().as_dict()
 
     # ---- worker side ------------------------------------------------------------------------
 

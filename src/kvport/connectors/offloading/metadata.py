@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from kvport.connectors.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks, KeyedBlocks
+from kvport.connectors.offloading.metrics import TierMetrics, WorkerMetrics
 
 
 class Stage(enum.Enum):
@@ -108,22 +109,17 @@ class JobResult:
 @dataclass
 class OffloadingWorkerMetadata(KVConnectorWorkerMetadata):
     results: list[JobResult] = field(default_factory=list)
-    tier_stats: dict[str, dict[str, float]] = field(default_factory=dict)  # tier -> cumulative
+    tiers: dict[str, TierMetrics] = field(default_factory=dict)  # medium -> cumulative
     # Jobs whose lower-tier stage passed its deadline this step (deadlines.py): still unreported,
     # but no longer a reason to keep the engine stepping.
     late_jobs: list[int] = field(default_factory=list)
-    worker_stats: dict[str, float] = field(default_factory=dict)  # deadlines.WorkerStats, cumulative
+    worker: WorkerMetrics = field(default_factory=WorkerMetrics)  # cumulative
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> OffloadingWorkerMetadata:
         """Two workers' metadata of one step: results and late jobs together; tier snapshots
         (each tier is shared by the workers' shards) the later one; worker counters added."""
         assert isinstance(other, OffloadingWorkerMetadata), f"cannot aggregate {other!r}"
-        stats = dict(self.tier_stats)
-        for tier, values in other.tier_stats.items():  # cumulative: the later snapshot wins
-            stats[tier] = values
-        counts = dict(self.worker_stats)
-        for name, n in other.worker_stats.items():
-            counts[name] = counts.get(name, 0) + n
-        return OffloadingWorkerMetadata(self.results + other.results, stats,
+        return OffloadingWorkerMetadata(self.results + other.results,
+                                        {**self.tiers, **other.tiers},  # the later snapshot wins
                                         sorted(set(self.late_jobs) | set(other.late_jobs)),
-                                        counts)
+                                        self.worker.plus(other.worker))

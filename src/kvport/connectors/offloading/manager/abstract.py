@@ -55,7 +55,7 @@ class OffloadingEvent:
 
 
 @dataclass
-class OffloadingStats:
+class ManagerCounters:
     num_lookups: int = 0  # admitted requests that asked this tier (count_admission calls)
     num_hit_blocks: int = 0  # their hits
     num_stored_blocks: int = 0  # blocks made ready by complete_store
@@ -147,5 +147,5 @@ class OffloadingManager(ABC):
 
     @property
     @abstractmethod
-    def stats(self) -> OffloadingStats:
+    def stats(self) -> ManagerCounters:
         """A snapshot of the counters."""

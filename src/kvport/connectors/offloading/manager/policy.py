@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from kvport.connectors.offloading.manager.admission import AdmissionPolicy, AdmitAll
 from kvport.connectors.offloading.manager.abstract import (
-    BlockKey, OffloadingEvent, OffloadingManager, OffloadingStats, PrepareStoreOutput,
+    BlockKey, OffloadingEvent, OffloadingManager, ManagerCounters, PrepareStoreOutput,
 )
 
 
@@ -80,7 +80,7 @@ class PolicyManager(OffloadingManager):
         self.admission = admission if admission is not None else AdmitAll()
         self._slots = SlotAllocator(num_blocks)
         self._events: list[OffloadingEvent] = []
-        self._stats = OffloadingStats()
+        self._stats = ManagerCounters()
         self._num_being_written = 0  # blocks with ref_cnt == -1
         self._num_pinned = 0  # blocks with ref_cnt > 0
 
@@ -271,5 +271,5 @@ class PolicyManager(OffloadingManager):
         return self._num_being_written
 
     @property
-    def stats(self) -> OffloadingStats:
+    def stats(self) -> ManagerCounters:
         return replace(self._stats)

@@ -29,7 +29,7 @@ request's jobs simple: store jobs or one load job, never both.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvport.connectors.base import KVCacheEvent, KVConnectorOutput
 from kvport.connectors.offloading.config import OffloadingConfig
@@ -39,6 +39,10 @@ from kvport.connectors.offloading.manager.arc import ARCManager
 from kvport.connectors.offloading.manager.lru import LRUManager
 from kvport.connectors.offloading.manager.policy import PolicyManager
 from kvport.connectors.offloading.mediums import DISK, HOST, REDIS
+from kvport.connectors.offloading.metrics import (
+    ConnectorMetrics, DiskMetrics, DiskTierMetrics, HostMetrics, RedisMetrics, RedisTierMetrics,
+    RequestMetrics, TierMetrics, WorkerMetrics, extend,
+)
 from kvport.connectors.offloading.metadata import (
     JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage,
 )
@@ -82,8 +86,8 @@ class OffloadingScheduler:
         self._finished: set[str] = set()  # finished requests kept until their jobs report
         self._loads: list[LoadJob] = []  # for the next metadata
         self._held: dict[str, list[int]] = {}  # for the next metadata: finished, blocks held
-        self.tier_stats: dict[str, dict[str, float]] = {}  # worker tiers' cumulative counters
-        self.worker_stats: dict[str, float] = {}  # the workers' own (deadlines.WorkerStats)
+        self.tiers: dict[str, TierMetrics] = {}  # medium -> the workers' latest, cumulative
+        self.worker = WorkerMetrics()  # the workers' own, cumulative
         self._late_jobs: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
 
     # ---- admission -----------------------------------------------------------------------------
@@ -150,8 +154,8 @@ class OffloadingScheduler:
         if meta is None:
             return
         assert isinstance(meta, OffloadingWorkerMetadata), f"not the offloading worker's: {meta!r}"
-        self.tier_stats.update(meta.tier_stats)
-        self.worker_stats.update(meta.worker_stats)
+        self.tiers.update(meta.tiers)
+        self.worker = meta.worker
         self._late_jobs.update(meta.late_jobs)
         for one in meta.results:
             job = self._jobs.get(one.job_id)
@@ -258,30 +262,31 @@ class OffloadingScheduler:
         any host block is being read or written."""
         return self.manager.reset()
 
-    def metrics(self) -> dict[str, Any]:
-        """Per tier: the worker's transfer counters, with what only this half knows (lookups,
+    def metrics(self) -> ConnectorMetrics:
+        """Per tier: the workers' transfer counters, with what only this half knows (lookups,
         hits, evictions and occupancy of the host tier are the manager's)."""
-        m, g = self.manager.stats, self.geometry
+        m, g, counts = self.manager.stats, self.geometry, self.stats
         used = g.num_slots - self.manager.num_free_slots
-        host = dict(self.tier_stats.get(HOST, {}))
-        host.update(num_slots=g.num_slots, occupancy_blocks=used,
-                    occupancy_bytes=used * g.slot_bytes, lookups=m.num_lookups,
-                    hits=m.num_hit_blocks, evictions=m.num_evicted_blocks,
-                    num_rejected_stores=m.num_rejected_stores,
-                    num_deferred_blocks=m.num_deferred_blocks,
-                    hit_tokens=self.stats.num_host_hit_tokens)
-        requests = dict(vars(self.stats), num_late_jobs=len(self._late_jobs),
-                        num_inflight_waits=self.waits.num_waits,
-                        num_inflight_timeouts=self.waits.num_timeouts)
-        out: dict[str, Any] = {"offload_block_tokens": g.offload_tokens, "host": host,
-                               "requests": requests, "worker": dict(self.worker_stats)}
-        hit_tokens = {DISK: self.stats.num_disk_hit_tokens, REDIS: self.stats.num_redis_hit_tokens}
-        for medium in self.lower.media:
-            tier = dict(self.tier_stats.get(medium, {}))
-            tier.update(self.lower.stats(medium))  # the lookups: this half's own
-            tier["hit_tokens"] = hit_tokens[medium]
-            out[medium.lower()] = tier
-        return out
+        host = extend(HostMetrics, self.tiers.get(HOST, TierMetrics()), num_slots=g.num_slots,
+                      occupancy_blocks=used, occupancy_bytes=used * g.slot_bytes,
+                      lookups=m.num_lookups, hits=m.num_hit_blocks,
+                      evictions=m.num_evicted_blocks, num_rejected_stores=m.num_rejected_stores,
+                      num_deferred_blocks=m.num_deferred_blocks,
+                      hit_tokens=counts.num_host_hit_tokens)
+        requests = RequestMetrics(**vars(counts), num_late_jobs=len(self._late_jobs),
+                                  num_inflight_waits=self.waits.num_waits,
+                                  num_inflight_timeouts=self.waits.num_timeouts)
+        disk = redis = None
+        if DISK in g.lower_media:
+            timeouts, skipped = self.lower.disk_metrics()
+            disk = extend(DiskMetrics, self.tiers.get(DISK, DiskTierMetrics()),
+                          lookup_timeouts=timeouts, lookup_skipped=skipped,
+                          hit_tokens=counts.num_disk_hit_tokens)
+        if REDIS in g.lower_media:
+            tier = self.tiers.get(REDIS, RedisTierMetrics())
+            assert isinstance(tier, RedisTierMetrics), f"not the Redis tier's: {tier!r}"
+            redis = RedisMetrics.of(tier, self.lower.redis_metrics(), counts.num_redis_hit_tokens)
+        return ConnectorMetrics(g.offload_tokens, host, requests, self.worker, disk, redis)
 
     def close(self) -> None:
         """Releases the lookups' connections (Redis)."""

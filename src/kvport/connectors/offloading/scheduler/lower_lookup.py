@@ -22,6 +22,7 @@ from kvport.connectors.offloading.scheduler.bounded import BoundedCall
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import DISK, REDIS
+from kvport.connectors.offloading.metrics import RedisLookupMetrics
 from kvport.connectors.offloading.tiers.disk.lookup import DiskLookup
 
 if TYPE_CHECKING:
@@ -84,15 +85,15 @@ class LowerLookup:
             run.append((key, REDIS))
         return run
 
-    def stats(self, medium: str) -> dict[str, float]:
-        """The lookups' own counters of one tier (Redis: round trips, timeouts, ...; disk: the
-        lookups that timed out, and those skipped while one ran late)."""
-        if medium == REDIS and self.redis is not None:
-            return {f"lookup_{name}": value for name, value in self.redis.stats().items()}
-        if medium == DISK and self._bounded is not None:
-            return {"lookup_timeouts": self._bounded.num_timeouts,
-                    "lookup_skipped": self._bounded.num_skipped}
-        return {}
+    def redis_metrics(self) -> RedisLookupMetrics:
+        """The Redis lookups' own counters (round trips, timeouts, ...)."""
+        return self.redis.stats() if self.redis is not None else RedisLookupMetrics()
+
+    def disk_metrics(self) -> tuple[int, int]:
+        """(lookups that timed out, lookups skipped while one ran late)."""
+        if self._bounded is None:
+            return 0, 0
+        return self._bounded.num_timeouts, self._bounded.num_skipped
 
     def close(self) -> None:
         if self.redis is not None:

@@ -18,30 +18,8 @@ hang, and the block-reuse fence must wait for them.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-
-
-@dataclass
-class WorkerStats:
-    """The worker half's own cumulative counters (snapshot() for metrics)."""
-
-    num_late_loads: int = 0  # async loads whose promotions passed load_timeout_s
-    num_late_writes: int = 0  # write-throughs that passed write_timeout_s
-    num_replaced_threads: int = 0  # transfer threads started in place of stuck ones
-    num_dropped_at_shutdown: int = 0  # stores or write-throughs still running at shutdown's end
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def snapshot(self) -> dict[str, float]:
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
 
 
 class Deadlines:

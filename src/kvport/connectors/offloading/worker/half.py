@@ -34,12 +34,13 @@ import torch
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import HOST
+from kvport.connectors.offloading.metrics import Counters, WorkerMetrics
 from kvport.connectors.offloading.metadata import (
     OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage,
 )
 from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.host.tier import HostTier
-from kvport.connectors.offloading.worker.deadlines import Deadlines, WorkerStats
+from kvport.connectors.offloading.worker.deadlines import Deadlines
 from kvport.connectors.offloading.worker.jobs import Submitter, TransferKey, transfer_key
 from kvport.connectors.offloading.worker.loads import LoadRunner
 from kvport.connectors.offloading.worker.stores import StoreRunner
@@ -79,7 +80,7 @@ class OffloadingConnectorWorker:
         # Finished requests whose blocks the engine holds until these jobs' engine copies end
         # (OffloadingConnectorMetadata.held); reported in finished_sending then.
         self._held: dict[str, set[int]] = {}
-        self.stats = WorkerStats()
+        self.stats = Counters(WorkerMetrics)  # the worker half's own
 
     def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool,
                            geometry: OffloadGeometry) -> None:
@@ -204,10 +205,10 @@ class OffloadingConnectorWorker:
             return None
         results, submitter.results = submitter.results, []
         late, self._late = self._late, []
-        stats = {HOST: self.host.stats.snapshot()} if self.host is not None else {}
+        tiers = {HOST: self.host.stats.snapshot()} if self.host is not None else {}
         for medium, tier in self.lower.items():
-            stats[medium] = tier.stats.snapshot()
-        return OffloadingWorkerMetadata(results, stats, late, self.stats.snapshot())
+            tiers[medium] = tier.stats.snapshot()
+        return OffloadingWorkerMetadata(results, tiers, late, self.stats.snapshot())
 
     def shutdown(self) -> None:
         """Drains what the engine computed into the tiers, stage by stage, within

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kvport.connectors.offloading.config import OffloadingConfig, RedisTierConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
-from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.metrics import Counters
+from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.disk.tier import DiskTier
 from kvport.connectors.offloading.worker.threads import ThreadPoolHandler
 from kvport.connectors.offloading.worker.transfers import BatchFn, TransferRouter, TransferFn
@@ -37,7 +38,8 @@ class LowerTier(Protocol):
     will read, kept from eviction until then (the worker's `_keep_entries`)."""
 
     @property
-    def stats(self) -> TierStats: ...
+    def stats(self) -> Counters[Any]:
+        """Its counters (metrics.Counters of DiskTierMetrics, RedisTierMetrics)."""
 
     def store_from_host(self, host: HostTier, src: HostBlocks, dst: Any) -> TransferOutcome: ...
 

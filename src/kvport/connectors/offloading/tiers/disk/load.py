@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
-from kvport.connectors.offloading.tiers import DiskTierStats, TierStats
+from kvport.connectors.offloading.metrics import Counters, DiskTierMetrics
 from kvport.connectors.offloading.tiers.disk.files import (
     SWEEP_EVERY_S, OpenRun, RunFiles, RunId, file_stamp,
 )
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def publish_occupancy(index: RunIndex, stats: TierStats) -> None:
+def publish_occupancy(index: RunIndex, stats: Counters[DiskTierMetrics]) -> None:
     """The index's blocks and bytes as the tier's occupancy counters."""
     blocks, used = index.occupancy()
     stats.set(occupancy_blocks=blocks, occupancy_bytes=used)
@@ -46,7 +46,7 @@ class DiskLoader:
     `num_helpers` threads share the reads of large cached extents with the caller's."""
 
     def __init__(self, location: DiskLocation, index: RunIndex, files: RunFiles,
-                 stats: DiskTierStats, ledger: Ledger, num_helpers: int = 0) -> None:
+                 stats: Counters[DiskTierMetrics], ledger: Ledger, num_helpers: int = 0) -> None:
         self.location = location
         self.ledger = ledger
         self.namespace_digest = location.namespace_digest

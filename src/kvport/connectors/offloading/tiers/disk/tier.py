@@ -52,7 +52,8 @@ from typing import Any
 import torch
 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
-from kvport.connectors.offloading.tiers import DiskTierStats, TransferOutcome
+from kvport.connectors.offloading.metrics import Counters, DiskTierMetrics
+from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.disk.location import (  # noqa: F401  (re-exported)
     DiskLocation, ScannedName, check_pairs, checksum, key_digest, unlink_quietly,
 )
@@ -86,7 +87,7 @@ class DiskTier:
         self.namespace_digest = self.location.namespace_digest
         self.dir = self.location.dir
         prepare_directory(self.location, root_dir, group_access)
-        self.stats = DiskTierStats()
+        self.stats = Counters(DiskTierMetrics)
         self.files = RunFiles()  # run files kept open between load jobs
         self.ledger = Ledger(self.dir, self.location.file_mode)
         self.loader = DiskLoader(self.location, self.index, self.files, self.stats, self.ledger,

@@ -36,7 +36,8 @@ import torch
 
 from kvport.connectors.offloading.geometry import slot_rows
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
-from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.metrics import Counters, TierMetrics
+from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.host.block_copy import BlockCopier
 from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool, copy_segments, row_runs
 from kvport.connectors.offloading.tiers.parts import run_in_parts
@@ -191,7 +192,7 @@ class HostTier:
         self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8)  # (slots, slot_bytes)
         # Counts bytes and blocks moved. Occupancy is not tracked here: the scheduler's manager
         # owns the slots (which hold data, which are free) and reports it.
-        self.stats = TierStats()
+        self.stats = Counters(TierMetrics)
         self._pool: EnginePool | None = None  # the engine's KV pool, as rows of block bytes
         self._rows: torch.Tensor | None = None  # (num_slots * f, block row) view of buffer
         self.blocks_per_slot = 0  # f, set by register_engine_pool

@@ -45,6 +45,7 @@ except ImportError as exc:
     raise ImportError("the Redis tier needs redis-py: pip install 'kvport[redis]'") from exc
 
 from kvport.connectors.offloading.config import RedisTierConfig, redacted_url
+from kvport.connectors.offloading.metrics import Counters, RedisLookupMetrics
 from kvport.connectors.offloading.tiers.redis.cluster import SlotMap
 from kvport.connectors.offloading.tiers.redis.node import (
     REDIS_FAILURES, Command, DeadlineExceeded, RedisNode, node_pool, url_pool,
@@ -100,27 +101,8 @@ class RedisUnavailable(Exception):
     """The result at a position that was not attempted (down) or whose round trip failed."""
 
 
-class Counters:
-    """Thread-safe named counters with TierStats' `add` and `snapshot`."""
-
-    def __init__(self, *names: str) -> None:
-        self._values = dict.fromkeys(names, 0.0)
-        self._lock = threading.Lock()
-
-    def add(self, **deltas: float) -> None:
-        with self._lock:
-            for name, value in deltas.items():
-                self._values[name] = self._values.get(name, 0.0) + value
-
-    def snapshot(self) -> dict[str, float]:
-        with self._lock:
-            return dict(self._values)
-
-
 _DOWN = RedisUnavailable("Redis is down (backing off)")
 _NO_MAP = RedisUnavailable("no server of the cluster serves this key's slot")
-CONNECTION_COUNTERS = ("round_trips", "timeouts", "errors", "skipped_down", "redirects",
-                       "map_refreshes")
 
 
 class RedisConnection:
@@ -128,11 +110,12 @@ class RedisConnection:
     the credentials (a named env var that is unset is a ValueError) and touches no network."""
 
     def __init__(self, config: RedisTierConfig, *, timeout_s: float | None = None,
-                 stats: Any = None) -> None:
+                 stats: Counters[Any] | None = None) -> None:
         self.config = config
         self.url = redacted_url(config.url)  # for messages
         self.timeout_s = config.io_timeout_s if timeout_s is None else timeout_s
-        self.stats = stats if stats is not None else Counters(*CONNECTION_COUNTERS)
+        # round_trips, timeouts, errors, skipped_down, redirects: the caller's record has them
+        self.stats = stats if stats is not None else Counters(RedisLookupMetrics)
         bare_url, username, password = _split_credentials(config.url)
         username = _env(config, "username_env", "the Redis ACL user name") or username
         self._password = _env(config, "password_env", "the Redis password") or password

@@ -4,10 +4,11 @@ so the request computes those blocks instead of waiting."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvport.connectors.offloading.config import RedisTierConfig
-from kvport.connectors.offloading.tiers.redis.client import (
-    CONNECTION_COUNTERS, Counters, RedisConnection, RedisKeyspace,
-)
+from kvport.connectors.offloading.metrics import Counters, RedisLookupMetrics
+from kvport.connectors.offloading.tiers.redis.client import RedisConnection, RedisKeyspace
 
 
 class RedisLookup:
@@ -17,7 +18,7 @@ class RedisLookup:
     def __init__(self, config: RedisTierConfig, namespace: bytes) -> None:
         self.keyspace = RedisKeyspace.build(config, namespace)
         self.namespace_digest = self.keyspace.namespace_digest
-        self._stats = Counters("lookups", "keys_queried", "keys_found", *CONNECTION_COUNTERS)
+        self._stats = Counters(RedisLookupMetrics)
         self._conn = RedisConnection(config, timeout_s=config.lookup_timeout_ms / 1000.0,
                                      stats=self._stats)
 
@@ -27,8 +28,8 @@ class RedisLookup:
         self._stats.add(lookups=1, keys_queried=len(keys), keys_found=sum(found))
         return found
 
-    def stats(self) -> dict[str, float]:
-        return {**self._stats.snapshot(), "map_refreshes": self._conn.map_refreshes}
+    def stats(self) -> RedisLookupMetrics:
+        return dataclasses.replace(self._stats.snapshot(), map_refreshes=self._conn.map_refreshes)
 
     def close(self) -> None:
         self._conn.close()

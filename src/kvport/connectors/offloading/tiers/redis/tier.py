@@ -37,7 +37,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,7 +45,8 @@ from redis.exceptions import ResponseError
 
 from kvport.connectors.offloading.config import RedisTierConfig
 from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
-from kvport.connectors.offloading.tiers import TierStats, TransferOutcome
+from kvport.connectors.offloading.metrics import Counters, RedisTierMetrics
+from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.host.tier import HostTier
 from kvport.connectors.offloading.tiers.redis.client import (
     TOPOLOGY_ERRORS, RedisConnection, RedisKeyspace, RedisUnavailable,
@@ -60,25 +60,6 @@ logger = logging.getLogger(__name__)
 STORE_BATCH_BYTES = 64 << 20
 
 
-@dataclass
-class RedisTierStats(TierStats):
-    """TierStats plus the Redis outcomes. Per call: round_trips, timeouts, errors, skipped_down;
-    per block: vanished, corrupt, refused_stores. Occupancy and evictions stay 0 (Redis's)."""
-
-    round_trips: int = 0
-    timeouts: int = 0
-    errors: int = 0
-    vanished: int = 0  # gone between the lookup and the load (evicted, deleted)
-    corrupt: int = 0  # bad header, checksum or length; deleted
-    refused_stores: int = 0  # Redis answered a SET with an error (OOM under noeviction, READONLY)
-    skipped_down: int = 0  # calls not attempted: the connection is down
-    already_present: int = 0  # stores of values Redis held already: not sent again
-    other_format: int = 0  # another format version: a miss, left alone
-    forged: int = 0  # no valid MAC under a MAC key; deleted
-    wrong_type: int = 0  # a key of another type under a kvport name; deleted
-    redirects: int = 0  # positions a cluster sent elsewhere (MOVED, ASK), followed in the call
-
-
 class RedisTier:
     """Stores and loads host slots as Redis values under `namespace` (the geometry's) and the
     config's tenant salt."""
@@ -88,7 +69,7 @@ class RedisTier:
         self.keyspace = RedisKeyspace.build(config, namespace)
         self.namespace_digest = self.keyspace.namespace_digest
         self._codec = self.keyspace.codec
-        self.stats = RedisTierStats()
+        self.stats = Counters(RedisTierMetrics)
         self._conn = RedisConnection(config, timeout_s=config.io_timeout_s, stats=self.stats)
         self._refusing = False  # warn once per run of refused stores, not once per job
         self._buffers = threading.local()  # per worker thread: the values being sent
