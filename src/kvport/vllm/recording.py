@@ -46,7 +46,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvport.trace.events import HEADER, STEP_MARKER, TraceHeader, encode_line
+from kvport.trace.events import HEADER, STEP_MARKER, VLLM_0_32, TraceHeader, encode_line
 from kvport.trace.process import TraceProcess, unique_label
 from kvport.vllm.compat import require_vllm
 from kvport.vllm.recording_config import INHERITED, WRAPPER, RecordingSpec, parse_recording_config
@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-CALL_ORDER = "vllm-0.32"  # vLLM 0.32 and 0.33 drive the worker in the same order
+CALL_ORDER = VLLM_0_32  # vLLM 0.32 and 0.33 drive the worker in the same order
 STATS_KEY = "kvport_recorded_connector"  # RecordingStats.to_dict(): the inner connector's name
 _MAX_ERROR_CHARS = 300
 # Scheduler calls that belong to schedule(): the first one after a build opens the next step.
