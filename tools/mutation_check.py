@@ -456,15 +456,15 @@ MUTANTS: list[Mutant] = [
           "[SaveInWaitForSaveConnector-vllm-0.32]"),),
         "vllm-0.32 calls wait_for_save on every step, no-forward steps included"),
     Mutant(
-        "recorder-writes-the-header", "src/kvport/connectors/recording.py",
-        "        if self._header is not None and self._header_pid != TraceProcess.pid:\n",
+        "recorder-writes-the-header", "src/kvport/trace/writer.py",
+        "        if self.header is not None and self._header_pid != TraceProcess.pid:\n",
         "        if False:\n",
-        (f"{RECORDING}::test_a_recorder_built_inside_engine_header_writes_it_first",),
+        (f"{RECORDING}::test_a_recorder_given_the_engine_header_writes_it_first",),
         "a recorded group starts with the engine's header (the checker picks its order by it)"),
     Mutant(
         "recorder-flags-sync-loads", "src/kvport/connectors/recording.py",
-        '        rec["ints"] = [int(bool(getattr(ctx, "has_sync_kv_loads", False)))]\n',
-        '        rec["ints"] = [0]\n',
+        '        sync = int(bool(getattr(ctx, "has_sync_kv_loads", False)))\n',
+        '        sync = 0\n',
         (f"{RECORDING}::test_start_load_kv_records_whether_the_step_has_sync_loads",),
         "start_load_kv's record says whether the step has sync loads"),
     Mutant(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvport.version import __version__
+from kvport.version import __version__ as __version__  # the package face shows it
+
 __all__ = ["LLM", "SamplingParams", "EngineConfig", "KVTransferConfig", "RequestOutput",
            "CompletionOutput", "RequestMetrics"]
 
