@@ -1368,9 +1368,9 @@ MUTANTS: list[Mutant] = [
         ("tests/vllm/test_vllm_identity.py::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
         "the scheduler-side connector applies the policy before vLLM reads it"),
     Mutant(
-        "vllmid-recording-carries-policy", "src/kvport/vllm/recording.py",
-        "            outer.kv_load_failure_policy = inner_ktc.kv_load_failure_policy\n",
-        "            pass\n",
+        "vllmid-recording-carries-policy", "src/kvport/vllm/recording_inner.py",
+        "        outer.kv_load_failure_policy = inner_ktc.kv_load_failure_policy\n",
+        "        pass\n",
         ("tests/vllm/test_vllm_identity.py::test_the_recording_connector_carries_the_policy_to_vllm",),
         "a recorded connector's policy reaches the outer config vLLM's scheduler reads"),
     Mutant(
