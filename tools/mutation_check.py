@@ -462,6 +462,18 @@ MUTANTS: list[Mutant] = [
         (f"{RECORDING}::test_a_recorder_given_the_engine_header_writes_it_first",),
         "a recorded group starts with the engine's header (the checker picks its order by it)"),
     Mutant(
+        "factory-hands-the-header-to-the-recorder", "src/kvport/connectors/factory.py",
+        "        connector = RecordingConnector(connector, str(trace_path), header)\n",
+        "        connector = RecordingConnector(connector, str(trace_path))\n",
+        (f"{RECORDING}::test_factory_hands_the_header_to_recorders_and_a_multi_connectors_children",),
+        "the engine's header reaches the recorder the factory wraps a connector in"),
+    Mutant(
+        "multi-passes-the-header-to-its-children", "src/kvport/connectors/multi.py",
+        "create_connector(c, role, header) for c in children",
+        "create_connector(c, role) for c in children",
+        (f"{RECORDING}::test_factory_hands_the_header_to_recorders_and_a_multi_connectors_children",),
+        "a MultiConnector's recording children write the engine's header too"),
+    Mutant(
         "recorder-flags-sync-loads", "src/kvport/connectors/recording.py",
         '        sync = int(bool(getattr(ctx, "has_sync_kv_loads", False)))\n',
         '        sync = 0\n',
