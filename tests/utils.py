@@ -17,6 +17,7 @@ from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from kvport.engine.request import Request
 from kvport.engine.scheduler import Scheduler
 from kvport.sampling_params import SamplingParams
+from kvport.trace.events import TraceHeader
 
 TEST_ROOT = namespace_hash("test-model", "float32", 4, "test-layout")
 EOS = 0
@@ -34,6 +35,7 @@ def make_scheduler(
     num_blocks: int, block_size: int = 4, max_num_batched_tokens: int = 64,
     max_num_seqs: int = 16, max_model_len: int = 64, enable_prefix_caching: bool = True,
     enable_chunked_prefill: bool = True, kv_transfer_config: KVTransferConfig | None = None,
+    header: TraceHeader | None = None,
 ) -> Scheduler:
     config = EngineConfig(
         block_size=block_size, num_kv_blocks=num_blocks, max_num_batched_tokens=max_num_batched_tokens,
@@ -43,7 +45,7 @@ def make_scheduler(
     pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
     connector = None
     if config.kv_transfer_config is not None:
-        connector = create_connector(config.kv_transfer_config, KVConnectorRole.SCHEDULER)
+        connector = create_connector(config.kv_transfer_config, KVConnectorRole.SCHEDULER, header)
     return Scheduler(config, KVCacheManager(pool, block_size), connector)
 
 
@@ -56,13 +58,14 @@ class FakeWorker:
     """The worker side without a model: the real lifecycle driver over a dummy pool, and the
     fake runner's tokens."""
 
-    def __init__(self, scheduler: Scheduler, num_layers: int = 2) -> None:
+    def __init__(self, scheduler: Scheduler, num_layers: int = 2,
+                 header: TraceHeader | None = None) -> None:
         ktc = scheduler.config.kv_transfer_config
         assert ktc is not None
         bs = scheduler.kv.block_size
         self.kv_cache = torch.zeros(scheduler.kv.pool.num_blocks, num_layers, 2, bs, 1, 1)
         spec = KVCacheSpec(scheduler.kv.pool.num_blocks, bs, num_layers, 1, 1, "float32", "test")
-        self.connector = create_connector(ktc, KVConnectorRole.WORKER)
+        self.connector = create_connector(ktc, KVConnectorRole.WORKER, header)
         self.driver = KVConnectorDriver(self.connector, self.kv_cache, spec)
         self.num_layers = num_layers
 

@@ -455,15 +455,27 @@ MUTANTS: list[Mutant] = [
           "[SaveInWaitForSaveConnector-vllm-0.32]"),),
         "vllm-0.32 calls wait_for_save on every step, no-forward steps included"),
     Mutant(
-        "recorder-writes-the-header", "src/kvport/connectors/recording.py",
-        "        if self._header is not None and self._header_pid != TraceProcess.pid:\n",
+        "recorder-writes-the-header", "src/kvport/trace/writer.py",
+        "        if self.header is not None and self._header_pid != TraceProcess.pid:\n",
         "        if False:\n",
-        (f"{RECORDING}::test_a_recorder_built_inside_engine_header_writes_it_first",),
+        (f"{RECORDING}::test_a_recorder_given_the_engine_header_writes_it_first",),
         "a recorded group starts with the engine's header (the checker picks its order by it)"),
     Mutant(
+        "factory-hands-the-header-to-the-recorder", "src/kvport/connectors/factory.py",
+        "        connector = RecordingConnector(connector, str(trace_path), header)\n",
+        "        connector = RecordingConnector(connector, str(trace_path))\n",
+        (f"{RECORDING}::test_factory_hands_the_header_to_recorders_and_a_multi_connectors_children",),
+        "the engine's header reaches the recorder the factory wraps a connector in"),
+    Mutant(
+        "multi-passes-the-header-to-its-children", "src/kvport/connectors/multi.py",
+        "create_connector(c, role, header) for c in children",
+        "create_connector(c, role) for c in children",
+        (f"{RECORDING}::test_factory_hands_the_header_to_recorders_and_a_multi_connectors_children",),
+        "a MultiConnector's recording children write the engine's header too"),
+    Mutant(
         "recorder-flags-sync-loads", "src/kvport/connectors/recording.py",
-        '        rec["ints"] = [int(bool(getattr(ctx, "has_sync_kv_loads", False)))]\n',
-        '        rec["ints"] = [0]\n',
+        '        sync = int(bool(getattr(ctx, "has_sync_kv_loads", False)))\n',
+        '        sync = 0\n',
         (f"{RECORDING}::test_start_load_kv_records_whether_the_step_has_sync_loads",),
         "start_load_kv's record says whether the step has sync loads"),
     Mutant(
@@ -1367,9 +1379,9 @@ MUTANTS: list[Mutant] = [
         ("tests/vllm/test_vllm_identity.py::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
         "the scheduler-side connector applies the policy before vLLM reads it"),
     Mutant(
-        "vllmid-recording-carries-policy", "src/kvport/vllm/recording.py",
-        "            outer.kv_load_failure_policy = inner_ktc.kv_load_failure_policy\n",
-        "            pass\n",
+        "vllmid-recording-carries-policy", "src/kvport/vllm/recording_inner.py",
+        "        outer.kv_load_failure_policy = inner_ktc.kv_load_failure_policy\n",
+        "        pass\n",
         ("tests/vllm/test_vllm_identity.py::test_the_recording_connector_carries_the_policy_to_vllm",),
         "a recorded connector's policy reaches the outer config vLLM's scheduler reads"),
     Mutant(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from kvport.version import __version__ as __version__  # the package face shows it
+
 __all__ = ["LLM", "SamplingParams", "EngineConfig", "KVTransferConfig", "RequestOutput",
            "CompletionOutput", "RequestMetrics"]
 

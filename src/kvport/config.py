@@ -6,14 +6,14 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kvport.trace.events import CALL_ORDERS
+from kvport.trace.events import CALL_ORDERS, VLLM_0_32
 
 DTYPES = ("float32", "bfloat16", "float16")
 WORKER_MODES = ("inproc", "process")
 # The worker-side order in which the engine calls a KV connector's hooks (kvport.trace.events
 # defines the names): vLLM 0.32's by default; "legacy" (vLLM before 0.32) on request, so a
 # connector author can test a connector against both.
-DEFAULT_KV_CONNECTOR_CALL_ORDER = "vllm-0.32"
+DEFAULT_KV_CONNECTOR_CALL_ORDER = VLLM_0_32
 
 
 @dataclass(frozen=True)

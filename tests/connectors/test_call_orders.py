@@ -14,9 +14,10 @@ import kvport
 from kvport import LLM, SamplingParams
 from kvport.cli import _engine_kwargs, build_parser
 from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER
-from kvport.connectors.driver import LEGACY, VLLM_0_32
 from kvport.trace.checker import check_file
-from kvport.trace.events import CALL_ORDERS, HEADER, TraceEvent, TraceHeader, read_events
+from kvport.trace.events import (
+    CALL_ORDERS, HEADER, LEGACY, VLLM_0_32, TraceEvent, TraceHeader, read_events,
+)
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 BLOCK_SIZE = 4

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from kvport import LLM, SamplingParams
-from kvport.connectors.driver import LEGACY, VLLM_0_32, KVConnectorDriver, StepContext
+from kvport.connectors.driver import KVConnectorDriver, StepContext
 from kvport.trace.checker import check_file
-from kvport.trace.events import CALL_ORDERS, read_events
+from kvport.trace.events import CALL_ORDERS, LEGACY, VLLM_0_32, read_events
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 PROMPTS = [[(i * 7 + j * 3) % 200 + 1 for j in range(n)] for i, n in enumerate([30, 22, 41, 9, 35, 27])]

@@ -25,7 +25,7 @@ from kvport.connectors.base import (
 )
 from kvport.connectors.driver import StepContext
 from kvport.connectors.factory import create_connector
-from kvport.connectors.recording import RecordingConnector, engine_header
+from kvport.connectors.recording import RecordingConnector
 from kvport.engine.outputs import SchedulerOutput
 from kvport.trace.checker import check_file
 from kvport.trace.events import CALL_ORDERS, HEADER, TraceEvent, TraceHeader, read_events
@@ -92,11 +92,11 @@ class FakeConnector(KVConnectorBase):
         return request.request_id in self.keeps_blocks, None
 
 
-def make_pair(path: str, extra: dict[str, Any] | None = None
+def make_pair(path: str, extra: dict[str, Any] | None = None, header: TraceHeader | None = None
               ) -> tuple[RecordingConnector, RecordingConnector]:
     config = KVTransferConfig("FakeConnector", kv_connector_extra_config=extra or {})
-    return (RecordingConnector(FakeConnector(config, SCHED), path),
-            RecordingConnector(FakeConnector(config, WORKER), path))
+    return (RecordingConnector(FakeConnector(config, SCHED), path, header),
+            RecordingConnector(FakeConnector(config, WORKER), path, header))
 
 
 def fake(conn: RecordingConnector) -> FakeConnector:
@@ -295,7 +295,7 @@ def test_nested_recorders_forward_steps(tmp_path: Path) -> None:
 def test_shutdown_closes_the_file_and_later_calls_still_forward(tmp_path: Path) -> None:
     path = str(tmp_path / "t.jsonl")
     _, worker = make_pair(path)
-    fd = worker._fd
+    fd = worker._writer.fileno()
     worker.shutdown()
     with pytest.raises(OSError):
         os.fstat(fd)
@@ -312,6 +312,24 @@ def test_factory_wraps_on_record_trace(tmp_path: Path) -> None:
     assert isinstance(conn, RecordingConnector) and type(conn.inner).__name__ == "FakeConnector"
     conn.has_pending_work()
     assert [e.method for e in read_events(path)] == ["has_pending_work"]
+
+
+def test_factory_hands_the_header_to_recorders_and_a_multi_connectors_children(
+        tmp_path: Path) -> None:
+    path = str(tmp_path / "t.jsonl")
+    child = {"kv_connector": "FakeConnector", "kv_connector_module_path": "test_recording",
+             "kv_connector_extra_config": {"record_trace": path}}
+    config = KVTransferConfig("MultiConnector", kv_connector_extra_config={
+        "record_trace": path, "connectors": [child, child]})
+    header = TraceHeader("kvport", "9.9", "legacy")
+    conn = create_connector(config, SCHED, header)
+    conn.has_pending_work()
+    got = groups(read_events(path))
+    assert sorted(connector for _, _, connector in got) == [
+        "FakeConnector", "FakeConnector#2", "MultiConnector"]
+    for records in got.values():
+        assert TraceHeader.from_event(records[0]) == header
+        assert [e.method for e in records[1:]] == ["has_pending_work"]
 
 
 def test_two_processes_append_whole_lines(tmp_path: Path) -> None:
@@ -343,11 +361,10 @@ def groups(events: list[TraceEvent]) -> dict[tuple[int, str, str], list[TraceEve
     return out
 
 
-def test_a_recorder_built_inside_engine_header_writes_it_first(tmp_path: Path) -> None:
+def test_a_recorder_given_the_engine_header_writes_it_first(tmp_path: Path) -> None:
     path = str(tmp_path / "t.jsonl")
     header = TraceHeader("kvport", "9.9", "vllm-0.32")
-    with engine_header(header):
-        sched, worker = make_pair(path)
+    sched, worker = make_pair(path, header=header)
     outside, _ = make_pair(path, {"name": "outside"})  # no engine said who it is
     worker.trace_step(0)
     worker.wait_for_save()
@@ -366,8 +383,7 @@ def test_a_recorder_built_inside_engine_header_writes_it_first(tmp_path: Path) -
 
 def test_a_forked_child_starts_its_own_group_with_the_header(tmp_path: Path) -> None:
     path = str(tmp_path / "t.jsonl")
-    with engine_header(TraceHeader("kvport", "9.9", "legacy")):
-        _, worker = make_pair(path)
+    _, worker = make_pair(path, header=TraceHeader("kvport", "9.9", "legacy"))
     worker.wait_for_save()
     pid = os.fork()
     if pid == 0:

@@ -17,7 +17,6 @@ from utils import (
 
 from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorOutput
-from kvport.connectors.recording import engine_header
 from kvport.engine.connector_setup import trace_header
 from kvport.engine.outputs import ModelRunnerOutput
 from kvport.engine.request import RequestStatus
@@ -445,10 +444,10 @@ def test_random_connector_schedules_leak_nothing(
         fail_first_load_block=fail_first_load_block, recv_delay_steps=recv_delay,
         send_delay_steps=send_delay, record_trace=trace)
     # As the engine does: its recorders' header names the order its worker driver follows.
-    with engine_header(trace_header(EngineConfig(kv_connector_call_order=call_order))):
-        sched = make_scheduler(num_blocks, max_num_batched_tokens=budget, max_model_len=32,
-                               kv_transfer_config=ktc)
-        worker = FakeWorker(sched)
+    header = trace_header(EngineConfig(kv_connector_call_order=call_order))
+    sched = make_scheduler(num_blocks, max_num_batched_tokens=budget, max_model_len=32,
+                           kv_transfer_config=ktc, header=header)
+    worker = FakeWorker(sched, header=header)
     worker.driver.call_order = call_order
     reqs = [make_request(str(i), [(i * 5 + j) % 90 + 1 for j in range(n)], max_tokens=3)
             for i, n in enumerate(prompts)]

@@ -27,7 +27,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvport.trace.checker import check_trace
 from kvport.trace.events import HEADER, STEP_MARKER, TraceEvent, TraceHeader, read_events
-from kvport.vllm.recording import RecordingConnector, RecordingStats
+from kvport.vllm.recording import RecordingConnector
+from kvport.vllm.recording_stats import RecordingStats
 
 PREFIX_TOKENS = 256
 PREFIX = [(i * 37) % 30000 + 100 for i in range(PREFIX_TOKENS)]
@@ -463,7 +464,7 @@ def drive(h: Any) -> list[Any]:
 
 
 def test_recording_on_real_scheduler_wraps_metadata_and_checks_clean(tmp_path: Path) -> None:
-    from kvport.vllm.recording import RecordingMetadata
+    from kvport.vllm.recording_steps import RecordingMetadata
 
     h = harness_with(tmp_path, record=True)
     outs = drive(h)

@@ -11,7 +11,7 @@
                    -> get_kv_connector_stats() -> clear_connector_metadata()
     no_forward:    the same, without the layer hooks: wait_for_save runs on every step
 
-"legacy" (vLLM before 0.32; kvport's order until issue 11):
+"legacy" (vLLM before 0.32):
 
     pre_forward:   handle_preemptions(meta) -> bind_connector_metadata(meta) -> start_load_kv(ctx)
     forward:       per attention layer: wait_for_layer_load(layer) ... save_kv_layer(layer, ...)
@@ -47,13 +47,9 @@ from kvport.connectors.base import (
     layer_name,
 )
 from kvport.connectors.views import SchedulerOutputView
-from kvport.trace.events import CALL_ORDERS
+from kvport.trace.events import CALL_ORDERS, LEGACY, VLLM_0_32
 
 logger = logging.getLogger(__name__)
-
-# The names of kvport.trace.events.CALL_ORDERS, which a recorded trace's header uses too.
-LEGACY = "legacy"
-VLLM_0_32 = "vllm-0.32"
 
 
 def check_call_order(call_order: str) -> str:

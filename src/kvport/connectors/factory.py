@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, TypeVar
+import inspect
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvport.config import KVTransferConfig
 from kvport.connectors.base import KVConnectorBase, KVConnectorRole
+
+if TYPE_CHECKING:
+    from kvport.trace.events import TraceHeader
 
 # name -> (module, class name); imported only when a config names it
 _REGISTRY: dict[str, tuple[str, str]] = {}
@@ -47,14 +51,23 @@ def get_connector_class(config: KVTransferConfig) -> type[KVConnectorBase]:
     return cls
 
 
-def create_connector(config: KVTransferConfig, role: KVConnectorRole) -> KVConnectorBase:
-    """Build the connector half for `role`; wrapped in a trace recorder if the config asks."""
-    connector = get_connector_class(config)(config, role)
+def create_connector(config: KVTransferConfig, role: KVConnectorRole,
+                     header: TraceHeader | None = None) -> KVConnectorBase:
+    """Build the connector half for `role`; wrapped in a trace recorder if the config asks.
+
+    `header`: the building engine's TraceHeader, which that recorder writes first. A connector
+    class whose constructor takes a `header` keyword builds connectors of its own
+    (MultiConnector): it gets the header to pass on to their create_connector."""
+    cls = get_connector_class(config)
+    if "header" in inspect.signature(cls).parameters:
+        connector = cls(config, role, header=header)  # type: ignore[call-arg]
+    else:
+        connector = cls(config, role)
     trace_path = config.kv_connector_extra_config.get("record_trace")
     if trace_path:
         from kvport.connectors.recording import RecordingConnector
 
-        connector = RecordingConnector(connector, str(trace_path))
+        connector = RecordingConnector(connector, str(trace_path), header)
     return connector
 
 

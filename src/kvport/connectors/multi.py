@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvport.config import KVTransferConfig
+    from kvport.trace.events import TraceHeader
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +46,12 @@ T = TypeVar("T")
 
 
 class MultiConnector(KVConnectorBase):
-    def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole,
+                 header: TraceHeader | None = None) -> None:
+        """`header`: the engine's trace header, for the recorders among the children."""
         super().__init__(config, role)
         children = parse_extra_config(MultiConnectorConfig, config).child_configs()
-        self.connectors = tuple(create_connector(c, role) for c in children)  # in config order
+        self.connectors = tuple(create_connector(c, role, header) for c in children)  # config order
         self._names = tuple(f"{i}.{c.kv_connector}" for i, c in enumerate(children))
         # scheduler side
         self._matched: dict[str, tuple[int, bool]] = {}  # req_id -> (owner, is_async) of last match

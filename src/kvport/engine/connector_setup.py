@@ -1,19 +1,18 @@
 """Builds the engine's connector halves and tells them which engine drives them.
 
-The connector registry builds each half from the KV transfer config alone. What a connector (or
-its call recorder) must know of the engine itself, here its worker call order for the trace
-header, is announced while the half is built (kvport.connectors.recording.engine_header), so no
-connector imports the engine and a MultiConnector's children learn it too.
+The connector registry builds each half from the KV transfer config alone. What a connector's
+call recorder must know of the engine itself, its worker call order for the trace header, is
+passed to the registry's create_connector as an argument, so no connector imports the engine
+and a MultiConnector's children learn it too.
 """
 
 from __future__ import annotations
 
-from kvport import __version__
 from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorBase, KVConnectorRole
 from kvport.connectors.factory import create_connector
-from kvport.connectors.recording import engine_header
 from kvport.trace.events import TraceHeader
+from kvport.version import __version__
 
 ENGINE_NAME = "kvport"
 
@@ -28,5 +27,4 @@ def create_engine_connector(config: EngineConfig, role: KVConnectorRole) -> KVCo
     ktc = config.kv_transfer_config
     if ktc is None:
         return None
-    with engine_header(trace_header(config)):
-        return create_connector(ktc, role)
+    return create_connector(ktc, role, trace_header(config))

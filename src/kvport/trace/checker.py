@@ -17,9 +17,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from kvport.trace.events import HEADER, SCHEDULER, STEP_MARKER, TraceEvent, read_events
+from kvport.trace.events import HEADER, LEGACY, SCHEDULER, STEP_MARKER, TraceEvent, read_events
 from kvport.trace.findings import Findings, Violation
-from kvport.trace.profiles import LEGACY, PROFILES, ProfileChoice, choose_profile, get_profile
+from kvport.trace.profiles import PROFILES, ProfileChoice, choose_profile, get_profile
 from kvport.trace.scheduler_rules import REQUEST_CALLS, check_scheduler
 from kvport.trace.worker_rules import WORKER_STEP_METHODS, check_worker
 

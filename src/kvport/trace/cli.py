@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kvport.trace.checker import RULES, analyze
-from kvport.trace.events import TraceEvent, read_events
+from kvport.trace.events import LEGACY, VLLM_0_32, TraceEvent, read_events
 from kvport.trace.profiles import PROFILE_RULES, PROFILES
 from kvport.trace.report import json_document, json_file_entry, summary_line, text_report
 from kvport.trace.show import UnknownRequestError, format_request
@@ -48,15 +48,15 @@ def _count(text: str) -> int:
 def _add_trace_commands(subparsers: Any) -> None:
     check = subparsers.add_parser(
         "check", help="check traces recorded with kv_connector_extra_config.record_trace",
-        epilog="rules (legacy profile): "
+        epilog=f"rules ({LEGACY} profile): "
                + "; ".join(f"{rule} {text}" for rule, text in RULES.items())
-               + ". Under vllm-0.32 instead: "
-               + "; ".join(f"{rule} {PROFILES['vllm-0.32'].rules[rule]}"
+               + f". Under {VLLM_0_32} instead: "
+               + "; ".join(f"{rule} {PROFILES[VLLM_0_32].rules[rule]}"
                            for rule in sorted(PROFILE_RULES)))
     check.add_argument("files", nargs="+", metavar="FILE", help="a JSON-lines trace file")
     check.add_argument("--profile", choices=list(PROFILES), default=None,
                        help="hold every connector group to this call order (default: the one "
-                            "its trace_header names, legacy without a header)")
+                            f"its trace_header names, {LEGACY} without a header)")
     check.add_argument("--show", type=_count, default=3, metavar="N",
                        help="violations shown per rule, with their context (default 3)")
     check.add_argument("--context", type=_count, default=3, metavar="N",

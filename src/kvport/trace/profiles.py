@@ -25,10 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kvport.trace.events import CALL_ORDERS, HEADER, TraceEvent, TraceHeader
-
-LEGACY = "legacy"
-VLLM_032 = "vllm-0.32"
+from kvport.trace.events import CALL_ORDERS, HEADER, LEGACY, VLLM_0_32, TraceEvent, TraceHeader
 
 # Rules that read the same under every profile.
 _COMMON: dict[str, str] = {
@@ -67,7 +64,7 @@ _LEGACY_WHY: dict[str, str] = {
           "build_connector_worker_meta in either order after get_finished",
 }
 
-_VLLM_032_RULES: dict[str, str] = {
+_VLLM_0_32_RULES: dict[str, str] = {
     "W3": "start_load_kv is called exactly once per step, after bind_connector_metadata; before "
           "the forward if the step has sync loads, after it if not (see W4)",
     "W4": "layer hooks run before get_finished, after start_load_kv if the step has sync loads "
@@ -78,7 +75,7 @@ _VLLM_032_RULES: dict[str, str] = {
     "W8": "build_connector_worker_meta is called exactly once per step, after get_finished and "
           "get_block_ids_with_load_errors",
 }
-_VLLM_032_WHY: dict[str, str] = {
+_VLLM_0_32_WHY: dict[str, str] = {
     "W3": "vLLM 0.32 starts the loads a forward reads before it, and defers the start of "
           "async-only loads until the forward is submitted, keeping that work off the forward",
     "W4": "the layers of a step with sync loads read them, so those loads start first; a step "
@@ -109,9 +106,9 @@ PROFILES: Mapping[str, Profile] = MappingProxyType({
     LEGACY: Profile(LEGACY, load_follows_sync_flag=False, save_every_step=False,
                     meta_after_load_errors=False, rules=_rules(_LEGACY_RULES),
                     why=MappingProxyType(_LEGACY_WHY)),
-    VLLM_032: Profile(VLLM_032, load_follows_sync_flag=True, save_every_step=True,
-                      meta_after_load_errors=True, rules=_rules(_VLLM_032_RULES),
-                      why=MappingProxyType(_VLLM_032_WHY)),
+    VLLM_0_32: Profile(VLLM_0_32, load_follows_sync_flag=True, save_every_step=True,
+                       meta_after_load_errors=True, rules=_rules(_VLLM_0_32_RULES),
+                       why=MappingProxyType(_VLLM_0_32_WHY)),
 })
 assert tuple(PROFILES) == CALL_ORDERS, "a profile per call order events.py knows"
 

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvport.trace.checker import CHECKED_METHODS, TraceCheck
-from kvport.trace.events import TraceEvent
+from kvport.trace.events import LEGACY, TraceEvent
 from kvport.trace.findings import Violation
 from kvport.trace.profiles import PROFILE_RULES, PROFILES
 
-_RULE_ORDER = {rule: i for i, rule in enumerate(PROFILES["legacy"].rules)}
+_RULE_ORDER = {rule: i for i, rule in enumerate(PROFILES[LEGACY].rules)}
 _MAX_IDS = 4  # request ids shown on one line before "+N"
 _MAX_RESULT = 60  # characters of a result shown on one line
 
@@ -107,7 +107,7 @@ def text_report(path: str, events: list[TraceEvent], check: TraceCheck, *, show:
         found = per_rule[rule]
         lines.append(f"{rule}: {len(found)} violation(s)")
         profiles = sorted({groups[_key(events[v.pos])].profile for v in found
-                           if 0 <= v.pos < len(events)} or {"legacy"})
+                           if 0 <= v.pos < len(events)} or {LEGACY})
         for name in profiles:
             lines.append(f"  rule ({name}): {PROFILES[name].rules.get(rule, '?')}")
             if rule in PROFILE_RULES:

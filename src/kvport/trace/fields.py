@@ -1,0 +1,54 @@
+"""What a record holds for the calls kvport's and vLLM's connector APIs share, spelled once, so
+both recorders write the same record for the same call (kvport.trace.events names the fields;
+the checker's rules read them). Arguments are taken by what they are, not by either API's types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kvport.trace.writer import Record
+
+
+def sorted_ids(ids: Iterable[str] | None) -> list[str]:
+    return sorted(ids) if ids else []
+
+
+def request_fields(req_id: str, ints: list[int] | None = None, num_blocks: int | None = None
+                   ) -> Record:
+    """A scheduler call about one request: its id, its integer arguments, its block count."""
+    fields: Record = {"req_ids": [req_id]}
+    if ints is not None:
+        fields["ints"] = ints
+    if num_blocks is not None:
+        fields["num_blocks"] = num_blocks
+    return fields
+
+
+def schedule_fields(scheduled: Iterable[str], total_num_scheduled_tokens: int) -> Record:
+    """build_connector_meta: the step's scheduled requests and its token count."""
+    return {"req_ids": sorted(scheduled), "ints": [total_num_scheduled_tokens]}
+
+
+def output_fields(finished_sending: Iterable[str] | None, finished_recving: Iterable[str] | None,
+                  invalid_block_ids: Iterable[int] | None) -> Record:
+    """update_connector_output: what the worker reported for the step."""
+    sending, recving = sorted_ids(finished_sending), sorted_ids(finished_recving)
+    return {"req_ids": sorted(set(sending) | set(recving)), "finished_sending": sending,
+            "finished_recving": recving, "invalid_block_ids": sorted(invalid_block_ids or ())}
+
+
+def finished_result(out: tuple[Iterable[str] | None, Iterable[str] | None]) -> list[list[str]]:
+    """get_finished's answer: [finished sending, finished receiving]."""
+    return [sorted_ids(out[0]), sorted_ids(out[1])]
+
+
+def matched_result(out: tuple[int | None, bool]) -> list[Any]:
+    """get_num_new_matched_tokens' answer: [tokens, is_async]."""
+    return [out[0], bool(out[1])]
+
+
+def kept_result(out: tuple[bool, Any]) -> bool:
+    """request_finished's answer: whether the connector keeps the request's blocks."""
+    return bool(out[0])
