@@ -844,9 +844,9 @@ MUTANTS: list[Mutant] = [
         (f"{SYNC}::test_inside_vllm_a_slow_sync_copy_is_waited_for",),
         "with wait_sync_loads a slow synchronous copy is waited for, not failed"),
     Mutant(
-        "vllm-worker-waits-for-sync-loads", "src/kvport/vllm/connector.py",
-        "                                                     wait_sync_loads=True)\n",
-        "                                                     wait_sync_loads=False)\n",
+        "vllm-worker-waits-for-sync-loads", "src/kvport/vllm/storage.py",
+        "                        caches_failed_sync_loads=True)\n",
+        "                        caches_failed_sync_loads=False)\n",
         ("tests/vllm/test_vllm_identity.py::"
          "test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
         "inside vLLM synchronous loads are waited for (vLLM keeps a failed one's blocks)"),
@@ -1353,8 +1353,8 @@ MUTANTS: list[Mutant] = [
         ("tests/vllm/test_vllm_identity.py::test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named",),
         "a directory without weight files does not identify the model"),
     Mutant(
-        "vllmid-refuse-unidentified", "src/kvport/vllm/shared_tiers.py",
-        "    if not identity.established and config.namespace is None:\n",
+        "vllmid-refuse-unidentified", "src/kvport/vllm/storage.py",
+        "    if not identity.established and namespace is None:\n",
         "    if False:\n",
         ("tests/vllm/test_vllm_identity.py::test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named",),
         "shared tiers refuse a model that cannot be identified unless a namespace is named"),
@@ -1367,15 +1367,15 @@ MUTANTS: list[Mutant] = [
          "tests/vllm/test_vllm_identity.py::test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named"),
         "a configured namespace separates the shared tiers' entries (both engines)"),
     Mutant(
-        "vllmid-policy-override", "src/kvport/vllm/shared_tiers.py",
+        "vllmid-policy-override", "src/kvport/vllm/storage.py",
         '    ktc.kv_load_failure_policy = "recompute"\n',
         "",
         ("tests/vllm/test_vllm_identity.py::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
         "with shared tiers, vLLM's kv_load_failure_policy 'fail' is set to 'recompute'"),
     Mutant(
         "vllmid-policy-override-called", "src/kvport/vllm/connector.py",
-        "            recompute_failed_loads(ktc, config)\n",
-        "            pass\n",
+        "                recompute_failed_loads(ktc, where)\n",
+        "                pass\n",
         ("tests/vllm/test_vllm_identity.py::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
         "the scheduler-side connector applies the policy before vLLM reads it"),
     Mutant(
@@ -1385,9 +1385,9 @@ MUTANTS: list[Mutant] = [
         ("tests/vllm/test_vllm_identity.py::test_the_recording_connector_carries_the_policy_to_vllm",),
         "a recorded connector's policy reaches the outer config vLLM's scheduler reads"),
     Mutant(
-        "vllmid-disk-bytes-per-rank", "src/kvport/vllm/shared_tiers.py",
-        "    tiers = tuple(dataclasses.replace(t, max_bytes=max(1, t.max_bytes // num_workers))\n",
-        "    tiers = tuple(dataclasses.replace(t, max_bytes=t.max_bytes)\n",
+        "vllmid-disk-bytes-per-rank", "src/kvport/connectors/offloading/config.py",
+        "        tiers = tuple(dataclasses.replace(t, max_bytes=max(1, t.max_bytes // tp_size))\n",
+        "        tiers = tuple(dataclasses.replace(t, max_bytes=t.max_bytes)\n",
         ("tests/vllm/test_vllm_identity.py::test_each_tensor_parallel_rank_gets_its_share_of_the_budgets",),
         "the disk's max_bytes is the engine's: each tensor-parallel rank gets its share"),
     Mutant(
@@ -1507,9 +1507,9 @@ MUTANTS: list[Mutant] = [
          "test_tenant_salt_env_names_the_salt_and_no_message_shows_it",),
         "D10: the salt read from tenant_salt_env is part of the namespace"),
     Mutant(
-        "redis-redirects-counted", "src/kvport/connectors/offloading/tiers/redis/tier.py",
-        "    redirects: int = 0",
-        "    _no_redirects: int = 0",
+        "redis-redirects-counted", "src/kvport/connectors/offloading/metrics.py",
+        "    redirects: int = 0  # positions a cluster sent elsewhere",
+        "    _no_redirects: int = 0  # positions a cluster sent elsewhere",
         (f"{TESTS}/test_redis_cluster_chaos.py::"
          "test_a_moved_slot_is_followed_within_the_call",),
         "the worker tier counts redirects (without the field a MOVED raised AttributeError)"),

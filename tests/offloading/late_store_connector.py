@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvport.connectors.base import KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.connector import OffloadingConnector
 from kvport.connectors.offloading.geometry import OffloadGeometry
@@ -38,5 +39,5 @@ class OneStepLateScheduler(OffloadingScheduler):
 
 class OneStepLateOffloadingConnector(OffloadingConnector):
     def make_scheduler(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool,
-                       store: bool) -> OffloadingScheduler:
+                       store: bool, spec: KVCacheSpec) -> OffloadingScheduler:
         return OneStepLateScheduler(config, geometry, load=load, store=store)

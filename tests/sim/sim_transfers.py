@@ -37,7 +37,7 @@ from controlled_transfers import (  # noqa: E402
 from fault_tiers import FaultyDisk  # noqa: E402
 from kvport.connectors.offloading.config import OffloadingConfig  # noqa: E402
 from kvport.connectors.offloading.geometry import OffloadGeometry  # noqa: E402
-from kvport.connectors.offloading.scheduler.inflight import InflightWaits  # noqa: E402
+from kvport.connectors.base import KVCacheSpec  # noqa: E402
 from kvport.connectors.offloading.mediums import (  # noqa: E402
     DISK, ENGINE, HOST, DiskBlocks, EngineBlocks, HostBlocks, LoadStoreSpec,
 )
@@ -249,7 +249,5 @@ class SimConnector(ControlledOffloadingConnector):
                                          clock=active().clock)
 
     def make_scheduler(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool,
-                       store: bool) -> OffloadingScheduler:
-        sched = super().make_scheduler(config, geometry, load, store)
-        sched.waits = InflightWaits(config.inflight_wait_s, active().clock)
-        return sched
+                       store: bool, spec: KVCacheSpec) -> OffloadingScheduler:
+        return OffloadingScheduler(config, geometry, load=load, store=store, clock=active().clock)

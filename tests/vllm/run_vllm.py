@@ -51,6 +51,7 @@ def connector_of(llm: Any) -> Any:
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
+    from kvport.connectors.base import plain_data
     from kvport.model.builtin import builtin_model_dir
 
     kwargs: dict[str, Any] = {}
@@ -90,7 +91,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("connector"):
         connector = connector_of(llm)
         result["stats"] = vars(connector.scheduler_half.stats).copy()
-        result["metrics"] = connector.scheduler_half.metrics().as_dict()
+        result["metrics"] = plain_data(connector.scheduler_half.metrics())
     llm.llm_engine.engine_core.shutdown()  # drains kvport's write-throughs
     return result
 

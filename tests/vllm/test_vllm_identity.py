@@ -20,6 +20,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvport.model.builtin import builtin_model_dir
+from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.vllm.connector import OffloadingConnector
 from kvport.vllm.identity import model_identity
 
@@ -29,7 +30,7 @@ COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 def _namespace(model_dir: Path, disk: Path, **extra: Any) -> bytes:
     config = vllm_config({**offload_extra(disk_dir=disk), **extra}, model_dir=model_dir)
     connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config(16))
-    return connector.geometry.namespace
+    return OffloadGeometry.build(connector.inner.offloading_config, connector._spec).namespace
 
 
 def _model_copy(dst: Path) -> Path:
@@ -176,14 +177,14 @@ def test_dummy_weights_are_not_an_identity(tmp_path: Path) -> None:
 
 def test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="kvport.vllm.shared_tiers"):
+    with caplog.at_level(logging.WARNING, logger="kvport.vllm.storage"):
         h = Harness.build(offload_extra(disk_dir=tmp_path), policy="fail")
     assert h.scheduler.recompute_kv_load_failures  # what vLLM's scheduler acts on
     assert h.config.kv_transfer_config.kv_load_failure_policy == "recompute"
-    assert "from 'fail' to 'recompute'" in caplog.text and "disk" in caplog.text
+    assert "from 'fail' to 'recompute'" in caplog.text and "shared storage" in caplog.text
     # Its other half: the worker waits for synchronous copies rather than failing a slow one,
     # whose blocks vLLM 0.32 would keep in its prefix cache under "recompute".
-    assert h.worker._worker is not None and h.worker._worker.wait_sync_loads
+    assert h.worker.worker_half.wait_sync_loads
     host_only = Harness.build(offload_extra(), policy="fail")  # no shared tier: left alone
     assert not host_only.scheduler.recompute_kv_load_failures
 
@@ -211,13 +212,11 @@ def test_each_tensor_parallel_rank_gets_its_share_of_the_budgets(tmp_path: Path)
     """Each rank holds a shard of every block, under its own namespace directory (accounted on
     its own): host memory and the disk's max_bytes are the engine's, split across the ranks."""
     from kvport.connectors.offloading.config import OffloadingConfig
-    from kvport.vllm.shared_tiers import per_rank
-
     config = OffloadingConfig(cpu_bytes_to_use=8 << 20, secondary_tiers=[
         {"type": "disk", "root_dir": str(tmp_path), "max_bytes": 1 << 30},
         {"type": "redis", "url": "redis://127.0.0.1:1"}])
-    two = per_rank(config, 2)
+    two = config.per_rank(2)
     assert two.cpu_bytes_to_use == 4 << 20
     assert two.disk_tier is not None and two.disk_tier.max_bytes == 1 << 29
     assert two.redis_tier == config.redis_tier
-    assert per_rank(config, 1) == config
+    assert config.per_rank(1) == config

@@ -12,15 +12,13 @@ import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvport.vllm.compat import check_version, parse_version
-from kvport.vllm.connector import OffloadingConnector
+from kvport.vllm.connector import KvportConnector, OffloadingConnector
 
 # Public methods vllm 0.33.0's KVConnectorBase_V1 adds to 0.32's (read from its wheel).
 ADDED_IN_0_33 = {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches"}
 
 DELIBERATELY_INHERITED = {
-    "bind_connector_metadata": "the base keeps the step's metadata, which is all kvport needs",
-    "clear_connector_metadata": "likewise",
-    "has_connector_metadata": "likewise",
+    "has_connector_metadata": "the base keeps the step's metadata (bind also hands it on)",
     "bind_gpu_block_pool": "kvport never touches vLLM's block pool",
     "bind_kv_cache_manager": "likewise",
     "finish_forward": "Model Runner V2: stores start in get_finished, after every forward",
@@ -35,8 +33,7 @@ DELIBERATELY_INHERITED = {
     "get_mem_pool_context": "the KV caches live in vLLM's own memory pool",
     "get_required_kvcache_layout": "any layout with blocks first (or K/V, then blocks) works",
     "get_transfer_results": "the default wraps get_finished; failed loads are load errors",
-    "has_pending_block_frees": "kvport never holds blocks after request_finished",
-    "on_new_request": "nothing to do before a request is scheduled",
+    "has_pending_block_frees": "inside vLLM stores end in their step: no block is held",
     "register_finished_partial_tail": "only full blocks are offloaded",
     "requires_piecewise_for_cudagraph": "the per-layer hooks do nothing",
     "role": "the base's property",
@@ -49,7 +46,7 @@ DELIBERATELY_INHERITED = {
 def test_every_public_base_method_is_overridden_or_deliberately_inherited() -> None:
     public = {n for n, _ in inspect.getmembers(KVConnectorBase_V1) if not n.startswith("_")}
     public |= ADDED_IN_0_33
-    overridden = {n for n in public if n in vars(OffloadingConnector)}
+    overridden = {n for n in public if n in vars(KvportConnector)}
     missed = sorted(public - overridden - set(DELIBERATELY_INHERITED))
     assert missed == [], f"new vLLM connector hooks, neither overridden nor listed: {missed}"
     stale = sorted(set(DELIBERATELY_INHERITED) & overridden)

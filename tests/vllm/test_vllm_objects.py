@@ -15,10 +15,11 @@ from harness import BLOCK_SIZE, kv_cache_config, offload_extra, vllm_config
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from kvport.connectors.views import RequestView, SchedulerOutputView
+from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool
 from kvport.vllm import stats
 from kvport.vllm.connector import OffloadingConnector
 from kvport.vllm.objects import (
-    RequestAdapter, adapt_scheduler_output, engine_pool, hash_root, hashes_are_stable,
+    RequestAdapter, adapt_scheduler_output, hash_root, hashes_are_stable, kvport_view,
 )
 
 
@@ -48,13 +49,34 @@ def test_a_request_reads_live_through_the_view() -> None:
     assert list(view.block_hashes) == [b"h"]
 
 
+def test_vllms_cpu_pages_are_kvports_pool_layout_without_a_copy() -> None:
+    """[blocks, heads, block_size, 2 * head_dim], K of every token of a head, then V."""
+    blocks, heads, block, dim = 5, 3, 4, 8
+    storage = torch.arange(3 * blocks * heads * block * 2 * dim, dtype=torch.float32)
+    layers = storage.view(3, blocks, heads, block, 2 * dim)
+    view = kvport_view({f"l{i}": layers[i] for i in range(3)}, ["l0", "l1", "l2"], blocks)
+    assert view.shape == (blocks, 3, 2, block, heads, dim)
+    assert view.data_ptr() == storage.data_ptr()  # the same memory
+    # K of token t, head h of layer i, block b: page (b, h), row t of the page's first half.
+    pages = layers.view(3, blocks, heads, 2, block, dim)
+    assert torch.equal(view[2, 1, 0, 3, 1], pages[1, 2, 1, 0, 3])
+    assert torch.equal(view[4, 2, 1, 0, 2], pages[2, 4, 2, 1, 0])
+    pool = EnginePool.of(view)  # the host tier copies each layer's page as it lies in memory
+    assert len(pool.segments) == 3
+    assert pool.segments[1].view(torch.float32)[2].tolist() == layers[1, 2].flatten().tolist()
+
+
 def test_pools_with_k_and_v_first_are_two_segments_per_layer() -> None:
-    kv_first = {f"l{i}": torch.zeros((2, 10, 4, 8)) for i in range(3)}
-    assert len(engine_pool(kv_first, ["l0", "l1", "l2"], 10).segments) == 6
+    storage = torch.zeros((3, 2, 10, 4, 1, 8))  # [2, blocks, block_size, heads, head_dim]
+    kv_first = {f"l{i}": storage[i] for i in range(3)}
+    assert len(EnginePool.of(kvport_view(kv_first, ["l0", "l1", "l2"], 10)).segments) == 6
     with pytest.raises(ValueError, match=r"shape \(3, 10, 4\).*not supported"):
-        engine_pool({"l0": torch.zeros((3, 10, 4))}, ["l0"], 10)
+        kvport_view({"l0": torch.zeros((3, 10, 4))}, ["l0"], 10)
     with pytest.raises(ValueError, match="lacks layers"):
-        engine_pool(kv_first, ["l0", "lx"], 10)
+        kvport_view(kv_first, ["l0", "lx"], 10)
+    apart = {f"l{i}": torch.zeros((2, 10, 4, 1, 8)) for i in range(2)}  # two allocations
+    with pytest.raises(ValueError, match="not at one stride in one allocation"):
+        kvport_view(apart, ["l0", "l1"], 10)
 
 
 def test_the_namespace_carries_what_vllms_hashes_lack(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,8 +115,6 @@ def test_bad_extra_config_names_the_key() -> None:
 
 def test_every_prometheus_metric_has_its_documentation() -> None:
     """`vllm serve` builds every family at start: a name without its help text stops it."""
-    from kvport.vllm import stats
-
     names = {m.name.removeprefix("vllm:kvport_") for m in stats.METRICS}
     assert names - set(stats._DOC) == set()
 

@@ -66,6 +66,12 @@ def offloading() -> dict[str, Any]:
             "kv_connector_extra_config": dict(OFFLOAD_EXTRA)}
 
 
+def kvport_connector(name: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """A kvport connector inside vLLM (kvport.vllm holds it and translates vLLM's objects)."""
+    return {"kv_connector": name, "kv_connector_module_path": "kvport.vllm",
+            "kv_connector_extra_config": extra}
+
+
 def trace_connector(kind: str, store: Path, **extra: Any) -> dict[str, Any]:
     return {"kv_connector": kind, "kv_connector_module_path": "trace_connectors",
             "kv_connector_extra_config": {"shared_storage_path": str(store), **extra}}
@@ -131,6 +137,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory, engine_pool: EnginePool) -> d
                 ]}})},
         "compare": {**COMPARE, "kv_transfer_config": recording(d / "compare.jsonl",
                                                                 offloading())},
+        # kvport's other connectors inside vLLM, each recorded.
+        "kvport-example": {**WORKLOAD, "kv_transfer_config": recording(
+            d / "kvport-example.jsonl", kvport_connector("ExampleConnector", {
+                "shared_storage_path": str(d / "store-kvport-example")}))},
+        "kvport-multi": {**WORKLOAD, "kv_transfer_config": recording(
+            d / "kvport-multi.jsonl", kvport_connector("MultiConnector", {"connectors": [
+                {"kv_connector": "ExampleConnector", "kv_connector_extra_config": {
+                    "shared_storage_path": str(d / "store-kvport-multi")}},
+                {"kv_connector": "OffloadingConnector",
+                 "kv_connector_extra_config": dict(OFFLOAD_EXTRA)}]}))},
+        "kvport-noop": {**WORKLOAD, "kv_transfer_config": recording(
+            d / "kvport-noop.jsonl", kvport_connector("NoOpConnector", {}))},
     }
     with ThreadPoolExecutor(len(configs)) as pool:
         futures = {name: pool.submit(engine_pool.run, "trace", cfg)
@@ -158,7 +176,8 @@ def assert_same_output(run: dict[str, Any], plain: dict[str, Any]) -> None:
 # ---- the recorded runs ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["example", "multi", "offloading", "async"])
+@pytest.mark.parametrize("name", ["example", "multi", "offloading", "async", "kvport-example",
+                                  "kvport-multi", "kvport-noop"])
 def test_recorded_connectors_give_plain_output_and_pass_the_checker(
         runs: dict[str, Any], name: str) -> None:
     run = runs[name]
@@ -182,7 +201,7 @@ def test_round_two_hits_the_connector(runs: dict[str, Any]) -> None:
     for ExampleConnector and kvport's host tier (start_load_kv before the forward, ints [1]),
     asynchronously for the async example (a no-forward step whose start_load_kv says [0])."""
     for name, is_async in (("example", False), ("multi", False), ("offloading", False),
-                           ("async", True)):
+                           ("async", True), ("kvport-example", False), ("kvport-multi", False)):
         trace = events(runs, name)
         answers = [e.result for e in trace if e.method == "get_num_new_matched_tokens"
                    and e.result and e.result[0]]
@@ -483,11 +502,11 @@ def test_recording_on_real_scheduler_wraps_metadata_and_checks_clean(tmp_path: P
 
 
 def test_recording_off_only_forwards(tmp_path: Path) -> None:
-    from kvport.vllm.connector import OffloadingMetadata
+    from kvport.vllm.metadata import VllmMetadata
 
     h = harness_with(tmp_path, record=False)
     outs = drive(h)
-    assert all(isinstance(o.kv_connector_metadata, OffloadingMetadata) for o in outs)
+    assert all(isinstance(o.kv_connector_metadata, VllmMetadata) for o in outs)
     w = h.worker
     assert not w.recording and not list(tmp_path.iterdir())
     # The per-layer hooks are the inner connector's own bound methods: no call in between.

@@ -193,9 +193,11 @@ class EngineServer:
                 flight.queued_steps = flight.steps - 1
 
     def metrics(self) -> dict[str, Any]:
+        from kvport.connectors.base import plain_data
+
         connector = self.scheduler.connector
         half = getattr(connector, "scheduler_half", None)  # kvport's: its counters
-        return {"metrics": {"connector": half.metrics()} if half is not None else {}}
+        return {"metrics": {"connector": plain_data(half.metrics())} if half is not None else {}}
 
     def shutdown(self) -> None:
         self.engine.engine_core.shutdown()

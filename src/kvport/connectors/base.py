@@ -12,6 +12,7 @@ Scheduler side, in the order the scheduler calls them:
     on_new_request(req)                      a request was added
     get_num_new_matched_tokens(req, n_local) tokens loadable beyond the local prefix hit
     update_state_after_alloc(req, ids, n)    after every successful allocation of a waiting request
+    get_external_cache_hit_sources(req, n)   where the external tokens come from (optional)
     build_connector_meta(sched_out)          once at the end of every schedule(), empty steps too
     request_finished(req, block_ids)         once per finished request; True keeps its blocks
     update_connector_output(out)             the worker's answer for the step
@@ -19,6 +20,11 @@ Scheduler side, in the order the scheduler calls them:
     has_pending_work()                       keep the engine stepping while transfers run
     get_metrics()                            cumulative counters, on demand
     reset_cache(), shutdown()
+    shares_storage(), storage_namespace()    whether stored KV is shared with other engines
+
+The pool a worker gets is `(num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)`:
+kvport's own pool, contiguous, or inside vLLM a strided view of vLLM's pages (kvport.vllm);
+`KVCacheSpec.layout` names the bytes' order within a block.
 
 Worker side, every step (kvport.connectors.driver has the exact order; the engine runs vLLM
 0.32's order by default, the older one with kv_connector_call_order="legacy"):
@@ -38,6 +44,7 @@ Worker side, every step (kvport.connectors.driver has the exact order; the engin
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -92,6 +99,23 @@ class KVConnectorOutput:
 
 
 @dataclass(frozen=True)
+class EngineInfo:
+    """What a connector needs to know of the engine that drives it, beyond the calls it gets.
+    kvport's engine: the defaults. vLLM: what kvport.vllm reads from its configuration."""
+
+    # Tensor parallelism: every worker holds its shard of every block (its heads), and the
+    # scheduler half gets each worker's answer (worker metadata) for every step.
+    tp_size: int = 1
+    tp_rank: int = 0
+    # The engine may stop stepping as soon as no request is unfinished (vLLM's in-process LLM):
+    # work a step plans must be done within that step, no later step is promised.
+    stops_when_idle: bool = False
+    # A synchronous load whose blocks failed keeps them in the engine's prefix cache until the
+    # request recomputes them (vLLM 0.32): such a load must not fail for being slow.
+    caches_failed_sync_loads: bool = False
+
+
+@dataclass(frozen=True)
 class KVCacheSpec:
     """What a worker needs to know about the engine's pool (see kvport.model.attention)."""
 
@@ -105,6 +129,7 @@ class KVCacheSpec:
     # The engine's block-hash root (model identity, dtype, block size, layout): block hashes
     # are chained from it, and a connector's persistent store is namespaced by it.
     hash_root: bytes = b""
+    engine: EngineInfo = field(default_factory=EngineInfo)
 
     @property
     def block_bytes(self) -> int:
@@ -275,9 +300,27 @@ class KVConnectorBase(ABC):
         """Scheduler, in every update_from_output: drain events since the previous call."""
         return []
 
-    def get_metrics(self) -> dict[str, Any]:
-        """Scheduler, on demand (LLM.get_metrics): cumulative counters, plain data."""
+    def get_metrics(self) -> Any:
+        """Scheduler, on demand (LLM.get_metrics): cumulative counters, as plain data or frozen
+        dataclass records (the engine turns them into plain data at its edge)."""
         return {}
+
+    def get_external_cache_hit_sources(self, request: RequestView,
+                                       num_external_tokens: int) -> dict[str, int]:
+        """Scheduler, after update_state_after_alloc of a request with external tokens: how many
+        of them come from each medium ("HOST", "DISK", "REDIS", ...). Empty: not known."""
+        return {}
+
+    def shares_storage(self) -> bool:
+        """Either side, after construction: whether what this connector stores is read by other
+        engines or outlives this one (files, a shared store). An engine whose block hashes do
+        not name the model (vLLM) then puts the model's identity into KVCacheSpec.hash_root."""
+        return False
+
+    def storage_namespace(self) -> str | None:
+        """The name the user gave to what may share stored KV (see shares_storage), if any: it
+        stands in for the model's identity where the engine cannot establish one."""
+        return None
 
     def has_pending_work(self) -> bool:
         """Scheduler: True keeps the engine stepping with no requests (transfers in flight)."""
@@ -289,3 +332,16 @@ class KVConnectorBase(ABC):
 
     def shutdown(self) -> None:
         """Either side, once at engine shutdown: finish or cancel what is in flight."""
+
+
+def plain_data(value: Any) -> Any:
+    """Metrics as plain data: dataclass records as dicts (fields that are None, such as a tier
+    that is not configured, left out), in dicts and lists too."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_data(v) for f in dataclasses.fields(value)
+                if (v := getattr(value, f.name)) is not None}
+    if isinstance(value, dict):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value

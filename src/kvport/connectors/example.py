@@ -7,12 +7,15 @@ first ((n - 1) // block_size) * block_size tokens: at least one prompt token is 
 
 An entry is a directory `<shared_storage_path>/<key>` with one safetensors file per layer (layout
 and atomic writes: kvport.connectors.example_storage). key = hex of the chained block hash of the
-last aligned block: it covers exactly the aligned tokens and is namespaced by model, dtype, block
-size and KV layout, so two models never share an entry. A request is never loaded and stored.
+last aligned block, which covers exactly the aligned tokens, hashed with the spec's hash_root
+(model, dtype, block size, KV layout) where there is one, so two models never share an entry
+even in an engine whose block hashes do not name the model (vLLM). A request is never loaded
+and stored.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -24,7 +27,7 @@ import torch
 from kvport import private_dir
 from kvport.connectors import example_storage as storage
 from kvport.connectors.base import (
-    ForwardContext, KVConnectorBase, KVConnectorMetadata, KVConnectorRole,
+    ForwardContext, KVCacheSpec, KVConnectorBase, KVConnectorMetadata, KVConnectorRole,
 )
 from kvport.connectors.factory import parse_extra_config
 
@@ -97,11 +100,14 @@ def num_aligned_tokens(num_prompt_tokens: int, block_size: int) -> int:
     return max(0, (num_prompt_tokens - 1) // block_size) * block_size
 
 
-def entry_key(request: RequestView) -> str | None:
+def entry_key(request: RequestView, namespace: bytes = b"") -> str | None:
     """The key of the request's aligned prompt prefix; None if that has no full block."""
     bs = request.block_size
     num_blocks = num_aligned_tokens(request.num_prompt_tokens, bs) // bs
-    return request.block_hashes[num_blocks - 1].hex() if num_blocks else None
+    if not num_blocks:
+        return None
+    block_hash = request.block_hashes[num_blocks - 1]
+    return hashlib.sha256(namespace + block_hash).hexdigest() if namespace else block_hash.hex()
 
 
 class ExampleConnector(KVConnectorBase):
@@ -111,6 +117,7 @@ class ExampleConnector(KVConnectorBase):
         self.root = self.example_config.shared_storage_path
         self._do_load = config.kv_role in ("kv_both", "kv_consumer")
         self._do_store = config.kv_role in ("kv_both", "kv_producer")
+        self._namespace = b""  # the spec's hash_root (set_kv_cache_spec)
         # scheduler side
         self._pending_loads: dict[str, EntryTransfer] = {}  # req_id -> load of this step
         self._store_plans: dict[str, _StorePlan] = {}  # req_id -> store waiting for its prefix
@@ -121,13 +128,20 @@ class ExampleConnector(KVConnectorBase):
         self._load_errors: set[int] = set()
         self._stats: dict[str, int] = {}  # counter -> value since the last get_kv_connector_stats
 
+    def shares_storage(self) -> bool:
+        """Entries are files that other engines read and that outlive this one."""
+        return True
+
     # ---- scheduler side ---------------------------------------------------------------------
+
+    def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
+        self._namespace = spec.hash_root
 
     def get_num_new_matched_tokens(
         self, request: RequestView, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """A complete entry for the aligned prompt prefix: (aligned - local hit tokens, False)."""
-        key = entry_key(request)
+        key = entry_key(request, self._namespace)
         num_aligned = num_aligned_tokens(request.num_prompt_tokens, request.block_size)
         if not self._do_load or key is None or num_aligned <= num_computed_tokens:
             return 0, False
@@ -142,7 +156,7 @@ class ExampleConnector(KVConnectorBase):
         """External tokens > 0 plan a load into the blocks after the local hits. Otherwise a store
         is planned if no entry exists yet and no other live request plans the same one."""
         rid, bs = request.request_id, request.block_size
-        key = entry_key(request)
+        key = entry_key(request, self._namespace)
         self._drop_store_plan(rid)
         self._admitted_this_step.add(rid)
         if key is None:

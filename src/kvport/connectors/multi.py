@@ -55,6 +55,7 @@ class MultiConnector(KVConnectorBase):
         self._names = tuple(f"{i}.{c.kv_connector}" for i, c in enumerate(children))
         # scheduler side
         self._matched: dict[str, tuple[int, bool]] = {}  # req_id -> (owner, is_async) of last match
+        self._hit_owner: dict[str, int] = {}  # req_id -> owner of its load, for its hit sources
         self._new_async_loads: dict[str, int] = {}  # req_id -> owner, for the next metadata
         self._new_savers: dict[str, tuple[int, ...]] = {}  # req_id -> savers, for the next metadata
         # Completions still to come, so each child is told only of its own (a child told of a
@@ -208,11 +209,29 @@ class MultiConnector(KVConnectorBase):
             raise RuntimeError(f"MultiConnector: {request.request_id} was allocated "
                                f"{num_external_tokens} external tokens that no child matched")
         owner = match[0] if match is not None and num_external_tokens > 0 else -1
+        if owner >= 0:
+            self._hit_owner[request.request_id] = owner
         if match is not None and owner >= 0 and match[1]:
             self._new_async_loads[request.request_id] = owner
             self._pending_recv[request.request_id] = owner
         self._each("update_state_after_alloc", lambda i, c: c.update_state_after_alloc(
             request, list(block_ids), num_external_tokens if i == owner else 0))
+
+    def get_external_cache_hit_sources(self, request: RequestView,
+                                       num_external_tokens: int) -> dict[str, int]:
+        """The sources the load's owner names."""
+        owner = self._hit_owner.pop(request.request_id, None)
+        if owner is None:
+            return {}
+        return self.connectors[owner].get_external_cache_hit_sources(request,
+                                                                     num_external_tokens)
+
+    def shares_storage(self) -> bool:
+        return any(c.shares_storage() for c in self.connectors)
+
+    def storage_namespace(self) -> str | None:
+        return next((n for c in self.connectors if (n := c.storage_namespace()) is not None),
+                    None)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> MultiConnectorMetadata:
         parts = self._each("build_connector_meta",
@@ -250,6 +269,7 @@ class MultiConnector(KVConnectorBase):
         would free blocks that another child still reads."""
         rid = request.request_id
         self._matched.pop(rid, None)
+        self._hit_owner.pop(rid, None)
         answers, error = self._call_all("request_finished",
                                         lambda i, c: c.request_finished(request, list(block_ids)))
         savers = tuple(i for i, (keep, _) in answers.items() if keep)

@@ -150,8 +150,19 @@ class RecordingConnector(KVConnectorBase):
     def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
         self._inner.set_kv_cache_spec(spec)  # configuration, not a contract call: unrecorded
 
-    def get_metrics(self) -> dict[str, Any]:
+    def get_metrics(self) -> Any:
         return self._inner.get_metrics()  # a read-only view: unrecorded
+
+    def get_external_cache_hit_sources(self, request: RequestView,
+                                       num_external_tokens: int) -> dict[str, int]:
+        # a read-only view (vLLM's metrics), not a contract call: unrecorded
+        return self._inner.get_external_cache_hit_sources(request, num_external_tokens)
+
+    def shares_storage(self) -> bool:
+        return self._inner.shares_storage()  # configuration: unrecorded
+
+    def storage_namespace(self) -> str | None:
+        return self._inner.storage_namespace()  # configuration: unrecorded
 
     def on_new_request(self, request: RequestView) -> None:
         self._writer.call("on_new_request", self._inner.on_new_request, request,

@@ -10,7 +10,7 @@ from typing import Any, Union
 from tqdm.auto import tqdm
 
 from kvport.config import EngineConfig
-from kvport.connectors.base import KVCacheEvent
+from kvport.connectors.base import KVCacheEvent, plain_data
 from kvport.engine.core import EngineCore
 from kvport.engine.request import Request
 from kvport.model.tokenizer import Tokenizer
@@ -112,7 +112,7 @@ class LLM:
             "prefix_cache": {"num_queried_tokens": pool.num_queried_blocks * bs,
                              "num_hit_tokens": pool.num_hit_blocks * bs},
             "kv_transfer": dataclasses.asdict(sched.xfer.stats),
-            "connector": connector.get_metrics() if connector is not None else {},
+            "connector": plain_data(connector.get_metrics()) if connector is not None else {},
         }
 
     def take_kv_events(self) -> list[KVCacheEvent]:
@@ -144,3 +144,4 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
                                            and all(isinstance(t, int) for t in p)):
             raise TypeError(f"prompt {i} must be a string or a list of token ids, got {type(p).__name__}")
     return items
+

@@ -1,4 +1,5 @@
-"""kvport's connectors inside vLLM.
+"""kvport's connectors inside vLLM: OffloadingConnector, ExampleConnector, MultiConnector and
+NoOpConnector, each with its kvport `kv_connector_extra_config`.
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "OffloadingConnector",
         "kv_connector_module_path": "kvport.vllm", "kv_role": "kv_both",
@@ -18,14 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OffloadingConnector", "RecordingConnector"]
+# kvport's connectors (connector.py), and the recorder of any vLLM connector (recording.py)
+CONNECTORS = ("OffloadingConnector", "ExampleConnector", "MultiConnector", "NoOpConnector")
+__all__ = [*CONNECTORS, "RecordingConnector"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "OffloadingConnector":
-        from kvport.vllm.connector import OffloadingConnector
+    if name in CONNECTORS:
+        from kvport.vllm import connector
 
-        return OffloadingConnector
+        return getattr(connector, name)
     if name == "RecordingConnector":
         from kvport.vllm.recording import RecordingConnector
 

@@ -13,10 +13,9 @@ hands a connector and what kvport's connector core reads (kvport.connectors.view
       reqs as parallel lists, resumed ones         a resumed request counts as new: vLLM
       carrying their whole table; preempted_      sends its whole table, as kvport's engine
       req_ids may be None                          does for a resumed request
-    register_kv_caches: {layer name: tensor     EnginePool: one segment per page run, in
-      [num_blocks, ...]} (CPU: one layer-major     layer order
-      storage; GPU backends may put K and V
-      first: [2, num_blocks, ...])
+    register_kv_caches: {layer name: tensor     kv_cache (num_blocks, num_layers, 2,
+      [num_blocks, heads, block_size, 2C]} (CPU:   block_size, heads, head_dim): a strided view
+      one layer-major storage)                     of the same memory (kvport_view)
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from typing import Any
 
 import torch
 
-from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool
 
 # vLLM hashes blocks with a process-random seed for these algorithms unless PYTHONHASHSEED is
 # set: equal prefixes in two processes then get different hashes.
@@ -128,28 +126,50 @@ def adapt_scheduler_output(so: Any, step: int) -> SchedulerOutputAdapter:
         bool(getattr(so, "has_sync_kv_loads", False)))
 
 
-def engine_pool(kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str],
-                num_blocks: int) -> EnginePool:
-    """The registered KV caches as kvport's EnginePool, in the KV cache group's layer order.
-    A tensor whose first dimension is the block is one segment per layer; one whose first
-    dimension is K/V ([2, num_blocks, ...], some GPU backends) is two."""
+def kvport_view(kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str],
+                num_blocks: int) -> torch.Tensor:
+    """vLLM's registered KV caches as kvport's pool, `(num_blocks, num_layers, 2, block_size,
+    heads, head_dim)`, a strided view of the same memory (nothing is copied). Each layer's
+    tensor is `[num_blocks, heads, block_size, 2 * head_dim]` (vLLM's CPU backends: a page
+    holds K of every token of a head, then its V) or `[2, num_blocks, block_size, heads,
+    head_dim]` (K and V first); the layers must lie at one stride in one storage, as vLLM
+    allocates them on CPU."""
     missing = [n for n in layer_names if n not in kv_caches]
     if missing:
         raise ValueError(f"kvport.vllm: register_kv_caches lacks layers {missing[:3]} of the KV "
                          f"cache group (got {list(kv_caches)[:3]}...)")
-    pages: list[torch.Tensor] = []
-    for name in layer_names:
-        t = kv_caches[name]
-        if t.shape[0] == num_blocks:
-            pages.append(t)
-        elif t.dim() > 1 and t.shape[0] == 2 and t.shape[1] == num_blocks:
-            pages += [t[0], t[1]]
-        else:
-            raise ValueError(f"kvport.vllm: layer {name!r} has a KV cache of shape "
-                             f"{tuple(t.shape)}, with the {num_blocks} blocks in neither the "
-                             f"first dimension nor the second after K/V; this layout is not "
-                             f"supported")
-    return EnginePool.from_pages(pages)
+    views = [_layer_view(name, kv_caches[name], num_blocks) for name in layer_names]
+    first = views[0]
+    stride = (views[1].data_ptr() - first.data_ptr()) // first.element_size() if len(views) > 1 \
+        else first.numel()
+    for i, view in enumerate(views):
+        if (view.shape, view.stride(), view.dtype) != (first.shape, first.stride(), first.dtype) \
+                or view.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() \
+                or view.data_ptr() != first.data_ptr() + i * stride * first.element_size():
+            raise ValueError(f"kvport.vllm: the KV caches of layers {layer_names[0]!r} and "
+                             f"{layer_names[i]!r} are not at one stride in one allocation; "
+                             f"this layout is not supported")
+    shape = (num_blocks, len(views), *first.shape[1:])
+    strides = (first.stride(0), stride, *first.stride()[1:])
+    return first.as_strided(shape, strides)
+
+
+def _layer_view(name: str, t: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """One layer's cache as (num_blocks, 2, block_size, heads, head_dim)."""
+    if t.dim() == 4 and t.shape[0] == num_blocks and t.shape[3] % 2 == 0:
+        b, heads, block, two_dim = t.shape
+        return t.view(b, heads, 2, block, two_dim // 2).permute(0, 2, 3, 1, 4)
+    if t.dim() == 5 and t.shape[0] == 2 and t.shape[1] == num_blocks:
+        return t.transpose(0, 1)
+    raise ValueError(f"kvport.vllm: layer {name!r} has a KV cache of shape {tuple(t.shape)}: "
+                     f"neither [{num_blocks}, heads, block_size, 2 * head_dim] nor "
+                     f"[2, {num_blocks}, block_size, heads, head_dim]; this layout is not "
+                     f"supported")
+
+
+def layer_indices(layer_names: Sequence[str]) -> dict[str, int]:
+    """vLLM's layer names -> kvport's layer index (the KV cache group's order)."""
+    return {name: i for i, name in enumerate(layer_names)}
 
 
 def hash_root(identity: str, dtype: str, block_size: int, layout: str, hash_algo: str) -> bytes:

@@ -15,6 +15,8 @@ entry is shown with every URL redacted and secret-like values replaced (`redacte
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -267,6 +269,18 @@ class OffloadingConfig:
     @property
     def redis_tier(self) -> RedisTierConfig | None:
         return next((t for t in self.tiers if isinstance(t, RedisTierConfig)), None)
+
+    def per_rank(self, tp_size: int) -> OffloadingConfig:
+        """The config one of `tp_size` tensor-parallel workers runs with: cpu_bytes_to_use and
+        the disk tier's max_bytes are the engine's, and each worker holds its shard of every
+        block (each rank's disk entries live under their own namespace, accounted on their
+        own)."""
+        if tp_size == 1:
+            return self
+        tiers = tuple(dataclasses.replace(t, max_bytes=max(1, t.max_bytes // tp_size))
+                      if isinstance(t, DiskTierConfig) else t for t in self.tiers)
+        return dataclasses.replace(self, cpu_bytes_to_use=self.cpu_bytes_to_use // tp_size,
+                                   secondary_tiers=tiers)
 
 
 def parse_tiers(entries: object) -> tuple[TierConfig, ...]:

@@ -11,10 +11,12 @@ Configuration (`kv_connector_extra_config`, vLLM's names; see config.OffloadingC
     secondary_tiers    [{"type": "disk", "root_dir": PATH, "max_bytes": N},
                         {"type": "redis", "url": "redis://127.0.0.1:6379/0", ...}]
 
-This class only routes the API to the half its role builds: `scheduler.OffloadingScheduler`
-(hits, job planning, the block-reuse fence) or `worker.OffloadingConnectorWorker` (transfers).
-Each half gets the same `geometry.OffloadGeometry`, built from (config, KVCacheSpec) once the
-spec is known. Their module docstrings describe the design.
+This class only routes the API to the half its role builds: `scheduler.half.OffloadingScheduler`
+(hits, job planning, held blocks) or `worker.half.OffloadingConnectorWorker` (transfers). Each
+half gets the same `geometry.OffloadGeometry`, built from (config, KVCacheSpec) once the spec is
+known, and reads the engine's facts (KVCacheSpec.engine) from it: with tensor parallelism every
+worker keeps its shard in its own share of the budgets; an engine that stops stepping when idle
+(vLLM) gets its stores copied within their step.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.metadata import (
     OffloadingConnectorMetadata, OffloadingWorkerMetadata,
 )
+from kvport.connectors.offloading.metrics import ConnectorMetrics
 from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
 from kvport.connectors.offloading.worker.half import OffloadingConnectorWorker
 
@@ -48,25 +51,36 @@ class OffloadingConnector(KVConnectorBase):
         self._scheduler: OffloadingScheduler | None = None  # built by set_kv_cache_spec
         self._worker = (self.make_worker(self.offloading_config)
                         if role == KVConnectorRole.WORKER else None)
-        self._did_forward = False
 
     def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
         """The worker half (a seam: tests build one with faulty or controlled transfers)."""
         return OffloadingConnectorWorker(config)
 
     def make_scheduler(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool,
-                       store: bool) -> OffloadingScheduler:
+                       store: bool, spec: KVCacheSpec) -> OffloadingScheduler:
         """The scheduler half (a seam: tests build variants of it)."""
-        return OffloadingScheduler(config, geometry, load=load, store=store)
+        return OffloadingScheduler(config, geometry, load=load, store=store,
+                                   num_workers=spec.engine.tp_size,
+                                   sync_stores=spec.engine.stops_when_idle)
+
+    def shares_storage(self) -> bool:
+        """Disk and Redis entries are read by other processes and outlive this one."""
+        return bool(self.offloading_config.tiers)
+
+    def storage_namespace(self) -> str | None:
+        return self.offloading_config.namespace
+
+    def _rank_config(self, spec: KVCacheSpec) -> OffloadingConfig:
+        return self.offloading_config.per_rank(spec.engine.tp_size)
 
     # ---- scheduler side ---------------------------------------------------------------------
 
     def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
         role = self._config.kv_role  # kv_both, or only loads (consumer) or stores (producer)
-        geometry = OffloadGeometry.build(self.offloading_config, spec)
-        self._scheduler = self.make_scheduler(self.offloading_config, geometry,
+        config = self._rank_config(spec)
+        self._scheduler = self.make_scheduler(config, OffloadGeometry.build(config, spec),
                                               load=role != "kv_producer",
-                                              store=role != "kv_consumer")
+                                              store=role != "kv_consumer", spec=spec)
 
     @property
     def scheduler_half(self) -> OffloadingScheduler:
@@ -87,6 +101,11 @@ class OffloadingConnector(KVConnectorBase):
         self, request: RequestView, block_ids: list[int], num_external_tokens: int
     ) -> None:
         self.scheduler_half.update_state_after_alloc(request, block_ids, num_external_tokens)
+
+    def get_external_cache_hit_sources(self, request: RequestView,
+                                       num_external_tokens: int) -> dict[str, int]:
+        """Host hits as "HOST", hits promoted from disk as "DISK", from Redis as "REDIS"."""
+        return self.scheduler_half.take_hit_split(request.request_id)
 
     def build_connector_meta(
         self, scheduler_output: SchedulerOutputView,
@@ -114,21 +133,21 @@ class OffloadingConnector(KVConnectorBase):
         False while host blocks are being read or written."""
         return self.scheduler_half.reset_cache()
 
-    def get_metrics(self) -> dict[str, Any]:
-        """Cumulative counters per tier (metrics.ConnectorMetrics, as plain data)."""
-        return self.scheduler_half.metrics().as_dict()
+    def get_metrics(self) -> ConnectorMetrics:
+        """Cumulative counters per tier."""
+        return self.scheduler_half.metrics()
 
     # ---- worker side ------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_cache: torch.Tensor, spec: KVCacheSpec) -> None:
-        self.worker_half.register_kv_caches(kv_cache,
-                                            OffloadGeometry.build(self.offloading_config, spec))
+        config = self._rank_config(spec)
+        self.worker_half.register_kv_caches(kv_cache, OffloadGeometry.build(config, spec),
+                                            spec.engine)
 
     def handle_preemptions(self, metadata: Any) -> None:
         self.worker_half.handle_preemptions(_checked(metadata))
 
     def start_load_kv(self, ctx: ForwardContext) -> None:
-        self._did_forward = bool(ctx.num_scheduled_tokens)
         self.worker_half.start_load_kv(_checked(self._get_connector_metadata()))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -142,10 +161,7 @@ class OffloadingConnector(KVConnectorBase):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
-        sending, recving = self.worker_half.get_finished(
-            _checked(meta) if meta is not None else None, self._did_forward)
-        self._did_forward = False
-        return sending, recving
+        return self.worker_half.get_finished(_checked(meta) if meta is not None else None)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker_half.get_block_ids_with_load_errors()

@@ -81,6 +81,9 @@ class OffloadingConnectorMetadata(KVConnectorMetadata):
     # these jobs stopped reading or writing them: req_id -> job ids. The worker reports each
     # request in finished_sending once its jobs' engine copies ended.
     held: dict[str, list[int]] = field(default_factory=dict)
+    # The step computes tokens: without a forward, the worker waits a little for loads in
+    # flight instead of returning at once (a no-forward step comes right after).
+    did_forward: bool = True
 
 
 @dataclass

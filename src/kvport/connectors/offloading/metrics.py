@@ -9,13 +9,12 @@ scheduler half count, cumulative since start.
                    RequestMetrics and the workers' WorkerMetrics
 
 Records cross module boundaries; dicts exist only at the two edges: `LLM.get_metrics()`
-(`as_dict`) and vLLM's stats (kvport.vllm.stats, which names fields by attribute paths that a
+(base.plain_data) and vLLM's stats (kvport.vllm.stats, which names fields by attribute paths that a
 test resolves against these records).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
@@ -177,10 +176,6 @@ class ConnectorMetrics:
     worker: WorkerMetrics
     disk: DiskMetrics | None = None  # None: no disk tier
     redis: RedisMetrics | None = None  # None: no Redis tier
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain data for LLM.get_metrics(): tiers that are not configured are absent."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 class Counters(Generic[R]):

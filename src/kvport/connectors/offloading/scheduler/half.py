@@ -29,6 +29,8 @@ request's jobs simple: store jobs or one load job, never both.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvport.connectors.base import KVCacheEvent, KVConnectorOutput
@@ -68,11 +70,12 @@ def make_manager(config: OffloadingConfig, num_slots: int) -> PolicyManager:
 
 class OffloadingScheduler:
     def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool = True,
-                 store: bool = True, num_workers: int = 1, sync_stores: bool = False) -> None:
+                 store: bool = True, num_workers: int = 1, sync_stores: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.geometry = geometry
         self.manager = make_manager(config, geometry.num_slots)
         self.lower = LowerLookup(config, geometry)  # disk, Redis: which keys
-        self.waits = InflightWaits(config.inflight_wait_s)
+        self.waits = InflightWaits(config.inflight_wait_s, clock)  # tests/sim moves the clock
         self.stats = SchedulerCounters()
         # In flight (planned, not every stage reported by every worker: one per TP rank).
         self._jobs = JobTable(num_workers)
@@ -124,7 +127,8 @@ class OffloadingScheduler:
     # ---- per step ------------------------------------------------------------------------------
 
     def build_connector_meta(self, so: SchedulerOutputView) -> OffloadingConnectorMetadata:
-        meta = OffloadingConnectorMetadata(loads=self._loads, held=self._held)
+        meta = OffloadingConnectorMetadata(loads=self._loads, held=self._held,
+                                           did_forward=so.total_num_scheduled_tokens > 0)
         self._loads, self._held = [], {}
         for rid in so.preempted_req_ids:
             st = self._reqs.get(rid)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from kvport.connectors.base import EngineInfo
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import HOST
@@ -82,8 +83,13 @@ class OffloadingConnectorWorker:
         self._held: dict[str, set[int]] = {}
         self.stats = Counters(WorkerMetrics)  # the worker half's own
 
-    def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool,
-                           geometry: OffloadGeometry) -> None:
+    def register_kv_caches(self, kv_cache: torch.Tensor | EnginePool, geometry: OffloadGeometry,
+                           engine: EngineInfo | None = None) -> None:
+        """`kv_cache`: kvport's pool, contiguous, or a strided view of an engine's pages (vLLM),
+        whose blocks' pages the host tier copies in their memory order."""
+        engine = engine or EngineInfo()
+        self.sync_stores = self.sync_stores or engine.stops_when_idle
+        self.wait_sync_loads = self.wait_sync_loads or engine.caches_failed_sync_loads
         self.geometry = geometry
         self.host = HostTier.for_pool(kv_cache, geometry.num_slots, geometry.block_factor)
         assert self.host.slot_bytes == geometry.slot_bytes, \
@@ -113,7 +119,7 @@ class OffloadingConnectorWorker:
             loads.settle_sync(sync)
 
     def get_finished(self, meta: OffloadingConnectorMetadata | None,
-                     did_forward: bool) -> tuple[set[str], set[str]]:
+                     ) -> tuple[set[str], set[str]]:
         """Submits this step's stores; returns (finished_sending: held requests whose jobs no
         longer touch their blocks, finished_recving: requests whose load finished)."""
         submitter, loads, stores = self._parts()
@@ -126,7 +132,7 @@ class OffloadingConnectorWorker:
                 # NOTE: no timeout, as for the fence: these copy memory into host slots.
                 submitter.router.wait([TransferKey(job.job_id) for job in meta.stores])
         self._on_finished(submitter.take_finished())
-        if not did_forward:
+        if meta is None or not meta.did_forward:
             self._wait_without_forward()
         late = self._give_up_late_jobs()
         return self._released(), loads.take_finished() | late

@@ -66,6 +66,19 @@ class EnginePool:
         return out
 
     @classmethod
+    def of(cls, kv_cache: torch.Tensor | EnginePool) -> EnginePool:
+        """The pool of a connector's `kv_cache` (num_blocks, num_layers, 2, block_size, heads,
+        head_dim): kvport's own, contiguous, is one segment (block_major); a strided view of
+        another engine's per-layer pages (vLLM) is one segment per layer, each block's page in
+        the order of its memory."""
+        if isinstance(kv_cache, EnginePool):
+            return kv_cache
+        if kv_cache.is_contiguous():
+            return cls.block_major(kv_cache)
+        return cls.from_pages([seg for i in range(kv_cache.shape[1])
+                               for seg in page_segments(kv_cache[:, i])])
+
+    @classmethod
     def block_major(cls, kv_cache: torch.Tensor) -> EnginePool:
         """kvport's pool: (num_blocks, ...) with one block contiguous (one segment)."""
         return cls.from_pages([kv_cache])
@@ -96,6 +109,27 @@ class EnginePool:
         segments = tuple(t.reshape(-1).view(torch.uint8).view(wide)
                          .view(num_blocks, b // wide.itemsize) for t, b in zip(tensors, page_bytes))
         return cls(segments, wide)
+
+
+def page_segments(pages: torch.Tensor) -> list[torch.Tensor]:
+    """(num_blocks, ...) pages as segments of (num_blocks, elements) in memory order: one, or one
+    per index of each dim whose stride exceeds the block's (K and V stored apart: two)."""
+    for d in range(1, pages.dim()):
+        if pages.shape[d] > 1 and pages.stride(d) > pages.stride(0):
+            return [s for k in range(pages.shape[d]) for s in page_segments(pages.select(d, k))]
+    return [memory_order(pages)]
+
+
+def memory_order(pages: torch.Tensor) -> torch.Tensor:
+    """(num_blocks, ...) whose every block is one run of memory, in some order of its dims, as
+    (num_blocks, page elements) over the same memory, in memory order. ValueError otherwise."""
+    rest = sorted(range(1, pages.dim()), key=lambda d: -pages.stride(d))
+    ordered = pages.permute(0, *rest)
+    if not ordered[0].is_contiguous():
+        raise ValueError(f"a block of this KV cache view (shape {tuple(pages.shape)}, strides "
+                         f"{pages.stride()}) is not one run of memory")
+    page = ordered[0].numel()
+    return torch.as_strided(ordered, (pages.shape[0], page), (ordered.stride(0), 1))
 
 
 def row_runs(src_rows: Sequence[int], dst_rows: Sequence[int]) -> list[tuple[int, int, int]]:

@@ -208,17 +208,15 @@ class HostTier:
     def for_pool(cls, kv_cache: torch.Tensor | EnginePool, num_slots: int, blocks_per_slot: int,
                  strategy: str = DEFAULT_STRATEGY, num_threads: int | None = None) -> HostTier:
         """A tier whose slots hold `blocks_per_slot` engine blocks of this pool, registered."""
-        pool = kv_cache if isinstance(kv_cache, EnginePool) else EnginePool.block_major(kv_cache)
+        pool = EnginePool.of(kv_cache)
         tier = cls(num_slots, blocks_per_slot * pool.block_bytes, strategy, num_threads)
         tier.register_engine_pool(pool)
         return tier
 
     def register_engine_pool(self, kv_cache: torch.Tensor | EnginePool) -> None:
-        """Keep byte views of the engine pool (kvport's block-major tensor, or an EnginePool of
-        several segments); slot_bytes must be a whole number of blocks."""
-        if isinstance(kv_cache, torch.Tensor) and not kv_cache.is_contiguous():
-            raise ValueError(f"kv_cache must be contiguous, got strides {kv_cache.stride()}")
-        pool = kv_cache if isinstance(kv_cache, EnginePool) else EnginePool.block_major(kv_cache)
+        """Keep byte views of the engine pool (EnginePool.of); slot_bytes must be a whole number
+        of blocks."""
+        pool = EnginePool.of(kv_cache)
         devices = sorted({str(s.device) for s in pool.segments if s.device.type != "cpu"})
         if devices:
             raise ValueError(f"the host tier copies host memory; this KV pool is on {devices} "
