@@ -38,13 +38,10 @@ from kvport.model import kernels
 logger = logging.getLogger(__name__)
 
 # Rows the packed layout is chosen for. oneDNN accepts any row count against a packed weight;
-# the hint only picks the blocking, and 1, 8, 32 and 2048 measured within noise of each other
-# for 1..2048 rows (SmolLM2's 3072 x 576 gate/up projection).
+# the hint only picks the blocking (docs/engine-speed.md: the hints measured alike).
 PACK_ROWS_HINT = 64
-# Up to this many rows the tiled kernel runs: it multiplies at about 105 GFLOP/s from 32 rows
-# on, and below 128-256 rows that beats copying the tiles back to W^T for torch.mm (a 7 MB
-# gate/up weight at 64 rows: 2.4 against 3.6 ms; at 128 equal; at 256 12.0 against 10.4;
-# at 2048 79 against 64).
+# Up to this many rows the tiled kernel runs: below a few hundred rows it beats copying the
+# tiles back to W^T for torch.mm (docs/engine-speed.md has the crossover measured).
 SMALL_ROWS = 256
 
 

@@ -2,11 +2,10 @@
 thread and helper threads (the host tier's copies, the disk tier's cached reads).
 
 The ranges are pulled, not dealt: each thread takes the next range nobody has taken until none
-is left. A helper that starts late (its thread idle for a while is woken on the caller's own
-core first and waits there for a few ms: measured 1.4-6.9 ms after 50 ms idle on a 2-vCPU VM,
-so a 128 MiB read cut in fixed halves ran at one thread's speed) then takes fewer ranges,
-instead of the caller waiting for its fixed share; one that has not started when the caller
-runs out of ranges is cancelled, not waited for."""
+is left. A helper that starts late (a thread idle for a while may be woken on the caller's own
+core first and wait there for milliseconds, so a read cut in fixed halves can run at one
+thread's speed) then takes fewer ranges, instead of the caller waiting for its fixed share; one
+that has not started when the caller runs out of ranges is cancelled, not waited for."""
 
 from __future__ import annotations
 

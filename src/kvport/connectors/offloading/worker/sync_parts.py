@@ -8,12 +8,13 @@ from kvport.connectors.offloading.geometry import blocks_of
 from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
 from kvport.connectors.offloading.metadata import LoadJob
 
-# A part copies in about 8 ms here; 16 MiB parts cost about 10 % more per load (SmolLM2, 90 MiB:
-# 12.0 vs 10.7 ms).
+# A part is a few milliseconds of copying: small enough that a late load stops soon after its
+# deadline, large enough that the parts' own cost stays small (docs/offloading.md, "Tuning
+# constants").
 SYNC_PART_BYTES = 64 << 20
-# A synchronous load may take SYNC_SLACK_S plus its bytes at SYNC_MIN_GIB_S (a fifth of the
-# slowest host copy measured here); then the parts not started are cancelled, and the one
-# running gets SYNC_GRACE_S to end (a part copies in a few ms).
+# A synchronous load may take SYNC_SLACK_S plus its bytes at SYNC_MIN_GIB_S (well below any host
+# copy's rate); then the parts not started are cancelled, and the one running gets SYNC_GRACE_S
+# to end.
 SYNC_MIN_GIB_S = 1.0
 SYNC_SLACK_S = 0.05
 SYNC_GRACE_S = 0.05

@@ -128,9 +128,8 @@ class ThreadPoolHandler(TransferHandler):
     def _size_next_batch(self, blocks: int, seconds: float) -> None:
         """The next batch: what a call at the rate of this one (`blocks` in `seconds`) moves in
         batch_seconds, but at most twice the size the batches had: a call may find its bytes
-        read ahead by the one before (cold disk loads of 8 entries measured 1 ms after a batch
-        of 16 took 17), which is not the rate of the next, so the size only grows step by step;
-        a slow call shrinks it at once. Not capped by `blocks` itself: a burst of jobs after a
+        read ahead by the one before, which is not the rate of the next, so the size only grows
+        step by step; a slow call shrinks it at once. Not capped by `blocks` itself: a burst of jobs after a
         few small calls must not start from small batches again."""
         fit = int(blocks / max(seconds, 1e-6) * self._batch_seconds)
         self._batch_blocks = max(1, min(self._max_batch_blocks, fit, 2 * self._batch_blocks))

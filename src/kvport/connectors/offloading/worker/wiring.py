@@ -82,21 +82,18 @@ def batch_routes(host: HostTier, lower: Mapping[str, LowerTier]) -> dict[tuple[s
 
 # Threads per direction between host memory and a lower tier. Disk: one; a job's entries are one
 # extent of a run file read in file order, and a second thread reading another job at the same
-# time breaks the device's stream into smaller requests (cold jobs of 8 SmolLM2 entries: 0.79-
-# 0.85x of one sequential file with one thread, 0.56-0.75x with two; warm reads are bound by
-# memory either way). Redis: two, so that one job's round trip overlaps another's.
+# time breaks the device's stream into smaller requests (warm reads are bound by memory either
+# way). Redis: two, so that one job's round trip overlaps another's. Measurements:
+# docs/offloading.md, "Tuning constants".
 LOWER_THREADS = {DISK: 1, REDIS: 2}
 
 # A batch of promotions is what the tier's last call moved in BATCH_SECONDS at its rate,
 # between one job and BATCH_MAX_BYTES (BATCH_BYTES before the first call): its jobs are reported
-# together when it ends, so this bounds what the first job waits for the others, about 15 ms
-# (an engine step of SmolLM2 takes 20-150 ms). Cold, at the device's 1.5-2 GiB/s, that is
-# 20-30 MiB; warm, at the page cache's 10-14 GiB/s, every job queued up to BATCH_MAX_BYTES
-# (10 ms). When the bytes turn cold after warm loads, one batch at the stale rate is read from
-# the device: up to 128 MiB, 70-215 ms measured here; the next is sized anew. Warm loads of 23
-# jobs of 8 SmolLM2 entries (128 MiB) against one file: 0.87x in calls of 32 MiB, 0.90-0.93x of 64,
-# 0.94-1.01x of 128 (the calls' fixed cost: the hand-off to the thread, the tier's plan, and
-# its read helper waking late for each call's large extent).
+# together when it ends, so BATCH_SECONDS bounds what the first job waits for the others (well
+# under an engine step). When the bytes turn cold after warm loads, one batch at the stale rate
+# is read from the device; the next is sized anew. Larger calls amortize each call's fixed cost
+# (the hand-off to the thread, the tier's plan, its read helper waking up). Measurements:
+# docs/offloading.md, "Tuning constants".
 BATCH_SECONDS = 0.015
 BATCH_BYTES = 32 << 20
 BATCH_MAX_BYTES = 128 << 20

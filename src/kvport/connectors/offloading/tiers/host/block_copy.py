@@ -25,10 +25,9 @@ LIBRARY = native.NativeLibrary(
     "block-copy", (Path(__file__).with_name("block_copy.c"),),
     ("-O3", "-march=native", "-std=c11", "-fPIC"), ("-shared",),
     "the host tier copies with numpy (stores through the cache, about 0.65x as fast)")
-# Below this a job is copied by the calling thread alone. One thread's streaming stores reached
-# the memory bandwidth on a 2-vCPU Zen 3 VM (10.5-12 GiB/s; two threads the same at 64 MiB, 17 %
-# slower at 5.6 MiB); machines whose single core cannot fill their memory bus gain from the
-# split on large jobs.
+# Below this a job is copied by the calling thread alone: one thread's streaming stores fill the
+# memory bus of small machines, and a second one only adds its hand-off; machines whose single
+# core cannot fill their memory bus gain from the split on large jobs.
 _MIN_SPLIT_BYTES = 16 << 20
 
 
