@@ -33,19 +33,20 @@ import torch
 from kvport.config import KVTransferConfig
 from kvport.connectors import base
 from kvport.connectors.factory import create_connector
-from kvport.connectors.offloading.metrics import ConnectorMetrics
 from kvport.vllm.compat import require_vllm
+from kvport.vllm.events import hit_sources, vllm_events
 from kvport.vllm.metadata import VllmMetadata, VllmWorkerMetadata, inner_metadata
 from kvport.vllm.objects import (
     RequestAdapter, adapt_scheduler_output, group0, hashes_are_stable, kvport_view,
     layer_indices,
 )
-from kvport.vllm.stats import KvportPromMetrics, KvportStats, StatsDelta, flatten
+from kvport.vllm.stats import (
+    KvportPromMetrics, KvportStats, StatsDelta, flatten, offloading_metrics,
+)
 from kvport.vllm.storage import kvport_spec, recompute_failed_loads
 
 require_vllm()
 
-from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
 )
@@ -65,10 +66,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
-MEDIUMS = {"HOST": "CPU", "DISK": "DISK"}  # kvport medium -> vLLM event medium
-# vLLM has no source for a remote store: Redis hits are EXTERNAL_UNSPECIFIED.
-HIT_SOURCES = {"HOST": CacheHitSource.HOST, "DISK": CacheHitSource.DISK,
-               "REDIS": CacheHitSource.EXTERNAL_UNSPECIFIED}
 
 
 class KvportConnector(KVConnectorBase_V1):
@@ -165,12 +162,8 @@ class KvportConnector(KVConnectorBase_V1):
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
         """The kvport connector's sources: host hits as HOST, disk as DISK, Redis as
         EXTERNAL_UNSPECIFIED (vLLM has no source for a remote store)."""
-        sources: dict[CacheHitSource, int] = {}
-        for medium, n in self.inner.get_external_cache_hit_sources(
-                self._view(request), num_external_tokens).items():
-            source = HIT_SOURCES.get(medium, CacheHitSource.EXTERNAL_UNSPECIFIED)
-            sources[source] = sources.get(source, 0) + n
-        sources = {s: n for s, n in sources.items() if n > 0}
+        sources = hit_sources(self.inner.get_external_cache_hit_sources(
+            self._view(request), num_external_tokens))
         if sum(sources.values()) != num_external_tokens:  # vLLM then reports it unspecified
             return super().get_external_cache_hit_sources(request, num_external_tokens)
         return sources
@@ -196,17 +189,7 @@ class KvportConnector(KVConnectorBase_V1):
         return self.inner.request_finished(self._view(request), list(block_ids))
 
     def take_events(self) -> Iterable[KVCacheEvent]:
-        out: list[KVCacheEvent] = []
-        for e in self.inner.take_events():
-            medium = MEDIUMS.get(e.medium, e.medium)
-            hashes = list(e.block_hashes)
-            if e.removed:
-                out.append(BlockRemoved(block_hashes=hashes, medium=medium))
-            else:
-                out.append(BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[],
-                                       block_size=self._block_size, lora_id=None,
-                                       medium=medium, lora_name=None))
-        return out
+        return vllm_events(self.inner.take_events(), self._block_size)
 
     def has_pending_push_work(self) -> bool:
         """Keeps vLLM's engine-core loop stepping while the connector has work in flight."""
@@ -223,7 +206,7 @@ class KvportConnector(KVConnectorBase_V1):
         for a connector without them, and on the worker side."""
         if self.role != KVConnectorRole.SCHEDULER:
             return None
-        metrics = _offloading_metrics(self.inner.get_metrics())
+        metrics = offloading_metrics(self.inner.get_metrics())
         if metrics is None:
             return None
         stats = KvportStats(data=self._stats_delta.take(flatten(metrics)))
@@ -335,11 +318,3 @@ def _tp_rank() -> int:
     except AssertionError:  # no tensor-parallel group: a single worker
         return 0
 
-
-def _offloading_metrics(metrics: Any) -> ConnectorMetrics | None:
-    """The OffloadingConnector's record: the connector's own, or a MultiConnector child's."""
-    if isinstance(metrics, ConnectorMetrics):
-        return metrics
-    if isinstance(metrics, dict):
-        return next((m for m in metrics.values() if isinstance(m, ConnectorMetrics)), None)
-    return None

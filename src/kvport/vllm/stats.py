@@ -186,3 +186,12 @@ class KvportPromMetrics(KVConnectorPromMetrics):
                 metric.set(value)
             elif value > 0:
                 metric.inc(value)
+
+
+def offloading_metrics(metrics: object) -> ConnectorMetrics | None:
+    """The OffloadingConnector's record: the connector's own, or a MultiConnector child's."""
+    if isinstance(metrics, ConnectorMetrics):
+        return metrics
+    if isinstance(metrics, dict):
+        return next((m for m in metrics.values() if isinstance(m, ConnectorMetrics)), None)
+    return None
