@@ -20,7 +20,7 @@ from kvport.connectors.base import (
     ForwardContext, KVConnectorMetadata, KVConnectorRequestError, KVConnectorRole,
 )
 from kvport.connectors.noop import NoOpConnector
-from kvport.engine.outputs import SchedulerOutput
+from kvport.engine.step import SchedulerOutput
 from kvport.engine.request import Request
 
 

@@ -26,7 +26,7 @@ from kvport.connectors.example import (
 from kvport.connectors.example_storage import MANIFEST, gather, read_manifest, scatter
 from kvport.connectors.factory import create_connector
 from kvport.engine.hashing import namespace_hash
-from kvport.engine.outputs import CachedRequestData
+from kvport.engine.step import CachedRequestData
 from kvport.engine.request import Request
 from kvport.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.metadata import JobResult, OffloadingWorkerMetadata
 from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
-from kvport.engine.outputs import NewRequestData, SchedulerOutput
+from kvport.engine.step import NewRequestData, SchedulerOutput
 from kvport.engine.request import Request
 
 BLOCK = 4

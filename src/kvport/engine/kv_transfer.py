@@ -28,7 +28,7 @@ from kvport.connectors.base import (
 )
 
 if TYPE_CHECKING:
-    from kvport.engine.outputs import SchedulerOutput
+    from kvport.engine.step import SchedulerOutput
     from kvport.engine.request import Request
 
 logger = logging.getLogger(__name__)
