@@ -31,6 +31,7 @@ from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class CachedRequestState:
     req_id: str
