@@ -28,8 +28,8 @@ from kvport.connectors.base import (
 )
 from kvport.connectors.example import ExampleConnector
 from kvport.connectors.factory import parse_extra_config
-from kvport.engine.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from kvport.engine.request import Request
+from kvport.engine.step import CachedRequestData, NewRequestData, SchedulerOutput
 from kvport.sampling_params import SamplingParams
 
 

@@ -20,8 +20,8 @@ from kvport.connectors.base import (
     ForwardContext, KVConnectorMetadata, KVConnectorRequestError, KVConnectorRole,
 )
 from kvport.connectors.noop import NoOpConnector
-from kvport.engine.outputs import SchedulerOutput
 from kvport.engine.request import Request
+from kvport.engine.step import SchedulerOutput
 
 
 @dataclass(frozen=True)

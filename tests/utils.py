@@ -13,9 +13,9 @@ from kvport.connectors.factory import create_connector
 from kvport.engine.block_pool import BlockPool
 from kvport.engine.hashing import namespace_hash
 from kvport.engine.kv_cache_manager import KVCacheManager
-from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from kvport.engine.request import Request
 from kvport.engine.scheduler import Scheduler
+from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.sampling_params import SamplingParams
 from kvport.trace.events import TraceHeader
 

@@ -422,10 +422,12 @@ MUTANTS: list[Mutant] = [
     # ---- the worker call orders (connectors/driver.py, engine/scheduler.py, the recorder) -----
     Mutant(
         "preemptions-before-bind", DRIVER,
-        '        self._call("handle_preemptions", meta)  # first: see the NOTE above\n'
-        '        self._call("bind_connector_metadata", meta)\n',
-        '        self._call("bind_connector_metadata", meta)\n'
-        '        self._call("handle_preemptions", meta)\n',
+        '        self._guarded("handle_preemptions", lambda: c.handle_preemptions(meta), None)\n'
+        '        self._guarded("bind_connector_metadata", '
+        'lambda: c.bind_connector_metadata(meta), None)\n',
+        '        self._guarded("bind_connector_metadata", '
+        'lambda: c.bind_connector_metadata(meta), None)\n'
+        '        self._guarded("handle_preemptions", lambda: c.handle_preemptions(meta), None)\n',
         (f"{REGRESSIONS}::test_1_handle_preemptions_runs_before_bind[vllm-0.32]",),
         "handle_preemptions runs before the step's metadata is bound, in either order"),
     Mutant(
@@ -454,6 +456,13 @@ MUTANTS: list[Mutant] = [
         ((f"{REGRESSIONS}::test_2_saves_queued_in_wait_for_save_are_lost_in_legacy_no_forward_steps"
           "[SaveInWaitForSaveConnector-vllm-0.32]"),),
         "vllm-0.32 calls wait_for_save on every step, no-forward steps included"),
+    Mutant(
+        "driver-records-hook-errors", DRIVER,
+        "            self._record_error(hook, exc)\n            return if_raised\n",
+        "            return if_raised\n",
+        ("tests/connectors/test_connector_config.py::"
+         "test_every_worker_hook_failure_fails_only_the_named_request[get_finished-inproc]",),
+        "a worker hook that raises fails its requests (the driver records it, then goes on)"),
     Mutant(
         "recorder-writes-the-header", "src/kvport/trace/writer.py",
         "        if self.header is not None and self._header_pid != TraceProcess.pid:\n",

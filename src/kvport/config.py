@@ -18,6 +18,9 @@ DEFAULT_KV_CONNECTOR_CALL_ORDER = VLLM_0_32
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """Every engine setting, validated at construction. Fields keep the values given, except
+    kv_transfer_config, which is normalized to a KVTransferConfig (or None)."""
+
     model: str = "builtin:tiny-llama"
     dtype: str = "float32"
     block_size: int = 16  # tokens per KV block
@@ -32,7 +35,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False  # schedule step N+1 while step N runs
     worker: str = "inproc"  # "inproc": runner in this process; "process": in a child process
-    kv_transfer_config: Any = None  # KVTransferConfig, or its dict or JSON text
+    # None: no KV connector. Also accepts the record's dict or JSON text (as on the command
+    # line): __post_init__ parses either into a KVTransferConfig, so it is always one or None.
+    kv_transfer_config: KVTransferConfig | None = None
     kv_connector_call_order: str = DEFAULT_KV_CONNECTOR_CALL_ORDER  # one of CALL_ORDERS
     seed: int = 0
 
@@ -57,6 +62,7 @@ class EngineConfig:
         if self.kv_connector_call_order not in CALL_ORDERS:
             raise ValueError(f"kv_connector_call_order must be one of {CALL_ORDERS}, "
                              f"got {self.kv_connector_call_order!r}")
+        # Frozen, so the parsed record is set past the dataclass's guard (see the field).
         object.__setattr__(self, "kv_transfer_config", KVTransferConfig.from_any(self.kv_transfer_config))
         if (not self.enable_chunked_prefill and self.max_model_len is not None
                 and self.max_num_batched_tokens < self.max_model_len):

@@ -15,7 +15,7 @@ from utils import make_request
 from kvport.connectors.views import (
     CachedRequestView, NewRequestView, RequestView, SchedulerOutputView,
 )
-from kvport.engine.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from kvport.engine.step import CachedRequestData, NewRequestData, SchedulerOutput
 from kvport.sampling_params import SamplingParams
 from kvport.trace.events import CALL_ORDERS
 

@@ -26,8 +26,8 @@ from kvport.connectors.example import (
 from kvport.connectors.example_storage import MANIFEST, gather, read_manifest, scatter
 from kvport.connectors.factory import create_connector
 from kvport.engine.hashing import namespace_hash
-from kvport.engine.outputs import CachedRequestData
 from kvport.engine.request import Request
+from kvport.engine.step import CachedRequestData
 from kvport.sampling_params import SamplingParams
 
 PROMPT = list(range(100, 111))  # 11 tokens: aligned prefix 8 = 2 blocks

@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 
 from kvport import LLM, SamplingParams
+from kvport.config import EngineConfig
+from kvport.connectors.base import KVConnectorMetadata
 from kvport.connectors.driver import KVConnectorDriver, StepContext
+from kvport.engine.core import EngineCore
 from kvport.trace.checker import check_file
 from kvport.trace.events import CALL_ORDERS, LEGACY, VLLM_0_32, read_events
 
@@ -29,6 +32,11 @@ def reference_tokens(prompts: list[list[int]]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
 
 
+def make_llm(driver_cls: type[KVConnectorDriver], **kwargs: Any) -> LLM:
+    """An LLM whose runner drives its connector through `driver_cls` (a defect put back)."""
+    return LLM.from_engine(EngineCore(EngineConfig.from_kwargs(**kwargs), driver_cls=driver_cls))
+
+
 def worker_steps(trace: Path) -> dict[int, list[str]]:
     """The worker's calls per step, in file order."""
     steps: dict[int, list[str]] = {}
@@ -41,19 +49,19 @@ def worker_steps(trace: Path) -> dict[int, list[str]]:
 class BindFirstDriver(KVConnectorDriver):
     """The defect: metadata bound before handle_preemptions."""
 
-    def _preempt_and_bind(self, meta: Any) -> None:
-        self._call("bind_connector_metadata", meta)
-        self._call("handle_preemptions", meta)
+    def _preempt_and_bind(self, meta: KVConnectorMetadata) -> None:
+        c = self.connector
+        self._guarded("bind_connector_metadata", lambda: c.bind_connector_metadata(meta), None)
+        self._guarded("handle_preemptions", lambda: c.handle_preemptions(meta), None)
 
 
 def run_with_preemption(tmp_path: Path, call_order: str, broken_driver: bool,
                         ) -> tuple[LLM, list[list[int]], Path]:
     trace = tmp_path / f"trace-{broken_driver}.jsonl"
-    llm = LLM("builtin:tiny-llama", block_size=4, num_kv_blocks=24, max_model_len=96,
-              kv_transfer_config=mock_config("FenceConnector", trace),
-              kv_connector_call_order=call_order)
-    if broken_driver:
-        llm.engine.runner.driver.__class__ = BindFirstDriver
+    llm = make_llm(BindFirstDriver if broken_driver else KVConnectorDriver,
+                   model="builtin:tiny-llama", block_size=4, num_kv_blocks=24, max_model_len=96,
+                   kv_transfer_config=mock_config("FenceConnector", trace),
+                   kv_connector_call_order=call_order)
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     if not broken_driver:
         assert sum(o.metrics.num_preemptions for o in outs) > 0, "the pool was meant to force preemption"
@@ -122,18 +130,21 @@ class LoadAfterForwardDriver(KVConnectorDriver):
 
 def run_example_twice(tmp_path: Path, call_order: str, broken_driver: bool,
                       ) -> tuple[LLM, list[list[int]], list[int], Path]:
-    """ExampleConnector stores the prompts, then loads them synchronously into a zeroed pool."""
+    """ExampleConnector stores the prompts, then loads them synchronously into a zeroed pool.
+    The first run loads nothing (the prompts share no prefix), so a broken driver changes only
+    the second."""
     trace = tmp_path / f"trace-{broken_driver}.jsonl"
-    llm = LLM("builtin:tiny-llama", block_size=4, kv_connector_call_order=call_order,
-              kv_transfer_config={"kv_connector": "ExampleConnector", "kv_connector_extra_config": {
-                  "shared_storage_path": str(tmp_path / f"store-{broken_driver}"),
-                  "record_trace": str(trace)}})
-    llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    ktc = {"kv_connector": "ExampleConnector", "kv_connector_extra_config": {
+        "shared_storage_path": str(tmp_path / f"store-{broken_driver}"),
+        "record_trace": str(trace)}}
+    llm = make_llm(LoadAfterForwardDriver if broken_driver else KVConnectorDriver,
+                   model="builtin:tiny-llama", block_size=4, kv_connector_call_order=call_order,
+                   kv_transfer_config=ktc)
+    first = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.num_cached_tokens for o in first] == [0] * len(PROMPTS)
     llm.reset_prefix_cache()
     # Zeros: blocks reused from the first run must not already hold the KV a load would bring.
     llm.engine.runner.kv_cache.zero_()
-    if broken_driver:
-        llm.engine.runner.driver.__class__ = LoadAfterForwardDriver
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     llm.engine.check_no_leaks()
     llm.shutdown()

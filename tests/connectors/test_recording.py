@@ -26,7 +26,7 @@ from kvport.connectors.base import (
 from kvport.connectors.driver import StepContext
 from kvport.connectors.factory import create_connector
 from kvport.connectors.recording import RecordingConnector
-from kvport.engine.outputs import SchedulerOutput
+from kvport.engine.step import SchedulerOutput
 from kvport.trace.checker import check_file
 from kvport.trace.events import CALL_ORDERS, HEADER, TraceEvent, TraceHeader, read_events
 

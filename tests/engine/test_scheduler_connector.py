@@ -18,9 +18,9 @@ from utils import (
 from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorOutput
 from kvport.engine.connector_setup import trace_header
-from kvport.engine.outputs import ModelRunnerOutput
 from kvport.engine.request import RequestStatus
 from kvport.engine.scheduler import Scheduler
+from kvport.engine.step import ModelRunnerOutput
 from kvport.trace.checker import check_file
 from kvport.trace.events import CALL_ORDERS
 

@@ -14,7 +14,7 @@ import pytest
 from kvport import SamplingParams
 from kvport.connectors.offloading.geometry import offload_keys
 from kvport.connectors.offloading.metadata import OffloadingConnectorMetadata
-from kvport.engine.outputs import SchedulerOutput
+from kvport.engine.step import SchedulerOutput
 from offload_utils import (
     MODES, OFFLOAD_BLOCK, all_blocks_hit, assert_nothing_leaked, host_metrics, make_llm,
     offload_block_bytes, offload_config, offloading_half, prompts, run, run_bounded,

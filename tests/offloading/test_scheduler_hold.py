@@ -11,8 +11,8 @@ from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.metadata import JobResult, OffloadingWorkerMetadata
 from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
-from kvport.engine.outputs import NewRequestData, SchedulerOutput
 from kvport.engine.request import Request
+from kvport.engine.step import NewRequestData, SchedulerOutput
 
 BLOCK = 4
 SPEC = KVCacheSpec(num_blocks=16, block_size=BLOCK, num_layers=1, num_kv_heads=1, head_dim=8,

@@ -38,18 +38,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from kvport.connectors.base import (
-    ForwardContext, KVCacheSpec, KVConnectorBase, KVConnectorOutput, KVConnectorRequestError,
-    layer_name,
+    ForwardContext, KVCacheSpec, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput,
+    KVConnectorRequestError, KVConnectorWorkerMetadata, layer_name,
 )
 from kvport.connectors.views import SchedulerOutputView
 from kvport.trace.events import CALL_ORDERS, LEGACY, VLLM_0_32
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# get_finished's answer for a step whose get_finished raised: nothing sent, nothing received.
+NOTHING_FINISHED: tuple[set[str] | None, set[str] | None] = (None, None)
 
 
 def check_call_order(call_order: str) -> str:
@@ -88,14 +94,17 @@ class KVConnectorDriver:
         self._load_started = False
         self._errors = {}
         self._error_req_ids = set()
-        self._call("trace_step", sched_out.step)
+        c = self.connector
+        self._guarded("trace_step", lambda: c.trace_step(sched_out.step), None)
         self._preempt_and_bind(sched_out.kv_connector_metadata)
         if self._loads_before_forward(self._ctx):
             self._start_load()
 
-    def _preempt_and_bind(self, meta: Any) -> None:
-        self._call("handle_preemptions", meta)  # first: see the NOTE above
-        self._call("bind_connector_metadata", meta)
+    def _preempt_and_bind(self, meta: KVConnectorMetadata) -> None:
+        c = self.connector
+        # handle_preemptions first: see the NOTE in the module docstring
+        self._guarded("handle_preemptions", lambda: c.handle_preemptions(meta), None)
+        self._guarded("bind_connector_metadata", lambda: c.bind_connector_metadata(meta), None)
 
     def _loads_before_forward(self, ctx: StepContext) -> bool:
         """Legacy: always. vllm-0.32: only when the forward reads what the step loads."""
@@ -103,7 +112,12 @@ class KVConnectorDriver:
 
     def _start_load(self) -> None:
         self._load_started = True
-        self._call("start_load_kv", self._ctx)
+        self._guarded("start_load_kv", lambda: self.connector.start_load_kv(self._step_ctx), None)
+
+    @property
+    def _step_ctx(self) -> StepContext:
+        assert self._ctx is not None, "no step in progress: pre_forward starts one"
+        return self._ctx
 
     # LayerHooks: called by PagedAttention around each layer's attention.
     def before_attention(self, layer_idx: int) -> None:
@@ -115,34 +129,42 @@ class KVConnectorDriver:
     def after_attention(self, layer_idx: int, kv_cache: torch.Tensor) -> None:
         try:
             self.connector.save_kv_layer(self._layer_names[layer_idx], self._layer_views[layer_idx],
-                                         self._ctx)
+                                         self._step_ctx)
         except Exception as exc:
             self._record_error("save_kv_layer", exc)
 
     def post_forward(self, sched_out: SchedulerOutputView, did_forward: bool) -> KVConnectorOutput:
         if not self._load_started:  # vllm-0.32, no sync loads: loads start after the forward
             self._start_load()
+        c = self.connector
         if did_forward or self.call_order == VLLM_0_32:  # legacy skips it without a forward
-            self._call("wait_for_save")
-        finished = self._call("get_finished", set(sched_out.finished_req_ids))
-        sending, recving = finished if finished is not None else (None, None)
-        invalid = self._call("get_block_ids_with_load_errors")
-        worker_meta = self._call("build_connector_worker_meta")
-        stats = self._call("get_kv_connector_stats")
-        self._call("clear_connector_metadata")
+            self._guarded("wait_for_save", lambda: c.wait_for_save(), None)
+        finished_req_ids = set(sched_out.finished_req_ids)
+        sending, recving = self._guarded(
+            "get_finished", lambda: c.get_finished(finished_req_ids), NOTHING_FINISHED)
+        invalid: set[int] = self._guarded(
+            "get_block_ids_with_load_errors", lambda: c.get_block_ids_with_load_errors(), set())
+        worker_meta: KVConnectorWorkerMetadata | None = self._guarded(
+            "build_connector_worker_meta", lambda: c.build_connector_worker_meta(), None)
+        stats: dict[str, Any] = self._guarded(
+            "get_kv_connector_stats", lambda: c.get_kv_connector_stats(), {})
+        self._guarded("clear_connector_metadata", lambda: c.clear_connector_metadata(), None)
         self._ctx = None
+        # Copies (None is nothing): the output must not share the connector's own sets.
         return KVConnectorOutput(
             finished_sending=set(sending or ()), finished_recving=set(recving or ()),
             invalid_block_ids=set(invalid or ()), worker_meta=worker_meta,
             stats=dict(stats or {}), errors=self._errors,
             error_req_ids=self._error_req_ids if self._errors else set())
 
-    def _call(self, hook: str, *args: Any) -> Any:
+    def _guarded(self, hook: str, call: Callable[[], T], if_raised: T) -> T:
+        """call()'s result; if it raises, the error is recorded under `hook` and `if_raised`
+        stands in, so that the step's remaining hooks still run."""
         try:
-            return getattr(self.connector, hook)(*args)
+            return call()
         except Exception as exc:
             self._record_error(hook, exc)
-            return None
+            return if_raised
 
     def _record_error(self, hook: str, exc: Exception) -> None:
         if isinstance(exc, KVConnectorRequestError):

@@ -12,22 +12,20 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-import torch
-
 from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorRole
+from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.block_pool import BlockPool
 from kvport.engine.connector_setup import create_engine_connector
+from kvport.engine.executor import Executor, InProcExecutor, ProcessExecutor, build_runner
+from kvport.engine.hashing import engine_hash_root
 from kvport.engine.kv_cache_manager import KVCacheManager
 from kvport.engine.request import Request, RequestStatus
-from kvport.engine.scheduler import Scheduler
-from kvport.model.loader import LoadedModel, load_model
-from kvport.engine.executor import (
-    Executor, InProcExecutor, ProcessExecutor, build_runner, engine_hash_root,
-)
-from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from kvport.engine.runner import ModelRunner, kv_cache_spec
+from kvport.engine.scheduler import Scheduler
+from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import kv_block_bytes
+from kvport.model.loader import LoadedModel, load_model, resolve_dtype
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -69,9 +67,14 @@ def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int) -> 
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, loaded: LoadedModel | None = None,
+        driver_cls: type[KVConnectorDriver] = KVConnectorDriver,
+    ) -> None:
+        """`loaded`: the model, if the caller loaded it already. `driver_cls`: what drives the
+        connector's worker half through each step (see ModelRunner)."""
         self.config = config
-        dtype = getattr(torch, config.dtype)
+        dtype = resolve_dtype(config.dtype)
         in_process = config.worker == "inproc"
         if loaded is None:  # a child process loads the weights it runs; this one needs none
             loaded = load_model(config.model, dtype, load_weights=in_process)
@@ -95,10 +98,10 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.kv_cache_manager, sched_connector)
         self.executor: Executor
         if in_process:
-            runner = build_runner(config, self.num_kv_blocks, self.loaded)
+            runner = build_runner(config, self.num_kv_blocks, self.loaded, driver_cls)
             self.executor = InProcExecutor(runner, background=config.async_scheduling)
         else:
-            self.executor = ProcessExecutor(config, self.num_kv_blocks)
+            self.executor = ProcessExecutor(config, self.num_kv_blocks, driver_cls)
         # (step output, its future): at most two steps in flight under async scheduling
         self._in_flight: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
         self.eos_token_ids = frozenset(mc.eos_token_ids)

@@ -20,15 +20,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-import torch
-
 from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorRole
+from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.connector_setup import create_engine_connector
-from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from kvport.engine.hashing import namespace_hash
+from kvport.engine.hashing import engine_hash_root
 from kvport.engine.runner import ModelRunner
-from kvport.model.attention import KV_LAYOUT
+from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
+from kvport.model.loader import LoadedModel, load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -36,37 +35,44 @@ SHUTDOWN_TIMEOUT_S = 30.0
 
 
 class Executor(ABC):
+    """Runs the engine core's steps on the runner, wherever the runner lives."""
+
     @abstractmethod
     def submit(self, sched_out: SchedulerOutput) -> Future[ModelRunnerOutput]:
-        """Queue a step; steps run one at a time in submission order."""
+        """Called by the engine core once per step it schedules (up to two in flight under
+        async scheduling): queues the step. Steps run one at a time in submission order; the
+        future holds the runner's output, or the error that kept the runner from answering
+        (a dead worker process)."""
 
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
         return self.submit(sched_out).result()
 
     @abstractmethod
     def num_runner_requests(self) -> int:
-        """Requests the runner still holds state for (the leak check wants 0)."""
+        """Called by the engine core's leak check (check_no_leaks) with no step in flight: how
+        many requests the runner still holds state for (0 when nothing leaked)."""
 
     @abstractmethod
-    def shutdown(self) -> None: ...
+    def shutdown(self) -> None:
+        """Called by the engine core's shutdown, after every step it submitted finished: shuts
+        the runner down (and with it the connector's worker half), then ends the runner's
+        thread or process. Nothing may be submitted afterwards."""
 
 
-def build_runner(config: EngineConfig, num_kv_blocks: int, loaded: Any | None = None) -> ModelRunner:
-    from kvport.model.loader import load_model
-
-    dtype = getattr(torch, config.dtype)
+def build_runner(
+    config: EngineConfig, num_kv_blocks: int, loaded: LoadedModel | None = None,
+    driver_cls: type[KVConnectorDriver] = KVConnectorDriver,
+) -> ModelRunner:
+    """The runner and, with a KV transfer config, the worker half of the connector beside it.
+    `loaded` without weights (a process that only schedules) is loaded again, with them."""
+    dtype = resolve_dtype(config.dtype)
     if loaded is None or loaded.model is None:
         loaded = load_model(config.model, dtype)
+    assert loaded.model is not None
     connector = create_engine_connector(config, KVConnectorRole.WORKER)
     return ModelRunner(loaded.model, loaded.config, num_kv_blocks, config.block_size, dtype,
                        connector, engine_hash_root(config, loaded.identity),
-                       call_order=config.kv_connector_call_order)
-
-
-def engine_hash_root(config: EngineConfig, model_identity: str) -> bytes:
-    """The root of every block hash: model, dtype, block size and pool layout. Both the scheduler
-    and the runner (possibly in another process) derive it."""
-    return namespace_hash(model_identity, config.dtype, config.block_size, KV_LAYOUT)
+                       call_order=config.kv_connector_call_order, driver_cls=driver_cls)
 
 
 class InProcExecutor(Executor):
@@ -94,10 +100,13 @@ class InProcExecutor(Executor):
 
 
 class ProcessExecutor(Executor):
-    def __init__(self, config: EngineConfig, num_kv_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, num_kv_blocks: int,
+                 driver_cls: type[KVConnectorDriver] = KVConnectorDriver) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_worker_main, args=(child_conn, config, num_kv_blocks),
+        # driver_cls crosses by reference: the child imports the module that defines it.
+        self._proc = ctx.Process(target=_worker_main,
+                                 args=(child_conn, config, num_kv_blocks, driver_cls),
                                  name="kvport-worker", daemon=True)
         self._proc.start()
         child_conn.close()
@@ -172,13 +181,14 @@ class ProcessExecutor(Executor):
             self._reader.join(timeout=SHUTDOWN_TIMEOUT_S)
 
 
-def _worker_main(conn: Connection, config: EngineConfig, num_kv_blocks: int) -> None:
+def _worker_main(conn: Connection, config: EngineConfig, num_kv_blocks: int,
+                 driver_cls: type[KVConnectorDriver]) -> None:
     runner: ModelRunner | None = None
     while True:
         kind, payload = conn.recv()
         try:
             if runner is None and kind != "shutdown":
-                runner = build_runner(config, num_kv_blocks)
+                runner = build_runner(config, num_kv_blocks, driver_cls=driver_cls)
             if kind == "execute":
                 assert runner is not None
                 result: Any = runner.execute(payload)

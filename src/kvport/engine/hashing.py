@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvport.config import EngineConfig
+from kvport.model.attention import KV_LAYOUT
+
 BlockHash = bytes  # 32-byte digest
 
 HASH_FORMAT_VERSION = "kvport-block-hash-v1"
@@ -23,6 +26,12 @@ def namespace_hash(model_identity: str, dtype: str, block_size: int, kv_layout: 
     """Root of every chain: entries of different models, dtypes, block sizes or layouts never mix."""
     text = "|".join([HASH_FORMAT_VERSION, model_identity, dtype, str(block_size), kv_layout])
     return hashlib.sha256(text.encode()).digest()
+
+
+def engine_hash_root(config: EngineConfig, model_identity: str) -> BlockHash:
+    """The engine's root: its model, dtype, block size and pool layout. The scheduler and the
+    runner (possibly in another process) each derive it, and must get the same bytes."""
+    return namespace_hash(model_identity, config.dtype, config.block_size, KV_LAYOUT)
 
 
 def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:

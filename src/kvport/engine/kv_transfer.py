@@ -28,8 +28,8 @@ from kvport.connectors.base import (
 )
 
 if TYPE_CHECKING:
-    from kvport.engine.outputs import SchedulerOutput
     from kvport.engine.request import Request
+    from kvport.engine.step import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

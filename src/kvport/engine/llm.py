@@ -22,8 +22,20 @@ PromptType = Union[str, Sequence[int]]
 
 class LLM:
     def __init__(self, model: str = "builtin:tiny-llama", **kwargs: Any) -> None:
-        self.engine = EngineCore(EngineConfig.from_kwargs(model=model, **kwargs))
-        self.config = self.engine.config  # max_model_len resolved
+        """`kwargs` are EngineConfig's fields."""
+        self._attach(EngineCore(EngineConfig.from_kwargs(model=model, **kwargs)))
+
+    @classmethod
+    def from_engine(cls, engine: EngineCore) -> LLM:
+        """An LLM over an engine core the caller built, for what EngineCore takes beyond the
+        config (a model already loaded, a driver class of its own)."""
+        llm = cls.__new__(cls)
+        llm._attach(engine)
+        return llm
+
+    def _attach(self, engine: EngineCore) -> None:
+        self.engine = engine
+        self.config = engine.config  # max_model_len resolved
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:

@@ -21,7 +21,7 @@ import torch
 from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER
 from kvport.connectors.base import ForwardContext, KVCacheSpec, KVConnectorBase
 from kvport.connectors.driver import KVConnectorDriver
-from kvport.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import (
     KV_LAYOUT, AttentionMetadata, DecodeRows, PagedAttention, PrefillSeq, kv_cache_shape,
 )
@@ -30,6 +30,7 @@ from kvport.model.sampler import sample
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass
 class CachedRequestState:
@@ -63,7 +64,10 @@ class ModelRunner:
         self, model: torch.nn.Module, model_config: ModelConfig, num_blocks: int,
         block_size: int, dtype: torch.dtype, connector: KVConnectorBase | None = None,
         hash_root: bytes = b"", call_order: str = DEFAULT_KV_CONNECTOR_CALL_ORDER,
+        driver_cls: type[KVConnectorDriver] = KVConnectorDriver,
     ) -> None:
+        """`driver_cls` drives `connector` through each step: KVConnectorDriver, or a subclass
+        that changes how (a test puts a defect back with one)."""
         self.model = model
         self.hash_root = hash_root
         self.model_config = model_config
@@ -74,8 +78,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}  # req_id -> state
         self.driver: KVConnectorDriver | None = None
         if connector is not None:
-            self.driver = KVConnectorDriver(connector, self.kv_cache, self.kv_cache_spec,
-                                            call_order)
+            self.driver = driver_cls(connector, self.kv_cache, self.kv_cache_spec, call_order)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:

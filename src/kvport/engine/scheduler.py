@@ -26,10 +26,10 @@ from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorBase, KVConnectorOutput
 from kvport.engine.kv_cache_manager import KVCacheManager
 from kvport.engine.kv_transfer import KVTransferTracker, Match, MatchKind
-from kvport.engine.outputs import (
+from kvport.engine.request import Request, RequestStatus
+from kvport.engine.step import (
     CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput,
 )
-from kvport.engine.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
 

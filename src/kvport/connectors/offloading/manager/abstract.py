@@ -124,7 +124,9 @@ class OffloadingManager(ABC):
 
     @property
     @abstractmethod
-    def medium(self) -> str: ...
+    def medium(self) -> str:
+        """The tier's medium name, fixed at construction. Every OffloadingEvent the manager
+        emits carries it; the scheduler half passes it on as its KVCacheEvents' medium."""
 
     @property
     @abstractmethod
@@ -133,7 +135,9 @@ class OffloadingManager(ABC):
 
     @property
     @abstractmethod
-    def num_free_slots(self) -> int: ...
+    def num_free_slots(self) -> int:
+        """Read by the scheduler half for its occupancy metrics, at any time: slots that hold
+        no block, ready or being written (num_blocks minus those). Changes nothing."""
 
     @property
     @abstractmethod

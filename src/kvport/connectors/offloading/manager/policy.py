@@ -86,10 +86,16 @@ class PolicyManager(OffloadingManager):
 
     # ----- policy hooks -----
     @abstractmethod
-    def _find(self, key: BlockKey) -> BlockStatus | None: ...
+    def _find(self, key: BlockKey) -> BlockStatus | None:
+        """Called by every primitive that names keys: the key's block (ready or being written),
+        or None when the key is not present. A pure read: it must not count as an access (only
+        _promote records one), since lookup and prepare_load are not touches."""
 
     @abstractmethod
-    def _blocks(self) -> Iterator[tuple[BlockKey, BlockStatus]]: ...
+    def _blocks(self) -> Iterator[tuple[BlockKey, BlockStatus]]:
+        """Called by reset, _clear and check_integrity: every present key with its block, each
+        once, in the policy's own order (reset reports the removed keys in it). A pure read;
+        callers that remove blocks take the whole list first."""
 
     @abstractmethod
     def _insert(self, key: BlockKey, block: BlockStatus) -> None:

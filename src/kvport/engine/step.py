@@ -1,10 +1,14 @@
-"""Plain-data records that cross the scheduler / runner boundary (picklable, no tensors)."""
+"""The records of one engine step: what the scheduler hands the runner (`SchedulerOutput`, with a
+`NewRequestData` or `CachedRequestData` per scheduled request) and what the runner answers
+(`ModelRunnerOutput`). Plain data, picklable, no tensors: with `worker="process"` they cross a
+pipe. The public per-request result of `LLM.generate` is kvport.outputs.RequestOutput.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from kvport.connectors.base import KVConnectorMetadata, KVConnectorOutput
 from kvport.sampling_params import SamplingParams
 
 
@@ -39,7 +43,8 @@ class SchedulerOutput:
     preempted_req_ids: set[str]
     finished_req_ids: set[str]  # finished (or aborted) since the previous step
     step: int = 0
-    kv_connector_metadata: Any = None
+    # The connector's scheduler half built it for its worker half; None without a connector.
+    kv_connector_metadata: KVConnectorMetadata | None = None
     # A request scheduled in this step loads external tokens synchronously (the worker driver
     # then starts loads before the forward under vLLM 0.32's call order).
     has_sync_kv_loads: bool = False
@@ -51,4 +56,5 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
     failed_req_ids: dict[str, str] = field(default_factory=dict)  # req_id -> error message
-    kv_connector_output: Any = None
+    # The connector's worker half answered the step; None without a connector.
+    kv_connector_output: KVConnectorOutput | None = None
