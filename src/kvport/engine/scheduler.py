@@ -26,6 +26,7 @@ from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorBase, KVConnectorOutput
 from kvport.engine.kv_cache_manager import KVCacheManager
 from kvport.engine.kv_transfer import KVTransferTracker, Match, MatchKind
+from kvport.engine.recovery import distrust_step_blocks, rewind_to_valid_blocks, step_failures
 from kvport.engine.request import Request, RequestStatus
 from kvport.engine.step import (
     CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput,
@@ -307,12 +308,16 @@ class Scheduler:
         self.xfer.trace_step(sched_out.step)
         kv_out: KVConnectorOutput | None = runner_out.kv_connector_output
         finished, self.failed_in_schedule = self.failed_in_schedule, []
-        for rid, error in _step_failures(sched_out, runner_out).items():
+        for rid, error in step_failures(sched_out, runner_out).items():
             req = self.requests.get(rid)
             if req is not None and not req.is_finished:
-                self._distrust_step_blocks(req, sched_out)
+                distrust_step_blocks(self.kv, req, sched_out)
                 finished += self.finish_requests([rid], RequestStatus.FINISHED_ERROR, error)
-        rewound = self._handle_invalid_blocks(kv_out.invalid_block_ids if kv_out else set())
+        invalid = kv_out.invalid_block_ids if kv_out else set()
+        loading = [r for r in self.waiting if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
+        rewound, resend = rewind_to_valid_blocks(self.kv, self.xfer, self.running, loading,
+                                                 invalid, self.step_id)
+        self._resend |= resend
         if self.load_failure_policy == "fail":
             finished += self.finish_requests(sorted(rewound), RequestStatus.FINISHED_ERROR,
                                              "KV load failed (kv_load_failure_policy=fail)")
@@ -347,39 +352,6 @@ class Scheduler:
                     break
         return finished
 
-    def _handle_invalid_blocks(self, invalid: set[int]) -> set[str]:
-        """Truncate every request whose block table holds a block that a load failed to fill to
-        the last good block before it, and withdraw that block and all after it from the prefix
-        cache. Returns their ids (running ones recompute, and their tokens of this step are
-        discarded; loading ones resume with what their load delivered before the bad block)."""
-        if not invalid:
-            return set()
-        self.xfer.count_invalid_blocks(len(invalid))
-        bs = self.kv.block_size
-        rewound: set[str] = set()
-        loading = [r for r in self.waiting if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
-        for req in self.running + loading:
-            table = self.kv.get_block_ids(req.request_id)
-            first = next((i for i, b in enumerate(table) if b in invalid), None)
-            if first is None:
-                continue
-            self.kv.uncache_blocks_from(req, first)
-            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-                self.xfer.limit_async_load(req.request_id, first * bs)
-            else:
-                req.rewind(first * bs, self.step_id)
-                self._resend.add(req.request_id)
-            rewound.add(req.request_id)
-        self.kv.uncache_block_ids(invalid)
-        return rewound
-
-    def _distrust_step_blocks(self, req: Request, out: SchedulerOutput) -> None:
-        """A step failed: withdraw from the prefix cache every block it computed or loaded."""
-        first_token = req.num_computed_tokens - out.num_scheduled_tokens.get(req.request_id, 0)
-        if any(n.req_id == req.request_id for n in out.scheduled_new_reqs):
-            first_token -= req.num_external_computed_tokens
-        self.kv.uncache_blocks_from(req, max(0, first_token) // self.kv.block_size)
-
     def _fail_detached(self, req: Request, error: str) -> None:
         """Fail a request that schedule() has taken off the waiting queue."""
         req.status = RequestStatus.FINISHED_ERROR
@@ -402,15 +374,3 @@ class Scheduler:
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()
-
-
-def _step_failures(sched_out: SchedulerOutput, runner_out: ModelRunnerOutput) -> dict[str, str]:
-    """req_id -> error for the requests the runner or a worker-side connector hook failed."""
-    failed = dict(runner_out.failed_req_ids)
-    kv_out = runner_out.kv_connector_output
-    if kv_out is not None and kv_out.errors:
-        message = "KV connector failed: " + "; ".join(f"{k}: {v}" for k, v in kv_out.errors.items())
-        targets = kv_out.error_req_ids
-        failed.update({rid: message for rid in (
-            sched_out.num_scheduled_tokens if targets is None else targets)})
-    return failed
