@@ -133,7 +133,7 @@ def _size_rows(cfg: TransferBenchConfig, size: int, root: Path,
                     fh.readinto(host.buffer.numpy().data)
 
             def read_file_checked() -> None:
-                _read_checked(one, host.buffer.numpy().reshape(-1).data, size)
+                _read_checked(one, host.buffer.numpy().reshape(-1).data, size, disk.piece_bytes)
 
             def read_file_split() -> None:
                 _read_split(one, host.buffer.numpy().reshape(-1).data, size, splitters,
@@ -181,13 +181,12 @@ def _side_stats(num_bytes: int, times: dict[str, list[float]]) -> dict[str, Any]
             **ratio_stats(times["tier"], times["one_file"])}
 
 
-def _read_checked(path: Path, out: memoryview, entry_bytes: int) -> None:
+def _read_checked(path: Path, out: memoryview, entry_bytes: int, piece_bytes: int) -> None:
     """One file into out, a piece at a time (the tier's piece size, whole entries), each entry
     hashed right after its piece landed."""
     from kvport.connectors.offloading.tiers.disk.location import checksum
-    from kvport.connectors.offloading.tiers.disk.read import PIECE_BYTES
 
-    piece = max(1, PIECE_BYTES // entry_bytes) * entry_bytes
+    piece = max(1, piece_bytes // entry_bytes) * entry_bytes
     with open(path, "rb", buffering=0) as fh:
         for start in range(0, out.nbytes, piece):
             view = out[start:start + piece]
