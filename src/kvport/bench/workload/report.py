@@ -43,7 +43,11 @@ def format_result(result: WorkloadResult) -> str:
     later = "rounds >= 2" if cfg.workload == "multi-turn" else "repeated queries"
     lines.append(f"computed / steps {tag}: per request of {later}, the mean prompt tokens "
                  f"computed (not hit) and engine steps to the first token")
-    lines += [_target_line(t) for t in result.targets]
+    lines += [_target_line(t, later) for t in result.targets]
+    if not all(t.judged for t in result.targets):
+        lines.append(f"not judged: one pass, whose {later} fall on both sides of the limit "
+                     f"(single runs scatter on a shared machine); --repeats 3 judges on the "
+                     f"median of 3 passes")
     return "\n".join(lines + _notes(result))
 
 
@@ -88,16 +92,20 @@ def _hits_table(result: WorkloadResult, tag: str) -> list[str]:
     return table_lines(rows)
 
 
-def _target_line(t: TargetResult) -> str:
+def _target_line(t: TargetResult, later: str) -> str:
+    """'target host ttft_p50_after_round1_s vs ideal: 1.190x (rounds >= 2: 0.981-1.342) <=
+    1.100x: not judged'; with passes, their ratios instead of the phases' spread."""
     op = ">=" if t.at_least else "<="
-    verdict = {True: "met", False: "NOT met", None: "n/a"}[t.met]
+    verdict = {True: "met", False: "NOT met", None: "n/a"}[t.met] if t.judged else "not judged"
     ideal_note = f" (ideal {_f(t.ideal_ratio, '{:.3f}x')})" if t.against == BASELINE else ""
-    passes = ""
+    spread, passes = "", ""
     if t.pass_ratios:  # ' (median of passes 0.98, 1.10, 1.01; pooled requests 1.03x)'
         passes = (f" (median of passes {', '.join(_f(r) for r in t.pass_ratios)}; pooled "
                   f"requests {_f(t.pooled_ratio)}x)")
-    return (f"target {t.config} {t.metric} vs {t.against}: {_f(t.ratio)}x {op} {t.limit:.3f}x: "
-            f"{verdict}{ideal_note}{passes}")
+    elif t.spread is not None:
+        spread = f" ({later}: {t.spread[0]:.3f}-{t.spread[1]:.3f})"
+    return (f"target {t.config} {t.metric} vs {t.against}: {_f(t.ratio)}x{spread} {op} "
+            f"{t.limit:.3f}x: {verdict}{ideal_note}{passes}")
 
 
 def _notes(result: WorkloadResult) -> list[str]:

@@ -1,10 +1,18 @@
 """The targets of the workload benchmarks: a configuration's figure over another's in the same
 run must stay within a limit, for the engines a target names.
 
+One pass scatters: a shared machine's speed moves while it runs. So each target of a figure of
+the later requests (rounds >= 2, repeated queries: phases that ask the same kind of request) also
+gets its `spread`, the least and the largest of its per-phase ratios (each phase compares both
+configurations back to back). Where the limit lies within that spread, one pass cannot decide:
+the target is not `judged`, whatever side its ratio fell on. A figure over every phase mixes
+first and later requests, whose ratios differ by design, so it has no spread and is judged.
+
 With several passes (`--repeats`), a target's ratio is the median of its passes' ratios, and its
 verdict that median's: each pass compares the configurations under one state of the machine,
 phase by phase, while pooling the requests of passes that ran at different speeds mixes those
-states. The pooled tables' ratio stays as `pooled_ratio`, each pass's as `pass_ratios`.
+states. The pooled tables' ratio stays as `pooled_ratio`, each pass's as `pass_ratios`, their
+range as the spread.
 """
 
 from __future__ import annotations
@@ -16,9 +24,9 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from kvport.bench.common.command import JsonObject
-from kvport.bench.common.stats import ratio
+from kvport.bench.common.stats import percentile, ratio
 from kvport.bench.workload.config import BASELINE, IDEAL
-from kvport.bench.workload.summary import ConfigSummary
+from kvport.bench.workload.summary import ConfigSummary, later_phases
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,24 @@ METRICS: dict[str, Callable[[ConfigSummary], float | None]] = {
 }
 
 
+def _phase_ttft_p50(c: ConfigSummary, phase: int) -> float | None:
+    return percentile([r.ttft_s for r in c.records if r.phase == phase and r.index >= 1], 50)
+
+
+def _phase_tokens_per_s(c: ConfigSummary, phase: int) -> float | None:
+    wall = c.phase_wall.get(phase)
+    tokens = sum(r.prompt_tokens + r.output_tokens for r in c.records if r.phase == phase)
+    return tokens / wall if wall else None
+
+
+# a metric of the later requests -> its value in one phase (the others have no spread)
+PHASE_METRICS: dict[str, Callable[[ConfigSummary, int], float | None]] = {
+    "ttft_p50_repeat_s": _phase_ttft_p50,
+    "ttft_p50_after_round1_s": _phase_ttft_p50,
+    "total_tokens_per_s_after_round1": _phase_tokens_per_s,
+}
+
+
 @dataclass(frozen=True)
 class TargetResult:
     config: str
@@ -74,6 +100,9 @@ class TargetResult:
     met: bool | None  # None: a figure is missing
     pooled_ratio: float | None = None  # several passes: the pooled requests' ratio
     pass_ratios: tuple[float | None, ...] | None = None  # several passes: each pass's ratio
+    # (least, largest) ratio of the pass's later phases, or of the passes; None: none measured
+    spread: tuple[float, float] | None = None
+    judged: bool = True  # False: one pass whose spread holds the limit cannot decide
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -85,6 +114,7 @@ class TargetResult:
             del out["pooled_ratio"], out["pass_ratios"]
         else:
             out["pass_ratios"] = list(self.pass_ratios)
+        out["spread"] = list(self.spread) if self.spread is not None else None
         return out
 
 
@@ -95,7 +125,7 @@ def met(value: float | None, limit: float, at_least: bool) -> bool | None:
 def evaluate_targets(workload: str, engine: str,
                      items: Mapping[str, ConfigSummary]) -> list[TargetResult]:
     """Every target of this workload and engine whose configurations ran (`items`: by name,
-    ideal's included)."""
+    ideal's included), each with the spread of its phases and whether one pass decides it."""
     base, ideal = items.get(BASELINE), items.get(IDEAL)
     out = []
     for t in TARGETS:
@@ -106,15 +136,31 @@ def evaluate_targets(workload: str, engine: str,
         value = ratio(figure(items[t.config]), figure(items[t.against]))
         ideal_ratio = ratio(figure(ideal), figure(base)) \
             if ideal is not None and base is not None and t.against == BASELINE else None
+        spread = phase_spread(t.metric, items[t.config], items[t.against])
         out.append(TargetResult(t.config, t.metric, t.against, value, ideal_ratio, t.limit,
-                                t.at_least, met(value, t.limit, t.at_least)))
+                                t.at_least, met(value, t.limit, t.at_least), spread=spread,
+                                judged=spread is None or not spread[0] <= t.limit <= spread[1]))
     return out
+
+
+def phase_spread(metric: str, config: ConfigSummary,
+                 against: ConfigSummary) -> tuple[float, float] | None:
+    """(least, largest) per-phase ratio of `metric` over the later phases both ran; None for a
+    metric over every phase, or fewer than two phases with a ratio."""
+    per_phase = PHASE_METRICS.get(metric)
+    if per_phase is None:
+        return None
+    phases = sorted(later_phases(config.records) & later_phases(against.records))
+    ratios = [r for r in (ratio(per_phase(config, p), per_phase(against, p)) for p in phases)
+              if r is not None]
+    return (min(ratios), max(ratios)) if len(ratios) >= 2 else None
 
 
 def judge_over_passes(targets: Sequence[TargetResult],
                       passes: Sequence[Sequence[TargetResult]]) -> list[TargetResult]:
-    """With several passes, each target's ratio the median of its passes' ratios, and its
-    verdict that median's (module docstring); with none, the targets as they are."""
+    """With several passes, each target's ratio the median of its passes' ratios, its verdict
+    that median's, its spread the passes' (module docstring); with none, the targets as they
+    are."""
     if not passes:
         return list(targets)
     judged = []
@@ -124,5 +170,7 @@ def judge_over_passes(targets: Sequence[TargetResult],
         median = statistics.median(known) if known else None
         judged.append(dataclasses.replace(t, ratio=median, pooled_ratio=t.ratio,
                                           pass_ratios=ratios,
-                                          met=met(median, t.limit, t.at_least)))
+                                          met=met(median, t.limit, t.at_least),
+                                          spread=(min(known), max(known)) if known else None,
+                                          judged=True))
     return judged
