@@ -108,21 +108,20 @@ class StrategyTier:
 
     def store(self, src: EngineBlocks, dst: HostBlocks) -> None:
         """ENGINE -> HOST: engine blocks `f*i .. f*i+f-1` of src fill slot `dst.slot_ids[i]`."""
-        f = self.blocks_per_slot
-        if src.skip or len(src.block_ids) != f * len(dst.slot_ids):
-            raise ValueError(f"a store of {len(dst.slot_ids)} slots needs "
-                             f"{f * len(dst.slot_ids)} whole engine blocks, got "
-                             f"{len(src.block_ids)} with skip={src.skip}")
-        self._copy(src.block_ids, slot_rows(dst.slot_ids, f), to_host=True)
+        self._copy(src.block_ids, self._rows_of(dst, src), to_host=True)
 
     def load(self, src: HostBlocks, dst: EngineBlocks) -> None:
         """HOST -> ENGINE: the engine-block rows of src's slots fill `dst.block_ids` in order."""
+        self._copy(dst.block_ids, self._rows_of(src, dst), to_host=False)
+
+    def _rows_of(self, slots: HostBlocks, blocks: EngineBlocks) -> list[int]:
+        """The host rows of the slots, which must pair with whole engine blocks (ValueError)."""
         f = self.blocks_per_slot
-        if dst.skip or len(dst.block_ids) != f * len(src.slot_ids):
-            raise ValueError(f"a load of {len(src.slot_ids)} slots fills "
-                             f"{f * len(src.slot_ids)} whole engine blocks, got "
-                             f"{len(dst.block_ids)} with skip={dst.skip}")
-        self._copy(dst.block_ids, slot_rows(src.slot_ids, f), to_host=False)
+        if blocks.skip or len(blocks.block_ids) != f * len(slots.slot_ids):
+            raise ValueError(f"{len(slots.slot_ids)} slots pair with {f * len(slots.slot_ids)} "
+                             f"whole engine blocks, got {len(blocks.block_ids)} with "
+                             f"skip={blocks.skip}")
+        return slot_rows(slots.slot_ids, f)
 
     def _copy(self, block_ids: list[int], row_ids: list[int], to_host: bool) -> None:
         if len(self.pool.segments) > 1:
