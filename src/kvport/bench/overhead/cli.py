@@ -48,8 +48,8 @@ def run_command(args: argparse.Namespace) -> int:
         if args.engine == "kvport":
             return OverheadConfig.for_engine("kvport", args.model or "builtin:tiny-llama",
                                              dtype=args.dtype, batch=args.batch, **given)
+        from kvport.bench.common.models import default_model
         from kvport.bench.vllm.engine import require_vllm
-        from kvport.bench.workload.config import default_model
 
         require_vllm(args.vllm_python)
         return OverheadConfig.for_engine(

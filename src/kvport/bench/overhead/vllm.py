@@ -38,9 +38,7 @@ from kvport.bench.overhead.config import (
     OverheadSystem,
 )
 from kvport.bench.overhead.rounds import rotated_rounds
-from kvport.bench.vllm.engine import VllmEngineProcess, threads_env
-
-VLLM_CPU_BLOCK_SIZE = 128  # vLLM's CPU backend: tokens per KV block, fixed
+from kvport.bench.vllm.engine import VLLM_CPU_BLOCK_SIZE, VllmEngineProcess, threads_env
 
 
 def engine_kwargs(cfg: OverheadConfig, model_dir: str, storage: str = "") -> dict[str, JsonObject]:

