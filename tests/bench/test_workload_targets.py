@@ -1,6 +1,6 @@
-"""The verdicts of the workload benchmarks' targets: one pass is judged only where the spread of
-its later phases leaves the limit on one side (single runs scatter); several passes are judged
-on their median; the report says which."""
+"""The verdicts of the workload benchmarks' targets: one pass is judged only where its spread
+(the ratio per later phase, or without each phase in turn) leaves the limit on one side (single
+runs scatter); several passes are judged on their median; the report says which."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from kvport.bench.workload.summary import summarize
 from kvport.bench.workload.targets import TargetResult, evaluate_targets, judge_over_passes
 
 
-def _outcome(ttfts: dict[int, float], ideal: bool = False) -> Outcome:
+def _outcome(ttfts: dict[int, float], ideal: bool = False,
+             walls: dict[int, float] | None = None) -> Outcome:
     """Two users; phase 0 their first rounds (TTFT 1 s), phase p >= 1 their rounds p + 1 with
-    the TTFT given, every phase 1 s of 100 tokens."""
+    the TTFT given; each phase 200 tokens in `walls[p]` seconds (1 s each by default)."""
     recs = [RequestRecord("c", user, phase, phase, 90, 10, 1.0 if phase == 0 else ttft,
                           2.0, 0, 0, 0, 0, 1, [1])
             for phase, ttft in {0: 1.0, **ttfts}.items() for user in range(2)]
-    return Outcome(tuple(recs), float(len(ttfts) + 1), {p: 1.0 for p in range(len(ttfts) + 1)},
-                   None, 0, None, ideal, 0)
+    walls = walls or {p: 1.0 for p in range(len(ttfts) + 1)}
+    return Outcome(tuple(recs), sum(walls.values()), walls, None, 0, None, ideal, 0)
 
 
 def _targets(host: dict[int, float]) -> dict[tuple[str, str], TargetResult]:
@@ -46,12 +47,23 @@ def test_one_pass_whose_phases_agree_is_judged() -> None:
     assert got.judged and got.met is False  # every round above 1.1: not met, and decided
 
 
-def test_a_figure_over_every_phase_has_no_spread_and_is_judged() -> None:
-    items = {"no-connector": summarize("no-connector", _outcome({1: 1.0, 2: 1.0}), "multi-turn"),
-             "host": summarize("host", _outcome({1: 0.1, 2: 0.1}), "multi-turn")}
+def test_a_figure_over_every_phase_is_spread_by_leaving_each_phase_out() -> None:
+    """Round 1 costs both the same, later rounds a tenth in host: the pass's ratio without
+    round 1 is 10, without a later round lower; never 2 (the limit) or below: judged."""
+    base = _outcome({1: 1.0, 2: 1.0})
+    host = _outcome({1: 0.1, 2: 0.1}, walls={0: 1.0, 1: 0.1, 2: 0.1})
+    items = {"no-connector": summarize("no-connector", base, "multi-turn"),
+             "host": summarize("host", host, "multi-turn")}
     [total] = [t for t in evaluate_targets("multi-turn", "kvport", items)
                if t.metric == "total_tokens_per_s"]
-    assert total.spread is None and total.judged
+    assert total.ratio is not None and round(total.ratio, 6) == 2.5  # 3 s against 1.2 s
+    assert total.spread is not None and round(total.spread[0], 6) == round(2 / 1.1, 6)
+    assert round(total.spread[1], 6) == 10.0 and not total.judged  # 2 / 1.1 < 2 <= 10
+    items["host"] = summarize("host", _outcome({1: 0.1, 2: 0.1}, walls={0: 0.5, 1: 0.1, 2: 0.1}),
+                              "multi-turn")
+    [total] = [t for t in evaluate_targets("multi-turn", "kvport", items)
+               if t.metric == "total_tokens_per_s"]
+    assert total.judged and total.met  # 2 / 0.6 > 2 without any one round
 
 
 def test_passes_are_judged_on_their_median_and_their_range_is_the_spread() -> None:
@@ -79,4 +91,4 @@ def test_the_report_prints_the_spread_and_says_not_judged() -> None:
             "<= 1.100x: not judged") in text
     assert "target host ttft_p50_after_round1_s vs no-connector: 0.120x (rounds >= 2: " \
            "0.100-0.130) <= 0.333x: met (ideal 0.100x)" in text
-    assert "not judged: one pass, whose rounds >= 2 fall on both sides of the limit" in text
+    assert "not judged: within this one pass the ratio falls on both sides of the limit" in text

@@ -10,7 +10,7 @@ from kvport.bench.common.table import table_lines
 from kvport.bench.workload.config import BASELINE
 from kvport.bench.workload.result import WorkloadResult
 from kvport.bench.workload.summary import TIERS, ConfigSummary
-from kvport.bench.workload.targets import TargetResult
+from kvport.bench.workload.targets import PHASE_METRICS, TargetResult
 
 
 def _f(value: float | None, fmt: str = "{:.3f}") -> str:
@@ -43,11 +43,14 @@ def format_result(result: WorkloadResult) -> str:
     later = "rounds >= 2" if cfg.workload == "multi-turn" else "repeated queries"
     lines.append(f"computed / steps {tag}: per request of {later}, the mean prompt tokens "
                  f"computed (not hit) and engine steps to the first token")
-    lines += [_target_line(t, later) for t in result.targets]
+    phase = "round" if cfg.workload == "multi-turn" else "query"
+    lines += [_target_line(t, later if t.metric in PHASE_METRICS else f"without one {phase}")
+              for t in result.targets]
     if not all(t.judged for t in result.targets):
-        lines.append(f"not judged: one pass, whose {later} fall on both sides of the limit "
-                     f"(single runs scatter on a shared machine); --repeats 3 judges on the "
-                     f"median of 3 passes")
+        lines.append(f"not judged: within this one pass the ratio falls on both sides of the "
+                     f"limit ({later} on their own, or the pass without one {phase}); single "
+                     f"runs scatter on a shared machine: --repeats 3 judges on the median of 3 "
+                     f"passes")
     return "\n".join(lines + _notes(result))
 
 
@@ -92,9 +95,9 @@ def _hits_table(result: WorkloadResult, tag: str) -> list[str]:
     return table_lines(rows)
 
 
-def _target_line(t: TargetResult, later: str) -> str:
+def _target_line(t: TargetResult, within: str) -> str:
     """'target host ttft_p50_after_round1_s vs ideal: 1.190x (rounds >= 2: 0.981-1.342) <=
-    1.100x: not judged'; with passes, their ratios instead of the phases' spread."""
+    1.100x: not judged'; with passes, their ratios instead of the pass's spread."""
     op = ">=" if t.at_least else "<="
     verdict = {True: "met", False: "NOT met", None: "n/a"}[t.met] if t.judged else "not judged"
     ideal_note = f" (ideal {_f(t.ideal_ratio, '{:.3f}x')})" if t.against == BASELINE else ""
@@ -103,7 +106,7 @@ def _target_line(t: TargetResult, later: str) -> str:
         passes = (f" (median of passes {', '.join(_f(r) for r in t.pass_ratios)}; pooled "
                   f"requests {_f(t.pooled_ratio)}x)")
     elif t.spread is not None:
-        spread = f" ({later}: {t.spread[0]:.3f}-{t.spread[1]:.3f})"
+        spread = f" ({within}: {t.spread[0]:.3f}-{t.spread[1]:.3f})"
     return (f"target {t.config} {t.metric} vs {t.against}: {_f(t.ratio)}x{spread} {op} "
             f"{t.limit:.3f}x: {verdict}{ideal_note}{passes}")
 

@@ -1,12 +1,15 @@
 """The targets of the workload benchmarks: a configuration's figure over another's in the same
 run must stay within a limit, for the engines a target names.
 
-One pass scatters: a shared machine's speed moves while it runs. So each target of a figure of
-the later requests (rounds >= 2, repeated queries: phases that ask the same kind of request) also
-gets its `spread`, the least and the largest of its per-phase ratios (each phase compares both
-configurations back to back). Where the limit lies within that spread, one pass cannot decide:
-the target is not `judged`, whatever side its ratio fell on. A figure over every phase mixes
-first and later requests, whose ratios differ by design, so it has no spread and is judged.
+One pass scatters: a shared machine's speed moves while it runs. So each target also gets its
+`spread` within the pass, the least and the largest of:
+- for a figure of the later requests (rounds >= 2, repeated queries: phases that ask the same
+  kind of request), its ratio in each of those phases (each phase compares both configurations
+  back to back);
+- for a figure over every phase, which mixes first and later requests whose ratios differ by
+  design, its ratio over the pass without each one of its phases in turn.
+Where the limit lies within that spread, one pass cannot decide: the target is not `judged`,
+whatever side its ratio fell on.
 
 With several passes (`--repeats`), a target's ratio is the median of its passes' ratios, and its
 verdict that median's: each pass compares the configurations under one state of the machine,
@@ -80,11 +83,21 @@ def _phase_tokens_per_s(c: ConfigSummary, phase: int) -> float | None:
     return tokens / wall if wall else None
 
 
-# a metric of the later requests -> its value in one phase (the others have no spread)
+def _tokens_per_s_without(c: ConfigSummary, phase: int) -> float | None:
+    wall = sum(w for p, w in c.phase_wall.items() if p != phase)
+    tokens = sum(r.prompt_tokens + r.output_tokens for r in c.records if r.phase != phase)
+    return tokens / wall if wall else None
+
+
+# a metric of the later requests -> its value in one phase
 PHASE_METRICS: dict[str, Callable[[ConfigSummary, int], float | None]] = {
     "ttft_p50_repeat_s": _phase_ttft_p50,
     "ttft_p50_after_round1_s": _phase_ttft_p50,
     "total_tokens_per_s_after_round1": _phase_tokens_per_s,
+}
+# a metric over every phase -> its value over every phase but one
+WITHOUT_PHASE_METRICS: dict[str, Callable[[ConfigSummary, int], float | None]] = {
+    "total_tokens_per_s": _tokens_per_s_without,
 }
 
 
@@ -145,13 +158,15 @@ def evaluate_targets(workload: str, engine: str,
 
 def phase_spread(metric: str, config: ConfigSummary,
                  against: ConfigSummary) -> tuple[float, float] | None:
-    """(least, largest) per-phase ratio of `metric` over the later phases both ran; None for a
-    metric over every phase, or fewer than two phases with a ratio."""
-    per_phase = PHASE_METRICS.get(metric)
-    if per_phase is None:
-        return None
-    phases = sorted(later_phases(config.records) & later_phases(against.records))
-    ratios = [r for r in (ratio(per_phase(config, p), per_phase(against, p)) for p in phases)
+    """(least, largest) ratio of `metric` within the pass (module docstring): per later phase,
+    or without each phase in turn; None for fewer than two ratios."""
+    if metric in PHASE_METRICS:
+        figure = PHASE_METRICS[metric]
+        phases = later_phases(config.records) & later_phases(against.records)
+    else:
+        figure = WITHOUT_PHASE_METRICS[metric]
+        phases = set(config.phase_wall) & set(against.phase_wall)
+    ratios = [r for r in (ratio(figure(config, p), figure(against, p)) for p in sorted(phases))
               if r is not None]
     return (min(ratios), max(ratios)) if len(ratios) >= 2 else None
 
