@@ -22,11 +22,12 @@ NUM_BLOCKS = 12
 
 
 def one_segment() -> torch.Tensor:
-    gen = torch.Generator().manual_seed(0)
-    return torch.randn(NUM_BLOCKS, 2, 2, 4, 2, 8, generator=gen)
+    """kvport's pool: (blocks, layers, K|V, block_size, heads, head_dim), a block contiguous."""
+    return torch.randn(NUM_BLOCKS, 2, 2, 4, 2, 8, generator=torch.Generator().manual_seed(0))
 
 
 def layers() -> list[torch.Tensor]:
+    """vLLM's layer-major pool: a (blocks, heads, block_size, K|V x head_dim) page per layer."""
     gen = torch.Generator().manual_seed(1)
     return [torch.randn(NUM_BLOCKS, 2, 4, 8, generator=gen) for _ in range(3)]
 
