@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvport.bench import OtherLoadMeter
+from kvport.bench.common.machine import OtherLoadMeter
 
 
 def test_other_load_and_steal_are_cores_over_the_wall_time(

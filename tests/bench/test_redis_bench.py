@@ -13,18 +13,16 @@ import pytest
 from redis_fixtures import RedisServer
 
 from kvport.bench.cli import add_bench_parser, main
-from kvport.bench.report import format_result
-from kvport.bench.transfer import TransferBenchConfig, format_transfer, run_transfer
-from kvport.bench.workload_bench import (
-    DEFAULT_CONFIGS,
-    REDIS_COLD,
-    WorkloadBenchConfig,
-    build_config_specs,
-    plan_engine,
-    run_workload_bench,
-)
-from kvport.bench.workload_cli import _workload_config
-from kvport.bench.workloads import LongDocSpec, MultiTurnSpec
+from kvport.bench.transfer.config import TransferBenchConfig
+from kvport.bench.transfer.report import format_transfer
+from kvport.bench.transfer.run import run_transfer
+from kvport.bench.workload import run as workload_run
+from kvport.bench.workload.cli import workload_config
+from kvport.bench.workload.config import DEFAULT_CONFIGS, REDIS_COLD, WorkloadBenchConfig
+from kvport.bench.workload.plan import build_config_specs, plan_engine
+from kvport.bench.workload.report import format_result
+from kvport.bench.workload.run import run_workload_bench
+from kvport.bench.workload.workloads import LongDocSpec, MultiTurnSpec
 
 TINY = "builtin:tiny-llama"
 
@@ -34,7 +32,8 @@ def test_transfer_redis_rows_are_sane_and_leave_no_key(redis_server: RedisServer
     client.set("someone-elses-key", b"kept")  # a server we were pointed at: only ours go
     cfg = TransferBenchConfig(block_sizes=(32768, 65536), total_mib=1, repeats=2, disk=False,
                               job_blocks=4, redis_url=redis_server.url, redis_mib=1)
-    result = run_transfer(cfg)
+    run = run_transfer(cfg)
+    result = run.to_json()
     rows = result["redis"]["rows"]
     assert [r["offload_block_bytes"] for r in rows] == [32768, 65536]
     for row in rows:
@@ -49,7 +48,7 @@ def test_transfer_redis_rows_are_sane_and_leave_no_key(redis_server: RedisServer
             row["num_values"]
         assert stats["failures"] == stats["skipped_stores"] == stats["corrupt"] == 0
     assert result["redis"]["server"]["redis_version"]
-    assert "redis    65536 B x 16: store tier" in format_transfer(result)
+    assert "redis    65536 B x 16: store tier" in format_transfer(run)
     assert client.keys("*") == [b"someone-elses-key"]
 
 
@@ -100,13 +99,11 @@ def test_long_doc_quick_repeats_come_from_redis_under_a_salt_of_the_run(
     """--quick with tiny-llama (shorter documents, 2 queries each): every repeated query loads its
     document from Redis, the first ones find nothing, also when an earlier run's keys are still
     on the server (a salt per run), and the run deletes its own keys and no others."""
-    from kvport.bench import workload_bench
-
     # 1024 tokens: two of tiny-llama's default offload blocks (512 tokens, 1 MiB)
     args = ["bench", "long-doc", "--quick", "--model", TINY, "--doc-len", "1024", "--queries",
             "2", "--configs", "no-connector", "--redis-url", redis_server.url]
     # the first run leaves its keys behind (as a vLLM run does)
-    monkeypatch.setattr(workload_bench, "_delete_redis_keys", lambda ours: None)
+    monkeypatch.setattr(workload_run, "delete_redis_keys", lambda ours: None)
     assert main([*args, "--json", str(tmp_path / "first.json")]) == 0
     left = redis_server.client().dbsize()
     assert left >= 2 * 2  # 2 documents of 2 offload blocks (512 tokens) at least
@@ -141,7 +138,8 @@ def test_multi_turn_later_rounds_hit_redis(redis_server: RedisServer, tmp_path: 
     specs = build_config_specs(cfg, plan_engine(cfg), tmp_path, block_tokens=16)
     [tier] = specs[1].kv_transfer_config["kv_connector_extra_config"]["secondary_tiers"]
     assert tier["type"] == "redis" and tier["url"] == redis_server.url and tier["tenant_salt"]
-    result = run_workload_bench(cfg, specs, progress=False)  # OutputMismatch if outputs differ
+    run = run_workload_bench(cfg, specs, progress=False)  # OutputMismatch if outputs differ
+    result = run.to_json()
     redis_cold = {c["name"]: c for c in result["configs"]}[REDIS_COLD]
     # round 1: nothing in Redis yet (the salt is this run's); later rounds load from it (not
     # every request: one of a pair waits for what the other is promoting, then takes it from
@@ -150,7 +148,7 @@ def test_multi_turn_later_rounds_hit_redis(redis_server: RedisServer, tmp_path: 
                if r["index"] == 0)
     assert sum(r["num_external_tokens"] for r in redis_cold["per_request"]) > 0
     assert _redis_hit_tokens(redis_cold) > 0
-    assert "redis hit" in format_result(result)
+    assert "redis hit" in format_result(run)
     assert redis_server.client().dbsize() == 0 and result["redis_keys_deleted"] > 0
 
 
@@ -161,9 +159,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_workload_cli_adds_redis_cold_host_only_with_a_url(redis_server: RedisServer) -> None:
-    assert _workload_config(_parse(["bench", "multi-turn", "--model", TINY])).configs == \
+    assert workload_config(_parse(["bench", "multi-turn", "--model", TINY])).configs == \
         DEFAULT_CONFIGS
-    cfg = _workload_config(_parse(["bench", "long-doc", "--model", TINY, "--redis-url",
+    cfg = workload_config(_parse(["bench", "long-doc", "--model", TINY, "--redis-url",
                                    redis_server.url]))
     assert cfg.configs == (*DEFAULT_CONFIGS, REDIS_COLD) and cfg.redis_url == redis_server.url
 

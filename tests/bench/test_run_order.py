@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from kvport.bench.run_order import run_order
+from kvport.bench.workload.passes import run_order
 
 
 @pytest.mark.parametrize("n", range(1, 9))

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 import kvport
-from kvport.bench.soak_child import SoakWorkload
-from kvport.bench.soak_probe import DiskUsage, ProcessSample, disk_usage, sample_process
-from kvport.bench.soak_reference import Mismatch, ReferenceCheck, check_outputs
-from kvport.bench.soak_report import Incarnation, SoakBounds, Tick, format_soak, summarize
+from kvport.bench.soak.child import SoakWorkload
+from kvport.bench.soak.probe import DiskUsage, ProcessSample, disk_usage, sample_process
+from kvport.bench.soak.reference import Mismatch, ReferenceCheck, check_outputs
+from kvport.bench.soak.report import format_soak
+from kvport.bench.soak.result import Incarnation, SoakBounds, SoakResult, Tick, summarize
 
 SRC = str(Path(kvport.__file__).resolve().parents[1])
 MAX_BYTES = 3 << 20
@@ -107,7 +108,7 @@ def _tick(index: int, disk_bytes: int = 1000, fds: int = 10,
 
 def _summary(lives: list[Incarnation] | None = None, ticks: list[Tick] | None = None,
              reference: ReferenceCheck | None = None, final_temp: int = 0,
-             bounds: SoakBounds = SoakBounds()) -> dict[str, Any]:
+             bounds: SoakBounds = SoakBounds()) -> SoakResult:
     lives = lives if lives is not None else [_life(0, "killed"), _life(1, "stopped")]
     ticks = ticks if ticks is not None else [_tick(0), _tick(1)]
     reference = reference or ReferenceCheck(checked=10, distinct_prompts=4, mismatches=(),
@@ -121,60 +122,63 @@ def _summary(lives: list[Incarnation] | None = None, ticks: list[Tick] | None = 
 
 def test_a_healthy_run_holds_every_bound() -> None:
     result = _summary()
-    assert result["ok"] and result["violations"] == [] and result["kills"] == 1
-    assert result["restarted_disk_hit_tokens"] == 32
-    assert result["samples"][1]["hit_rate"] == 0.0
+    assert result.ok and result.violations == () and result.kills == 1
+    assert result.restarted_disk_hit_tokens == 32
+    assert result.samples[1].hit_rate == 0.0
+    written = result.to_json()  # what --out writes
+    assert written["ok"] and written["samples"][1]["hit_rate"] == 0.0
+    assert written["processes"][0]["rss_bytes"] == [100 << 20] * 3
 
 
 def test_an_answer_that_differs_from_the_reference_fails_the_run() -> None:
     bad = Mismatch(1, "shared", 64, 4, 2, (1, 2, 3, 4), (1, 2, 9, 4), 48, 32, 0,
                    tuple(range(64)))
     result = _summary(reference=ReferenceCheck(10, 4, (bad,), 0))
-    assert not result["ok"] and "1 of 10 answers differ" in result["violations"][0]
+    assert not result.ok and "1 of 10 answers differ" in result.violations[0]
 
 
 def test_disk_use_above_max_bytes_plus_slack_fails_the_run() -> None:
     over = MAX_BYTES + SoakBounds().disk_slack_bytes + 1
     result = _summary(ticks=[_tick(0), _tick(1, disk_bytes=over)])
-    assert result["violations"] == [f"disk bytes {over:g} > {MAX_BYTES + (64 << 10):g}"]
-    assert _summary(ticks=[_tick(0), _tick(1, disk_bytes=over - 1)])["ok"]
+    assert result.violations == (f"disk bytes {over:g} > {MAX_BYTES + (64 << 10):g}",)
+    assert _summary(ticks=[_tick(0), _tick(1, disk_bytes=over - 1)]).ok
 
 
 def test_temp_files_after_the_last_stop_fail_the_run() -> None:
     result = _summary(final_temp=2)
-    assert result["violations"] == ["2 temp files left after the last stop"]
+    assert result.violations == ("2 temp files left after the last stop",)
 
 
 def test_a_restart_without_disk_hits_or_a_run_without_kills_fails() -> None:
     no_hits = _summary(lives=[_life(0, "killed"), _life(1, "stopped", disk_hits=0)])
-    assert no_hits["violations"] == ["no restarted process got a disk hit"]
+    assert no_hits.violations == ("no restarted process got a disk hit",)
     no_kill = _summary(lives=[_life(0, "stopped")], ticks=[_tick(0)])
-    assert no_kill["violations"] == ["0 kills < 1"]
+    assert no_kill.violations == ("0 kills < 1",)
 
 
 def test_a_process_that_crashed_fails_the_run() -> None:
     result = _summary(lives=[_life(0, "killed"), _life(1, "exited unexpectedly (1)")])
-    assert result["violations"] == ["process 1 (pid 101): exited unexpectedly (1)"]
+    assert result.violations == ("process 1 (pid 101): exited unexpectedly (1)",)
 
 
 def test_descriptor_growth_beyond_its_bound_fails_the_run() -> None:
     ticks = [_tick(0, fds=10), _tick(1, fds=30)]
-    assert _summary(ticks=ticks)["ok"]  # not bounded unless asked
+    assert _summary(ticks=ticks).ok  # not bounded unless asked
     result = _summary(ticks=ticks, bounds=SoakBounds(max_fd_growth=8))
-    assert result["violations"] == ["fd growth 20 > 8"]
+    assert result.violations == ("fd growth 20 > 8",)
 
 
 def test_the_command_exits_1_when_a_bound_breaks(monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path) -> None:
-    import kvport.bench.soak
     from kvport.bench.cli import main
+    from kvport.bench.soak import run
 
     broken = _summary(final_temp=1)
-    monkeypatch.setattr(kvport.bench.soak, "run_soak", lambda cfg: broken)
+    monkeypatch.setattr(run, "run_soak", lambda cfg: broken)
     out = tmp_path / "r.json"
     assert main(["bench", "soak", "--duration", "1", "--out", str(out)]) == 1
-    assert json.loads(out.read_text())["violations"] == broken["violations"]
-    monkeypatch.setattr(kvport.bench.soak, "run_soak", lambda cfg: _summary())
+    assert json.loads(out.read_text())["violations"] == list(broken.violations)
+    monkeypatch.setattr(run, "run_soak", lambda cfg: _summary())
     assert main(["bench", "soak", "--duration", "1"]) == 0
     assert main(["bench", "soak", "--duration", "0"]) == 2  # a bad value: its message, exit 2
 

@@ -14,10 +14,12 @@ import pytest
 import torch
 from needs import require
 
-from kvport.bench import prompt_sampler, resolve_model_dir, special_token_ids, time_tasks
-from kvport.bench.cli import format_throughput, main
-from kvport.bench.throughput import SystemResult, ThroughputConfig, make_tasks, summarize
-from kvport.bench.vllm_baseline import run_tasks as vllm_run_tasks
+from kvport.bench.cli import main
+from kvport.bench.common.models import prompt_sampler, resolve_model_dir, special_token_ids
+from kvport.bench.throughput.config import Task, ThroughputConfig, make_tasks
+from kvport.bench.throughput.run import SystemResult, summarize
+from kvport.bench.throughput.systems import time_tasks
+from kvport.bench.vllm.server import run_tasks as vllm_run_tasks
 
 TINY = "builtin:tiny-llama"
 
@@ -44,8 +46,7 @@ def test_decode_and_prefill_throughput_come_from_median_times() -> None:
         {"decode/b1/n1": 0.1, "decode/b1/nN": 1.1, "decode/b4/n1": 0.2, "decode/b4/nN": 2.2,
          "prefill": 0.2},
     ]
-    rec = SystemResult("x", "ok")
-    summarize(cfg, rec, [{"times": t} for t in times])
+    rec = summarize(cfg, SystemResult("x", "ok"), times)
     got = rec.metrics()
     assert got["decode_b1"] == pytest.approx(1 * 10 / (1.1 - 0.1))  # the 9.0 outlier is ignored
     assert got["decode_b4"] == pytest.approx(4 * 10 / (2.2 - 0.2))
@@ -71,14 +72,14 @@ def test_config_rejects_bad_values_by_name() -> None:
 
 def test_tasks_time_every_shape_and_check_lengths() -> None:
     cfg = ThroughputConfig(batch_sizes=(1, 8), decode_tokens=64)
-    keys = [(t["key"], t["batch"], t["max_tokens"]) for t in make_tasks(cfg)]
+    keys = [(t.key, t.batch, t.max_tokens) for t in make_tasks(cfg)]
     assert keys == [("decode/b1/n1", 1, 1), ("decode/b1/nN", 1, 64), ("decode/b8/n1", 8, 1),
                     ("decode/b8/nN", 8, 64), ("prefill", 1, 1)]
-    assert {t["max_tokens"] for t in make_tasks(cfg, max_tokens_cap=8)} == {1, 8}
+    assert {t.max_tokens for t in make_tasks(cfg, max_tokens_cap=8)} == {1, 8}
     sets = {"s": [[1, 2], [3, 4]]}
-    task = {"key": "k", "set": "s", "batch": 2, "max_tokens": 3, "keep_output": True}
+    task = Task("k", "s", batch=2, max_tokens=3, keep_output=True)
     out = time_tasks(lambda ps, n: [[7] * n for _ in ps], sets, [task])
-    assert out["outputs"] == {"k": [[7, 7, 7], [7, 7, 7]]} and out["times"]["k"] >= 0
+    assert out.outputs == {"k": [[7, 7, 7], [7, 7, 7]]} and out.times["k"] >= 0
     with pytest.raises(RuntimeError, match="task k: got lengths \\[2, 2\\], expected 3"):
         time_tasks(lambda ps, n: [[7] * (n - 1) for _ in ps], sets, [task])
 
@@ -100,7 +101,7 @@ def test_vllm_server_runs_tasks_with_vllm_shaped_objects() -> None:
             assert params.kw == {"max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
             return [Out(p["prompt_token_ids"][:2]) for p in prompts]
 
-    task = {"key": "k", "set": "s", "batch": 1, "max_tokens": 2, "keep_output": True}
+    task = Task("k", "s", batch=1, max_tokens=2, keep_output=True).to_json()  # as sent
     out = vllm_run_tasks(FakeLLM(), Params, dict, {"s": [[5, 6, 7]]}, [task])
     assert out["outputs"] == {"k": [[5, 6]]}
 
@@ -110,19 +111,16 @@ def _imported(tree: ast.AST) -> list[str]:
     return names + [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
 
 
-def test_vllm_baseline_server_never_imports_kvport() -> None:
-    """The server runs under vLLM's own interpreter, where kvport may not be installed: only the
-    client class, which runs in kvport's, may import kvport."""
-    import kvport.bench.vllm_baseline as mod
+def test_the_vllm_server_never_imports_kvport() -> None:
+    """The server runs under vLLM's own interpreter, where kvport may not be installed."""
+    import kvport.bench.vllm.server as mod
 
     tree = ast.parse(Path(mod.__file__).read_text())
-    server = [node for node in tree.body
-              if not (isinstance(node, ast.ClassDef) and node.name == "VllmSystem")]
-    assert not [n for node in server for n in _imported(node) if n.split(".")[0] == "kvport"]
+    assert not [n for n in _imported(tree) if n.split(".")[0] == "kvport"]
 
 
 def test_missing_transformers_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvport.bench.hf_baseline import HFSystem
+    from kvport.bench.throughput.hf import HFSystem
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(RuntimeError, match=r"kvport\[bench\]"):
@@ -168,12 +166,11 @@ def test_end_to_end_tiny_run_writes_the_documented_schema(tmp_path: Path,
     assert ceil["metrics"]["decode_b2"] == pytest.approx(2 * ceil["metrics"]["decode_b1"])
     table = capsys.readouterr().out
     assert "kvport" in table and "(1.00x)" in table and "vllm: skipped" in table
-    assert "(ceiling)" in table
-    assert format_throughput(result).splitlines()[0] == table.splitlines()[0]
+    assert "(ceiling)" in table and table.splitlines()[0].startswith("engine throughput")
 
 
 def test_ceilings_count_every_weight_once_and_the_prefills_flops() -> None:
-    from kvport.bench.floors import MachineLimits, model_cost
+    from kvport.bench.throughput.floors import MachineLimits, model_cost
     from kvport.model.config import ModelConfig
 
     mc = ModelConfig.from_hf({"model_type": "llama", "vocab_size": 100, "hidden_size": 8,
@@ -204,3 +201,19 @@ def test_connector_overhead_tiny_run(tmp_path: Path) -> None:
     assert result["systems"][0]["ratio_to_no_connector"] == 1.0
     assert all(s["decode_tokens_per_s"] > 0 for s in result["systems"])
     assert result["trace_lines_written"] > 0
+
+
+def test_one_overhead_config_for_both_engines_with_each_engines_defaults() -> None:
+    from kvport.bench.overhead.config import OverheadConfig
+
+    kvport = OverheadConfig.for_engine("kvport", "builtin:tiny-llama")
+    vllm = OverheadConfig.for_engine("vllm", "m", rounds=9, recorder=True)
+    assert (kvport.engine, kvport.prompt_len, kvport.decode_tokens, kvport.rounds) == \
+        ("kvport", 128, 128, 7)
+    assert (vllm.engine, vllm.prompt_len, vllm.decode_tokens, vllm.rounds, vllm.recorder) == \
+        ("vllm", 256, 256, 9, True)
+    assert vllm.target == ("example-in-recorder-off", "example", 0.98)
+    with pytest.raises(ValueError, match="engine must be one of .*'sglang'"):
+        OverheadConfig.for_engine("sglang", "m")
+    with pytest.raises(ValueError, match="decode_tokens must be >= 2, got 1"):
+        OverheadConfig("m", decode_tokens=1)

@@ -10,11 +10,16 @@ from typing import Any
 import pytest
 
 from kvport.bench.cli import main
-from kvport.bench.pooling import pool_outcomes
-from kvport.bench.report import judge_over_passes, mean_or_none, percentile
-from kvport.bench.serving import RequestRecord, metrics_sum
-from kvport.bench.workload_bench import WorkloadBenchConfig, run_workload_bench
-from kvport.bench.workloads import LongDocSpec
+from kvport.bench.common.process import EngineProcessFailed
+from kvport.bench.common.stats import mean_or_none, percentile
+from kvport.bench.workload import engines
+from kvport.bench.workload.config import WorkloadBenchConfig
+from kvport.bench.workload.passes import pool_outcomes
+from kvport.bench.workload.plan import ConfigSpec
+from kvport.bench.workload.run import run_workload_bench
+from kvport.bench.workload.serving import ConfigRunner, Outcome, RequestRecord, metrics_sum
+from kvport.bench.workload.targets import TargetResult, judge_over_passes
+from kvport.bench.workload.workloads import LongDocSpec
 
 TINY = "builtin:tiny-llama"
 LD = LongDocSpec(docs=3, doc_len=96, queries=2, question_len=8, answer_tokens=4)
@@ -25,26 +30,24 @@ def _rec(phase: int, ttft: float, index: int = 1) -> RequestRecord:
 
 
 def _outcome(phases: dict[int, float], records: list[RequestRecord], loaded: int,
-             evicted: int | None = 0) -> dict[str, Any]:
-    return {"records": records, "busy_s": sum(phases.values()), "phase_busy_s": phases,
-            "metrics": {"connector": {"offload_block_tokens": 16,
-                                      "host": {"bytes_loaded": loaded}}},
-            "engine_evicted_blocks": evicted, "kv_transfer_config": None, "ideal": False,
-            "resets_unsupported": 1}
+             evicted: int | None = 0) -> Outcome:
+    return Outcome(tuple(records), sum(phases.values()), phases,
+                   {"connector": {"offload_block_tokens": 16, "host": {"bytes_loaded": loaded}}},
+                   evicted, None, False, 1)
 
 
 def test_passes_pool_into_one_outcome_with_phases_numbered_on() -> None:
     first = {"host": _outcome({0: 1.0, 1: 2.0}, [_rec(0, 0.5, 0), _rec(1, 0.1)], 10)}
     second = {"host": _outcome({0: 3.0, 1: 4.0}, [_rec(0, 0.6, 0), _rec(1, 0.2)], 15, 2)}
     [host] = pool_outcomes([first, second], num_phases=2).values()
-    assert [(r.phase, r.ttft_s) for r in host["records"]] == [(0, 0.5), (1, 0.1), (2, 0.6),
-                                                               (3, 0.2)]
-    assert host["phase_busy_s"] == {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0} and host["busy_s"] == 10.0
+    assert [(r.phase, r.ttft_s) for r in host.records] == [(0, 0.5), (1, 0.1), (2, 0.6),
+                                                            (3, 0.2)]
+    assert host.phase_busy_s == {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0} and host.busy_s == 10.0
     # counters add up, levels and settings stay what they are
-    assert host["metrics"] == {"connector": {"offload_block_tokens": 16,
-                                             "host": {"bytes_loaded": 25}}}
-    assert host["engine_evicted_blocks"] == 2 and host["resets_unsupported"] == 2
-    assert first["host"]["records"][1].phase == 1  # the passes' own records are left as they were
+    assert host.metrics == {"connector": {"offload_block_tokens": 16,
+                                          "host": {"bytes_loaded": 25}}}
+    assert host.engine_evicted_blocks == 2 and host.resets_unsupported == 2
+    assert first["host"].records[1].phase == 1  # the passes' own records are left as they were
 
 
 def test_a_configuration_missing_from_a_pass_is_left_out_and_unknowns_stay_unknown() -> None:
@@ -53,7 +56,7 @@ def test_a_configuration_missing_from_a_pass_is_left_out_and_unknowns_stay_unkno
     two = {"no-connector": _outcome({0: 1.0}, [_rec(0, 1.0)], 0)}
     pooled = pool_outcomes([one, two], num_phases=1)
     assert list(pooled) == ["no-connector"]
-    assert pooled["no-connector"]["engine_evicted_blocks"] is None  # vLLM's: not known
+    assert pooled["no-connector"].engine_evicted_blocks is None  # vLLM's: not known
     with pytest.raises(AssertionError, match="phases outside 0..0"):
         pool_outcomes([{"host": _outcome({1: 1.0}, [], 0)}], num_phases=1)
 
@@ -70,22 +73,17 @@ def test_metrics_sum_adds_counters_of_either_side() -> None:
 def test_targets_are_judged_on_the_median_of_the_passes() -> None:
     """A machine that slowed between passes can pool to a ratio no pass had: the verdict is the
     passes' median (1.063 > 1.05: not met), the pooled ratio is kept beside it."""
-    def target(ratio: float | None) -> dict[str, Any]:
-        return {"config": "host", "metric": "ttft_p50_repeat_s", "against": "ideal",
-                "ratio": ratio, "limit": 1.05, "at_least": False, "met": None}
+    def target(ratio: float | None) -> TargetResult:
+        return TargetResult("host", "ttft_p50_repeat_s", "ideal", ratio, None, 1.05, False, None)
 
-    result = {"targets": [target(1.007)],
-              "passes": [{"targets": [target(r)]} for r in (1.063, 1.088, 1.056, 0.955, 1.065)]}
-    judge_over_passes(result)
-    [t] = result["targets"]
-    assert t["ratio"] == 1.063 and t["met"] is False and t["pooled_ratio"] == 1.007
-    assert t["pass_ratios"] == [1.063, 1.088, 1.056, 0.955, 1.065]
-    one = {"targets": [target(1.0)], "passes": []}
-    judge_over_passes(one)  # one pass: its own ratio, nothing added
-    assert one["targets"] == [target(1.0)]
-    unknown = {"targets": [target(None)], "passes": [{"targets": [target(None)]}] * 2}
-    judge_over_passes(unknown)
-    assert unknown["targets"][0]["ratio"] is None and unknown["targets"][0]["met"] is None
+    ratios = (1.063, 1.088, 1.056, 0.955, 1.065)
+    [t] = judge_over_passes([target(1.007)], [[target(r)] for r in ratios])
+    assert t.ratio == 1.063 and t.met is False and t.pooled_ratio == 1.007
+    assert t.pass_ratios == ratios
+    # one pass: its own ratio, nothing added
+    assert judge_over_passes([target(1.0)], []) == [target(1.0)]
+    [unknown] = judge_over_passes([target(None)], [[target(None)]] * 2)
+    assert unknown.ratio is None and unknown.met is None
 
 
 def test_repeats_and_explicit_specs_are_checked() -> None:
@@ -95,8 +93,6 @@ def test_repeats_and_explicit_specs_are_checked() -> None:
         WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal", "ideal"))
     cfg = WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal"),
                               repeats=2)
-    from kvport.bench.workload_bench import ConfigSpec
-
     with pytest.raises(ValueError, match="explicit specs serve one pass; got repeats=2"):
         run_workload_bench(cfg, [ConfigSpec("no-connector")], progress=False)
 
@@ -151,9 +147,6 @@ def test_two_passes_run_on_fresh_engines_and_pool(tmp_path: Path,
 
 def test_a_configuration_that_crashes_in_one_pass_stays_out_of_the_later_ones(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvport.bench.json_process import EngineProcessFailed
-    from kvport.bench.serving import ConfigRunner
-
     original, started = ConfigRunner.run_phase, []
 
     def crash(self: ConfigRunner, phase: int) -> list[RequestRecord]:
@@ -162,22 +155,20 @@ def test_a_configuration_that_crashes_in_one_pass_stays_out_of_the_later_ones(
             raise EngineProcessFailed("the whole log", "RuntimeError: shape mismatch")
         return original(self, phase)
 
-    from kvport.bench import workload_bench
-
-    engines: list[str] = []
-    start = workload_bench._start
+    names: list[str] = []
+    start = engines.start
 
     def counted(cfg: Any, plan: Any, spec: Any, workload: Any) -> Any:
-        engines.append(spec.name)
+        names.append(spec.name)
         return start(cfg, plan, spec, workload)
 
     monkeypatch.setattr(ConfigRunner, "run_phase", crash)
-    monkeypatch.setattr(workload_bench, "_start", counted)
+    monkeypatch.setattr(engines, "start", counted)
     cfg = WorkloadBenchConfig("long-doc", LD, model=TINY, configs=("no-connector", "ideal"),
                               repeats=2)
     result = run_workload_bench(cfg, progress=False)
-    assert result["failed"] == {"ideal": "pass 0 phase 1: RuntimeError: shape mismatch"}
+    assert result.failed == {"ideal": "pass 0 phase 1: RuntimeError: shape mismatch"}
     assert started.count("ideal") == 2  # phases 0 and 1 of pass 0
-    assert engines == ["no-connector", "ideal", "no-connector"]  # no engine for it in pass 1
-    assert result["ideal"] is None and [c["name"] for c in result["configs"]] == ["no-connector"]
-    assert len(result["configs"][0]["per_request"]) == 2 * LD.docs * LD.queries
+    assert names == ["no-connector", "ideal", "no-connector"]  # no engine for it in pass 1
+    assert result.ideal is None and [c.name for c in result.configs] == ["no-connector"]
+    assert len(result.configs[0].records) == 2 * LD.docs * LD.queries

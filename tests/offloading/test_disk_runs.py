@@ -88,8 +88,7 @@ def test_a_job_is_one_run_file_with_a_name_per_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cold", [True, False])
 def test_a_job_across_runs_loads_exactly_and_bad_entries_fail_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool, piece: int) -> None:
-    monkeypatch.setattr(disk_read, "PIECE_BYTES", piece)
-    disk = FaultyDisk(tmp_path, 1 << 22, NS)
+    disk = FaultyDisk(tmp_path, 1 << 22, NS, piece_bytes=piece)
     assert store(disk, list(range(0, 8))) == []  # run A
     assert store(disk, list(range(8, 16))) == []  # run B
     assert store(disk, [16, 17]) == []  # run C
@@ -331,12 +330,16 @@ def test_a_run_written_while_a_job_reads_it_is_hashed_after_all(
     disk.check_integrity()
 
 
+def test_a_piece_of_no_bytes_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="piece_bytes must be >= 1, got 0"):
+        DiskTier(tmp_path, 1 << 20, NS, piece_bytes=0)
+
+
 def test_checked_entries_the_cache_holds_are_read_in_one_call(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Entries checked before, at consecutive positions, whose pages the cache holds: one
-    `preadv` for the job. Cold, first read, or with a gap: a call per entry (PIECE_BYTES is
-    one entry here), so that cold reads stream."""
-    monkeypatch.setattr(disk_read, "PIECE_BYTES", PAYLOAD)
+    `preadv` for the job. Cold, first read, or with a gap: a call per entry (a piece is one
+    entry here), so that cold reads stream."""
     calls: list[int] = []
     real = os.preadv
 
@@ -351,7 +354,7 @@ def test_checked_entries_the_cache_holds_are_read_in_one_call(
         return held[-1]
 
     monkeypatch.setattr(disk_read, "holds_whole", asked)
-    disk = DiskTier(tmp_path, 1 << 20, NS)
+    disk = DiskTier(tmp_path, 1 << 20, NS, piece_bytes=PAYLOAD)
     assert store(disk, [0, 1, 2, 3, 4]) == []
     monkeypatch.setattr(os, "preadv", counting)
     assert load(disk, [0, 1, 2, 3])[0] == [] and calls == [1, 1, 1, 1]  # first read: checked

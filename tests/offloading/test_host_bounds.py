@@ -1,7 +1,8 @@
 """Every copy path of the host tier refuses an engine block or host row id out of range (past
-the end, or negative) before it copies anything: the C copy and each Python strategy, pools of
-one segment and of several. numpy's take(mode="clip") would copy the last block instead, and
-negative ids would wrap to the other end (review D14)."""
+the end, or negative) before it copies anything: the C copy and the numpy one, pools of one
+segment and of several (the bench's own strategies: tests/bench/test_transfer_strategies.py).
+numpy's take(mode="clip") would copy the last block instead, and negative ids would wrap to
+the other end (review D14)."""
 
 from __future__ import annotations
 
@@ -56,8 +57,7 @@ def test_a_store_or_load_of_a_block_out_of_range_raises_and_copies_nothing(
 
 
 @pytest.mark.parametrize("bad", [NUM_BLOCKS, NUM_BLOCKS + 1])
-@pytest.mark.parametrize("strategy", [s for s in ("native", "numpy", "runs")
-                                      if s in STRATEGIES_HERE])
+@pytest.mark.parametrize("strategy", STRATEGIES_HERE)
 def test_a_pool_of_several_segments_refuses_a_block_out_of_range(strategy: str,
                                                                  bad: int) -> None:
     tensors = layers()
@@ -77,10 +77,9 @@ def test_a_pool_of_several_segments_refuses_a_block_out_of_range(strategy: str,
 def test_copy_segments_refuses_a_host_row_out_of_range(bad: int) -> None:
     pool = EnginePool.from_pages(layers())
     rows = torch.zeros(NUM_SLOTS, pool.row_elems, dtype=pool.dtype)
-    for strategy in ("numpy", "runs"):
-        with pytest.raises(IdOutOfRangeError, match=rf"engine block 2 <-> host row {bad} "
-                                                    rf"\(pair 1\)"):
-            copy_segments(pool, rows, [1, 2], [0, bad], to_host=True, strategy=strategy)
+    with pytest.raises(IdOutOfRangeError, match=rf"engine block 2 <-> host row {bad} "
+                                                rf"\(pair 1\)"):
+        copy_segments(pool, rows, [1, 2], [0, bad], to_host=True)
     assert not rows.any()
 
 
@@ -90,9 +89,8 @@ def test_copy_segments_refuses_a_negative_block_it_would_wrap(bad: int) -> None:
     before = [t.clone() for t in tensors]
     pool = EnginePool.from_pages(tensors)
     rows = torch.ones(NUM_SLOTS, pool.row_elems, dtype=pool.dtype)
-    for strategy in ("numpy", "runs"):
-        with pytest.raises(IdOutOfRangeError, match=rf"engine block {bad} <-> host row 0"):
-            copy_segments(pool, rows, [bad], [0], to_host=False, strategy=strategy)
+    with pytest.raises(IdOutOfRangeError, match=rf"engine block {bad} <-> host row 0"):
+        copy_segments(pool, rows, [bad], [0], to_host=False)
     assert all(torch.equal(t, b) for t, b in zip(tensors, before))
 
 

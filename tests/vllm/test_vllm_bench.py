@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from kvport.bench.cli import main
-from kvport.bench.vllm_overhead import STORING, VllmOverheadConfig, run_vllm_overhead
-from kvport.bench.workload_bench import WorkloadBenchConfig, run_workload_bench
-from kvport.bench.workloads import LongDocSpec
+from kvport.bench.overhead.config import STORING, OverheadConfig
+from kvport.bench.overhead.run import run_overhead
+from kvport.bench.workload.config import WorkloadBenchConfig
+from kvport.bench.workload.run import run_workload_bench
+from kvport.bench.workload.workloads import LongDocSpec
 
 MODEL = "builtin:smollm2-135m"
 DOC = 256  # two of vLLM's 128-token CPU blocks
@@ -23,7 +25,7 @@ SPEC = LongDocSpec(docs=2, doc_len=DOC, queries=2, question_len=8, answer_tokens
 
 
 def engine_processes() -> list[int]:
-    """Live kvport.bench.vllm_engine processes started by this one."""
+    """Live vLLM engine processes (kvport/bench/vllm/server.py) started by this one."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -32,7 +34,7 @@ def engine_processes() -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == os.getpid() and b"kvport.bench.vllm_engine" in cmdline:
+        if ppid == os.getpid() and b"kvport/bench/vllm/server.py" in cmdline:
             found.append(int(pid))
     return found
 
@@ -46,7 +48,7 @@ def long_doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     result = run_workload_bench(cfg, progress=False)
     assert engine_processes() == []  # nothing leaked: every engine process was shut down
     assert list(Path(cfg.disk_dir or "").iterdir()) == []  # nor its disk tier directory
-    return json.loads(json.dumps(result))  # what --json writes
+    return json.loads(json.dumps(result.to_json()))  # what --json writes
 
 
 def configs(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -84,11 +86,11 @@ def test_the_vllm_targets_are_evaluated(long_doc: dict[str, Any]) -> None:
 
 
 def test_connector_overhead_inside_vllm_stores_and_measures() -> None:
-    result = run_vllm_overhead(VllmOverheadConfig(model=MODEL, batch=2, prompt_len=128,
-                                                  decode_tokens=130, rounds=1, threads=2),
-                               log=lambda _: None)
+    result = run_overhead(OverheadConfig(MODEL, engine="vllm", batch=2, prompt_len=128,
+                                         decode_tokens=130, rounds=1, threads=2),
+                          log=lambda _: None)
     assert engine_processes() == []
-    systems = {s["name"]: s for s in result["systems"]}
+    systems = {s["name"]: s for s in result.to_json()["systems"]}
     assert systems["no-connector"]["bytes_stored"] == 0
     assert systems[STORING]["bytes_stored"] > 0  # every round stored its fresh prompts
     assert all(s["decode_tokens_per_s"] > 0 for s in systems.values())

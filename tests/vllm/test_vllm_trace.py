@@ -516,16 +516,19 @@ def test_recording_off_only_forwards(tmp_path: Path) -> None:
 
 
 def test_overhead_bench_recorder_mode_compares_the_wrapped_example_connector() -> None:
-    from kvport.bench.vllm_overhead import (
+    from kvport.bench.common.machine import machine_info
+    from kvport.bench.overhead.config import (
         EXAMPLE,
         WRAPPED,
-        VllmOverheadConfig,
-        _engine_kwargs,
-        format_vllm_overhead,
+        OverheadConfig,
+        OverheadResult,
+        OverheadSystem,
     )
+    from kvport.bench.overhead.report import format_overhead
+    from kvport.bench.overhead.vllm import engine_kwargs
 
-    cfg = VllmOverheadConfig(model="m", recorder=True)
-    kwargs = _engine_kwargs(cfg, "/model", "/tmp/store")
+    cfg = OverheadConfig.for_engine("vllm", "m", recorder=True)
+    kwargs = engine_kwargs(cfg, "/model", "/tmp/store")
     assert list(kwargs) == [EXAMPLE, WRAPPED]
     wrapped = kwargs[WRAPPED]["kv_transfer_config"]
     assert wrapped["kv_connector"] == "RecordingConnector"
@@ -534,9 +537,8 @@ def test_overhead_bench_recorder_mode_compares_the_wrapped_example_connector() -
     assert inner["kv_connector"] == kwargs[EXAMPLE]["kv_transfer_config"]["kv_connector"]
     assert inner["kv_connector_extra_config"] != \
         kwargs[EXAMPLE]["kv_transfer_config"]["kv_connector_extra_config"]  # own directories
-    systems = [{"name": n, "decode_tokens_per_s": r, "ratio_to_no_connector": r / 100,
-                "paired_ratio": r / 100, "bytes_stored": 0} for n, r in ((EXAMPLE, 100.0),
-                                                                          (WRAPPED, 99.0))]
-    text = format_vllm_overhead({"config": {"model": "m", "recorder": True},
-                                 "vllm": {"vllm_version": "0.32.0"}, "systems": systems})
+    systems = tuple(OverheadSystem(n, r, r / 100, [r], EXAMPLE, r / 100, 0)
+                    for n, r in ((EXAMPLE, 100.0), (WRAPPED, 99.0)))
+    text = format_overhead(OverheadResult(cfg, machine_info(), systems,
+                                          vllm_info={"vllm_version": "0.32.0"}))
     assert f"target {WRAPPED} decode tokens/s vs {EXAMPLE} (paired): 0.990x >= 0.980x: met" in text

@@ -27,7 +27,7 @@ from kvport.connectors.offloading.tiers.disk.files import (
 from kvport.connectors.offloading.tiers.disk.location import DiskLocation
 from kvport.connectors.offloading.tiers.disk.index import RunIndex
 from kvport.connectors.offloading.tiers.disk.ledger import Ledger
-from kvport.connectors.offloading.tiers.disk.read import read_entries
+from kvport.connectors.offloading.tiers.disk.read import PIECE_BYTES, read_entries
 from kvport.connectors.offloading.tiers.disk.runs import read_run_header
 from kvport.connectors.offloading.tiers.value_format import Verdict
 
@@ -43,10 +43,12 @@ def publish_occupancy(index: RunIndex, stats: Counters[DiskTierMetrics]) -> None
 
 class DiskLoader:
     """Loads entries for the disk tier, sharing its index, open runs, stats and directory;
-    `num_helpers` threads share the reads of large cached extents with the caller's."""
+    `num_helpers` threads share the reads of large cached extents with the caller's; no read
+    call asks for more than `piece_bytes` (disk_read)."""
 
     def __init__(self, location: DiskLocation, index: RunIndex, files: RunFiles,
-                 stats: Counters[DiskTierMetrics], ledger: Ledger, num_helpers: int = 0) -> None:
+                 stats: Counters[DiskTierMetrics], ledger: Ledger, num_helpers: int = 0,
+                 piece_bytes: int = PIECE_BYTES) -> None:
         self.location = location
         self.ledger = ledger
         self.namespace_digest = location.namespace_digest
@@ -54,6 +56,7 @@ class DiskLoader:
         self.files = files
         self.stats = stats
         self.num_helpers = num_helpers
+        self.piece_bytes = piece_bytes
         # threads start at the first split read (ThreadPoolExecutor starts them on demand)
         self._helpers = (ThreadPoolExecutor(num_helpers, "kvport-disk-read")
                          if num_helpers > 0 else None)
@@ -96,7 +99,7 @@ class DiskLoader:
             for run_id, entries in plan.items():
                 entries.sort()
                 why = read_entries(runs[run_id], [(p, outs[i], x) for p, i, x in entries],
-                                   self._helpers, self.num_helpers)
+                                   self._helpers, self.num_helpers, self.piece_bytes)
                 for (_, i, _), problem in zip(entries, why):
                     if problem is None:
                         done[i] = True

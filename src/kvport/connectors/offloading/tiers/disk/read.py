@@ -2,7 +2,8 @@
 record's xxh3 the first time this process reads it; the run files are open already (disk_files).
 
 A job's entries of one run are read extent by extent (runs of consecutive positions), with
-blocking `preadv`s in file order in pieces of PIECE_BYTES, each piece hashed right after it
+blocking `preadv`s in file order in pieces of `piece_bytes` (the disk tier's, PIECE_BYTES by
+default), each piece hashed right after it
 lands, while it is still in the cache. Cold, the kernel's sequential readahead streams the
 extent in large device requests, as it does one sequential file; queueing the extent with
 POSIX_FADV_WILLNEED first measured 0.80-0.83x of one file, the plain reads 0.95-1.02x (64 MiB of
@@ -36,9 +37,9 @@ from kvport.connectors.offloading.tiers.disk.runs import IOV_MAX
 from kvport.connectors.offloading.tiers.disk.page_cache import has_holes, holds_whole
 from kvport.connectors.offloading.tiers.parts import run_in_parts
 
-# Entries are read in pieces of whole entries up to this size (one entry if larger), and each is
-# hashed right after its piece landed, while it is still in the cache; no read call asks for
-# more than this.
+# The default piece: entries are read in pieces of whole entries up to this size (one entry if
+# larger), and each is hashed right after its piece landed, while it is still in the cache; no
+# read call asks for more than this. A DiskTier takes its own (`piece_bytes`).
 PIECE_BYTES = 1 << 20
 # A cached extent this large is read by several threads at once. The kernel's copy out of the
 # page cache ran 10-15 GiB/s on one thread of a 2-vCPU VM, 14-20 with the reads of 16-64 MiB
@@ -60,9 +61,10 @@ class ReadProblem:
 
 
 def read_entries(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecutor | None = None,
-                 num_helpers: int = 0) -> list[ReadProblem | None]:
+                 num_helpers: int = 0,
+                 piece_bytes: int = PIECE_BYTES) -> list[ReadProblem | None]:
     """Fill each entry's slot (entries sorted by position): per entry None if read and intact,
-    else why not. Consecutive positions are read together, in pieces of at most PIECE_BYTES
+    else why not. Consecutive positions are read together, in pieces of at most `piece_bytes`
     (whole entries; one entry if larger), in one pass: at 720 KiB entries the Python per entry
     showed (a pass grouping extents first and then cutting pieces cost 2.7 us an entry, 5 %).
     `helpers` (with `num_helpers` threads) share the reads of a large extent held in the page
@@ -75,17 +77,17 @@ def read_entries(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExec
         unhashed = list(range(len(entries)))
     else:
         _read_ahead_holes(run, entries)
-        per_piece = max(1, min(IOV_MAX, PIECE_BYTES // payload))
+        per_piece = max(1, min(IOV_MAX, piece_bytes // payload))
         piece: list[int] = []  # indices into entries: consecutive positions
         last = -2
         for k, (position, _, _) in enumerate(entries):
             if piece and (position != last + 1 or len(piece) == per_piece):
-                _read_piece(run, entries, piece, why, unhashed)
+                _read_piece(run, entries, piece, why, unhashed, piece_bytes)
                 piece = []
             piece.append(k)
             last = position
         if piece:
-            _read_piece(run, entries, piece, why, unhashed)
+            _read_piece(run, entries, piece, why, unhashed, piece_bytes)
     if unhashed and changed_since_open(run):
         # Written while this job read it (acquire saw it unchanged): what the slots got may be
         # torn, so those entries are hashed after all, from the slots.
@@ -100,7 +102,7 @@ def _read_held(run: OpenRun, entries: Sequence[Entry], helpers: ThreadPoolExecut
                num_helpers: int) -> bool:
     """Whether the entries, checked before and at consecutive positions, were read whole with
     `preadv`s of up to IOV_MAX entries each: only where the page cache holds every page of them
-    (page_cache.holds_whole), since a cold read streams only in calls of PIECE_BYTES. Warm
+    (page_cache.holds_whole), since a cold read streams only in calls of a piece. Warm
     720 KiB entries: a job of 91 read so ran 0.91-0.93x of one file's `readinto`, read an entry
     a call 0.83-0.86x. From SPLIT_BYTES on, this thread and up to num_parts - 1 helpers read it at
     once, range by range (parts.run_in_parts). False (nothing to trust in the slots) if not so, or
@@ -165,13 +167,13 @@ def _read_ahead_holes(run: OpenRun, entries: Sequence[Entry]) -> None:
 
 
 def _read_piece(run: OpenRun, entries: Sequence[Entry], piece: list[int],
-                why: list[ReadProblem | None], unhashed: list[int]) -> None:
+                why: list[ReadProblem | None], unhashed: list[int], piece_bytes: int) -> None:
     """One piece with blocking `preadv`s, each entry checked as it lands, but for those checked
     before (listed in `unhashed`)."""
     payload = run.header.payload_bytes
     views = [entries[k][1] for k in piece]
     try:
-        got = _read_fully(run.fd, views, run.header.offset(entries[piece[0]][0]))
+        got = _read_fully(run.fd, views, run.header.offset(entries[piece[0]][0]), piece_bytes)
     except OSError as exc:
         for k in piece:
             why[k] = ReadProblem(f"read failed: {exc}", bad=False)
@@ -188,18 +190,18 @@ def _read_piece(run: OpenRun, entries: Sequence[Entry], piece: list[int],
             run.checked[position] = 1
 
 
-def _read_fully(fd: int, views: list[memoryview], offset: int) -> int:
+def _read_fully(fd: int, views: list[memoryview], offset: int, piece_bytes: int) -> int:
     """Bytes read into views from offset: all of them, or fewer at the end of the file. At most
-    PIECE_BYTES a call: the kernel streams a run of 1 MiB reads better than one read of a whole
+    `piece_bytes` a call: the kernel streams a run of 1 MiB reads better than one read of a whole
     large entry (5.6 MiB entries cold: 0.79-0.87x of one file, 0.67-0.75x read whole)."""
     total = sum(v.nbytes for v in views)
     done = 0
-    if total <= PIECE_BYTES:  # the common case, one call (no _span: its Python shows per entry)
+    if total <= piece_bytes:  # the common case, one call (no _span: its Python shows per entry)
         done = os.preadv(fd, views, offset)
         if done <= 0 or done == total:
             return max(done, 0)
     while done < total:
-        want = min(PIECE_BYTES, total - done)
+        want = min(piece_bytes, total - done)
         got = os.preadv(fd, _span(views, done, want), offset + done)
         if got <= 0:
             break

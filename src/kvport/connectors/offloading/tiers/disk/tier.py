@@ -61,6 +61,7 @@ from kvport.connectors.offloading.tiers.disk.files import SWEEP_EVERY_S, RunFile
 from kvport.connectors.offloading.tiers.disk.index import RunIndex
 from kvport.connectors.offloading.tiers.disk.ledger import Ledger, remove_names_locked
 from kvport.connectors.offloading.tiers.disk.load import DiskLoader, publish_occupancy
+from kvport.connectors.offloading.tiers.disk.read import PIECE_BYTES
 from kvport.connectors.offloading.tiers.disk.runs import pack_run_header, run_bytes, write_run
 from kvport.connectors.offloading.tiers.disk.setup import (
     CREATE_FLAGS, FULL_DISK, check_hard_links, prepare_directory,
@@ -75,14 +76,20 @@ _STALE_TEMP_SECONDS = 3600.0  # a temp file this old has no live writer: remove 
 class DiskTier:
     """Run files under `root_dir`, at most `max_bytes` of them for every process on it together.
     `num_threads` (torch's count by default, as the host tier's copies): threads, the caller's
-    included, that read a large extent the page cache holds (disk_read.SPLIT_BYTES)."""
+    included, that read a large extent the page cache holds (disk_read.SPLIT_BYTES).
+    `piece_bytes`: the most one read call asks for, in whole entries (one entry if larger), each
+    piece hashed as it lands (disk_read.PIECE_BYTES by default)."""
 
     def __init__(self, root_dir: str | os.PathLike[str], max_bytes: int, namespace: bytes,
-                 num_threads: int | None = None, group_access: bool = False) -> None:
+                 num_threads: int | None = None, group_access: bool = False,
+                 piece_bytes: int = PIECE_BYTES) -> None:
         self.index = RunIndex(max_bytes)  # checks max_bytes
         num_threads = torch.get_num_threads() if num_threads is None else num_threads
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if piece_bytes < 1:
+            raise ValueError(f"piece_bytes must be >= 1, got {piece_bytes}")
+        self.piece_bytes = piece_bytes
         self.location = DiskLocation(root_dir, namespace, group_access)
         self.namespace_digest = self.location.namespace_digest
         self.dir = self.location.dir
@@ -91,7 +98,7 @@ class DiskTier:
         self.files = RunFiles()  # run files kept open between load jobs
         self.ledger = Ledger(self.dir, self.location.file_mode)
         self.loader = DiskLoader(self.location, self.index, self.files, self.stats, self.ledger,
-                                 num_threads - 1)
+                                 num_threads - 1, piece_bytes)
         check_hard_links(self.location)
         self._rebuild_index()
 

@@ -11,8 +11,9 @@ records), never on where the engine placed its blocks.
 
 Copies move `(engine block, host row)` pairs: by default every pair and every segment in one
 call of block_copy.c (`block_copy.BlockCopier`). Without it, one segment is row gathers and
-scatters (`host.copy_rows`), and with several each run of pairs consecutive on both sides is one
-strided 2-D copy per segment (`copy_segments`), split between the calling thread and helpers.
+scatters (`host.copy_rows_numpy`), and with several each run of pairs consecutive on both sides
+is one strided 2-D numpy copy per segment (`copy_segments`), split between the calling thread
+and helpers.
 """
 
 from __future__ import annotations
@@ -147,25 +148,16 @@ def row_runs(src_rows: Sequence[int], dst_rows: Sequence[int]) -> list[tuple[int
 
 
 def copy_segments(pool: EnginePool, rows: torch.Tensor, block_ids: Sequence[int],
-                  row_ids: Sequence[int], to_host: bool, strategy: str = "numpy",
+                  row_ids: Sequence[int], to_host: bool,
                   helpers: ThreadPoolExecutor | None = None, num_helpers: int = 0,
                   rows_np: np.ndarray | None = None) -> None:
     """rows[row_ids[i]] <-> engine block block_ids[i], every segment (`to_host`: engine -> host
-    rows, else host rows -> engine). `rows` is (num_rows, pool.row_elems) of pool.dtype;
-    `rows_np`, if given, its numpy view. Every id is checked first (IdOutOfRangeError, nothing
-    copied): a slice past the end would copy fewer rows, a negative start the wrong ones."""
-    if strategy not in ("numpy", "runs"):
-        raise ValueError(f"copy strategy {strategy!r} moves one-segment pools only; a pool of "
-                         f"{len(pool.segments)} segments copies with 'numpy' or 'runs'")
+    rows, else host rows -> engine), copied by numpy. `rows` is (num_rows, pool.row_elems) of
+    pool.dtype; `rows_np`, if given, its numpy view. Every id is checked first
+    (IdOutOfRangeError, nothing copied): a slice past the end would copy fewer rows, a negative
+    start the wrong ones."""
     check_pairs(block_ids, pool.num_blocks, row_ids, rows.shape[0])
     runs = row_runs(block_ids, row_ids)
-    if strategy == "runs":
-        ops = [(seg, col, s, d, n) for seg, col in zip(pool.segments, pool.offsets)
-               for s, d, n in runs]
-        for seg, col, s, d, n in ops:
-            host = rows[d:d + n, col:col + seg.shape[1]]
-            (host.copy_(seg[s:s + n]) if to_host else seg[s:s + n].copy_(host))
-        return
     if rows_np is None:
         rows_np = rows.numpy()
     np_ops = [(seg_np, col, s, d, n) for seg_np, col in zip(pool.segments_np, pool.offsets)

@@ -11,18 +11,12 @@ one side is consecutive (`plan_pieces`). With f = 1 a job's slots are consecutiv
 slots allow (the allocator hands them out in ascending order), so a store of a whole job is one
 gather into its run of slots and a load one scatter out of it, wherever the engine blocks sit.
 
-Copy strategies (measured by `kvport bench transfer`, see kvport.bench.transfer and
-BENCHMARKS.md):
+Copy strategies:
     native block_copy.c: every (block, row) pair, every segment, with streaming stores, in one
            call per thread (the default; numpy where it cannot be built)
     numpy  the pieces, copied by numpy (`take(out=)`, fancy assignment), split between the
            calling thread and `num_threads - 1` helpers
-    runs   one torch `copy_` per run of consecutive rows on both sides
-    gather the same pieces with torch (`index_select(out=)`, `index_copy_`); fast on idle
-           cores, but each piece above torch's grain size opens an OpenMP region, which stalls
-           when the other cores are busy (as they are while the engine runs its forward)
-    index  one `index_select` of all source rows, then one `index_copy_` into the destination
-    cat    `torch.cat` of per-block views, then one `copy_` per destination run
+`kvport bench transfer` measures both next to strategies of its own (bench/transfer/strategies.py).
 """
 
 from __future__ import annotations
@@ -43,9 +37,8 @@ from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool, copy
 from kvport.connectors.offloading.tiers.parts import run_in_parts
 from kvport.connectors.offloading.tiers.host.row_checks import IdOutOfRangeError, check_rows
 
-STRATEGIES = ("native", "numpy", "runs", "gather", "index", "cat")
+STRATEGIES = ("native", "numpy")
 DEFAULT_STRATEGY = "native"
-MULTI_SEGMENT_STRATEGIES = ("native", "numpy", "runs")
 # Below this a job is copied by the calling thread alone: handing half of a 256 KiB job to a
 # helper (ThreadPoolExecutor) doubled its time on a 2-vCPU VM (56 -> 125 us; the handoff ~60 us).
 _MIN_SPLIT_BYTES = 1 << 20
@@ -58,34 +51,16 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: Sequence[int],
     """dst[dst_rows[i]] = src[src_rows[i]] for 2-D tensors with equal row sizes. With `helpers`
     (numpy strategy only), the rows are split evenly between the calling thread and
     `num_helpers` tasks on them. Every id is checked first (IdOutOfRangeError, nothing copied)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown copy strategy {strategy!r}; expected one of {STRATEGIES}")
     if strategy == "native":
         copier = BlockCopier.for_pool(EnginePool.block_major(src), dst)
         if copier is not None:
             copier.copy(src_rows, dst_rows, to_host=True)
             return
-        strategy = "numpy"
-    if strategy == "numpy":  # it checks the ids itself
-        copy_rows_numpy(src.numpy(), dst.numpy(), list(src_rows), list(dst_rows), helpers,
-                        num_helpers)
-        return
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown copy strategy {strategy!r}; expected one of {STRATEGIES}")
-    check_rows(src_rows, src.shape[0], dst_rows, dst.shape[0])
-    if strategy == "runs":
-        for s, d, n in row_runs(src_rows, dst_rows):
-            dst[d:d + n].copy_(src[s:s + n])
-    elif strategy == "gather":
-        _gather_scatter(src, dst, list(src_rows), list(dst_rows))
-    elif strategy == "index":
-        src_idx = torch.tensor(list(src_rows), dtype=torch.int64)
-        dst_idx = torch.tensor(list(dst_rows), dtype=torch.int64)
-        dst.index_copy_(0, dst_idx, src.index_select(0, src_idx))
-    elif strategy == "cat":
-        gathered = torch.cat([src[s:s + n] for s, _, n in row_runs(src_rows, dst_rows)])
-        pos = 0
-        for _, d, n in row_runs(range(len(dst_rows)), dst_rows):
-            dst[d:d + n].copy_(gathered[pos:pos + n])
-            pos += n
+    # numpy (also where block_copy.c could not be built); it checks the ids itself
+    copy_rows_numpy(src.numpy(), dst.numpy(), list(src_rows), list(dst_rows), helpers,
+                    num_helpers)
 
 
 def plan_pieces(src_rows: list[int], dst_rows: list[int]) -> list[tuple[int, int, int]]:
@@ -108,19 +83,6 @@ def plan_pieces(src_rows: list[int], dst_rows: list[int]) -> list[tuple[int, int
         pieces.append((i, j, 1 if j - i > 1 else 2))
         i = j
     return pieces
-
-
-def _gather_scatter(src: torch.Tensor, dst: torch.Tensor, src_rows: list[int],
-                    dst_rows: list[int]) -> None:
-    for i, j, kind in plan_pieces(src_rows, dst_rows):
-        d, s = dst_rows[i], src_rows[i]
-        if kind == 0:
-            idx = torch.tensor(src_rows[i:j], dtype=torch.int64)
-            torch.index_select(src, 0, idx, out=dst[d:d + j - i])
-        elif kind == 1:
-            dst.index_copy_(0, torch.tensor(dst_rows[i:j], dtype=torch.int64), src[s:s + j - i])
-        else:
-            dst[d].copy_(src[s])
 
 
 def copy_rows_numpy(src: np.ndarray, dst: np.ndarray, src_rows: list[int], dst_rows: list[int],
@@ -224,10 +186,6 @@ class HostTier:
         if self.slot_bytes % pool.block_bytes:
             raise ValueError(f"slot_bytes {self.slot_bytes} is not a multiple of the engine "
                              f"block's {pool.block_bytes} bytes")
-        if len(pool.segments) > 1 and self.strategy not in MULTI_SEGMENT_STRATEGIES:
-            raise ValueError(f"copy strategy {self.strategy!r} moves one-segment pools only; "
-                             f"this pool has {len(pool.segments)} segments (use one of "
-                             f"{MULTI_SEGMENT_STRATEGIES})")
         self._pool = pool
         self.blocks_per_slot = self.slot_bytes // pool.block_bytes
         self._rows = self.buffer.view(pool.dtype).view(self.num_slots * self.blocks_per_slot,
@@ -284,13 +242,13 @@ class HostTier:
 
     def _copy(self, pool: EnginePool, rows: torch.Tensor, block_ids: list[int],
               row_ids: list[int], to_host: bool) -> None:
-        k, strategy = self.num_threads - 1, self.strategy
+        k = self.num_threads - 1
         if self._native is not None:
             self._native.copy(block_ids, row_ids, to_host, self._helpers, k)
         elif len(pool.segments) > 1:
-            copy_segments(pool, rows, block_ids, row_ids, to_host, strategy, self._helpers,
-                          k, self._rows_np)
-        elif strategy == "numpy":
+            copy_segments(pool, rows, block_ids, row_ids, to_host, self._helpers, k,
+                          self._rows_np)
+        else:
             if self._pool_np is None:
                 raise RuntimeError("HostTier: the numpy strategy lost its pool's numpy view")
             if to_host:
@@ -299,10 +257,6 @@ class HostTier:
             else:
                 copy_rows_numpy(self._rows_np, self._pool_np, row_ids, block_ids,
                                 self._helpers, k)
-        elif to_host:
-            copy_rows(pool.segments[0], rows, block_ids, row_ids, strategy, self._helpers, k)
-        else:
-            copy_rows(rows, pool.segments[0], row_ids, block_ids, strategy, self._helpers, k)
 
     def _registered(self) -> tuple[EnginePool, torch.Tensor, int]:
         if self._pool is None or self._rows is None:
