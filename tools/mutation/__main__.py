@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         mutants = [m for m in everything if m.name in args.only]
     if args.changed:
         mutants, files = changed_since(args.changed, mutants)
-        print(f"--changed {args.changed}: {len(files)} files changed, {len(mutants)} of "
-              f"{len(everything)} mutants selected", flush=True)
+        print(f"--changed {args.changed}: {len(mutants)} of {len(everything)} mutants selected "
+              f"({len(files)} changed file{'s'[:len(files) != 1]})", flush=True)
     if args.list:
         width = max((len(m.name) for m in mutants), default=0)
         for m in mutants:
