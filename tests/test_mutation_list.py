@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +19,7 @@ if str(REPO) not in sys.path:
     sys.path.append(str(REPO))  # tools/ sits beside tests/, not on the tests' path
 
 from tools.mutation import Mutant, collect
-from tools.mutation.__main__ import main
+from tools.mutation.__main__ import changed_since, main
 from tools.mutation.runner import check_applicable
 from tools.mutation.zygote import Zygote
 
@@ -49,6 +51,43 @@ def test_the_mutants_modules_are_collected_and_a_name_used_twice_is_refused(
     with pytest.raises(SystemExit, match=r"first is used twice, in \S+/a/mutants.py and "
                                          r"\S+/b/mutants.py"):
         collect(tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_changed_selects_the_mutants_of_changed_files_tests_and_entries(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    entry = 'Mutant("{0}", "src/{0}.py", "x", "y", ("tests/a/test_{0}.py::test_x",), "{1}"),\n'
+    module = "from tools.mutation import Mutant\nMUTANTS = [\n{}]\n"
+    for name in ("src", "tests/a"):
+        (tmp_path / name).mkdir(parents=True)
+    for name in ("one", "two", "three", "four"):
+        (tmp_path / "src" / f"{name}.py").write_text("x\n")
+        (tmp_path / "tests" / "a" / f"test_{name}.py").write_text("def test_x(): pass\n")
+    mutants_py = tmp_path / "tests" / "a" / "mutants.py"
+    mutants_py.write_text(module.format(entry.format("one", "why") +
+                                        entry.format("two", "why") +
+                                        entry.format("three", "why")))
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "base")
+    (tmp_path / "tests" / "a" / "test_two.py").write_text("def test_x(): assert 1\n")  # its test
+    git("commit", "-qam", "later")
+    (tmp_path / "src" / "one.py").write_text("x = 1\n")  # its file, not committed
+    mutants_py.write_text(module.format(entry.format("one", "why") +
+                                        entry.format("two", "why") +
+                                        entry.format("three", "why not")))  # edited
+    (tmp_path / "tests" / "a" / "mutants_new.py").write_text(  # a new module, untracked
+        module.format(entry.format("four", "why")))
+    mutants = collect(tmp_path / "tests")
+    chosen, files = changed_since("HEAD", mutants, repo=tmp_path)
+    assert [m.name for m in chosen] == ["one", "three", "four"]
+    assert files == {"src/one.py", "tests/a/mutants.py", "tests/a/mutants_new.py"}
+    chosen, files = changed_since("HEAD~1", mutants, repo=tmp_path)
+    assert [m.name for m in chosen] == ["one", "two", "three", "four"]
+    assert "tests/a/test_two.py" in files
 
 
 def test_a_mutant_whose_text_moved_is_reported() -> None:

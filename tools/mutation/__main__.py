@@ -8,30 +8,32 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from tools.mutation import REPO, Mutant, collect, mutants_of
 from tools.mutation import __doc__ as ABOUT
 from tools.mutation.runner import check_applicable, run
 
 
-def git(*args: str) -> str:
-    out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+def git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"mutation: git {' '.join(args)}: {out.stderr.strip()}")
     return out.stdout
 
 
-def changed_since(rev: str, mutants: list[Mutant]) -> tuple[list[Mutant], set[str]]:
+def changed_since(rev: str, mutants: list[Mutant],
+                  repo: Path = REPO) -> tuple[list[Mutant], set[str]]:
     """The mutants a change since rev touched (committed or not): those whose file or tests'
     files changed, and those new or edited in a mutants module; and the files it changed."""
-    files = set(git("diff", "--name-only", "--no-renames", rev, "--").split())
-    files |= set(git("ls-files", "--others", "--exclude-standard").split())
+    files = set(git(repo, "diff", "--name-only", "--no-renames", rev, "--").splitlines())
+    files |= set(git(repo, "ls-files", "--others", "--exclude-standard").splitlines())
     edited: set[Mutant] = set()
     for name in sorted(f for f in files if f.startswith("tests/")
                        and os.path.basename(f).startswith("mutants") and f.endswith(".py")):
-        now = mutants_of((REPO / name).read_text(), name) if (REPO / name).is_file() else []
-        before = (mutants_of(git("show", f"{rev}:{name}"), name)
-                  if git("ls-tree", "--name-only", rev, "--", name).strip() else [])
+        now = mutants_of((repo / name).read_text(), name) if (repo / name).is_file() else []
+        before = (mutants_of(git(repo, "show", f"{rev}:{name}"), name)
+                  if git(repo, "ls-tree", "--name-only", rev, "--", name).strip() else [])
         edited |= set(now) - set(before)
     chosen = [m for m in mutants if m in edited or m.path in files
               or any(node.partition("::")[0] in files for node in m.tests)]
