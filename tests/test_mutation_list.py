@@ -38,6 +38,13 @@ def test_every_mutant_applies_exactly_once_and_names_existing_tests() -> None:
 def test_the_mutants_modules_are_collected_and_a_name_used_twice_is_refused(
         tmp_path: Path) -> None:
     assert len({m.name for m in collect()}) == len(collect())
+    # Collecting imports the standard library only: no kvport, nothing heavy.
+    probe = ("import sys; from tools.mutation import collect; collect(); "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & "
+             "{'kvport', 'torch', 'numpy', 'pytest', 'vllm'}))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
     one = ('from tools.mutation import Mutant\n'
            'MUTANTS = [Mutant("{}", "src/a.py", "x", "y", ("tests/a/test_a.py::test_a",), "z")]\n')
     (tmp_path / "a").mkdir()
