@@ -1,0 +1,172 @@
+"""Mutants of kvport inside vLLM (vllm/, and what the offloading connector does for it): each
+removes one guard, and the tests named with it must then fail."""
+
+from __future__ import annotations
+
+from tools.mutation import Mutant
+
+VLLM_IDENTITY = "tests/vllm/test_vllm_identity.py"
+
+
+MUTANTS: list[Mutant] = [
+    # ---- the OffloadingConnector inside vLLM ---------------------------------------------------
+    Mutant(
+        "failed-load-not-offered-again", "src/kvport/connectors/offloading/scheduler/hits.py",
+        "        if not self.load_enabled or (st is not None and st.load_failed):\n",
+        "        if not self.load_enabled:\n",
+        ("tests/vllm/test_vllm_scheduler.py::test_a_failed_load_is_recomputed[False]",),
+        "a request whose load failed is not offered it again (vLLM would retry it forever)"),
+    Mutant(
+        "vllm-worker-waits-for-sync-loads", "src/kvport/vllm/storage.py",
+        "                        caches_failed_sync_loads=True)\n",
+        "                        caches_failed_sync_loads=False)\n",
+        (f"{VLLM_IDENTITY}::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
+        "inside vLLM synchronous loads are waited for (vLLM keeps a failed one's blocks)"),
+    # ---- model identity (vllm/identity.py), shared tiers and the failure policy ----------------
+    Mutant(
+        "vllmid-m1-sync-hit-cap", "src/kvport/connectors/offloading/scheduler/hits.py",
+        "            end = min(end, g.max_hit_blocks(request.num_tokens))\n",
+        "",
+        ("tests/vllm/test_vllm_scheduler.py::"
+         "test_a_block_aligned_prompt_held_wholly_in_host_memory_computes_its_last_token[True]",),
+        "a sync hit leaves the prompt's last token computed (vLLM asserts num_new_tokens > 0)"),
+    Mutant(
+        "vllmid-identity-dtype", "src/kvport/vllm/identity.py",
+        '        "dtype": mc.dtype,\n',
+        "",
+        (f"{VLLM_IDENTITY}::"
+         "test_each_setting_that_changes_the_kv_changes_the_identity[dtype-bfloat16]",),
+        "the model identity (the shared tiers' namespace) includes the dtype"),
+    Mutant(
+        "vllmid-identity-quantization", "src/kvport/vllm/identity.py",
+        '        "quantization": getattr(mc, "quantization", None),\n',
+        "",
+        (f"{VLLM_IDENTITY}::"
+         "test_each_setting_that_changes_the_kv_changes_the_identity[quantization-fp8]",),
+        "the model identity (the shared tiers' namespace) includes the quantization"),
+    Mutant(
+        "vllmid-identity-load-format", "src/kvport/vllm/identity.py",
+        '        "load_format": getattr(vllm_config.load_config, "load_format", None),\n',
+        "",
+        (f"{VLLM_IDENTITY}::"
+         "test_each_setting_that_changes_the_kv_changes_the_identity[load_format-gguf]",),
+        "the model identity (the shared tiers' namespace) includes the load format"),
+    Mutant(
+        "vllmid-identity-model-impl", "src/kvport/vllm/identity.py",
+        '        "model_impl": getattr(mc, "model_impl", None),\n',
+        "",
+        (f"{VLLM_IDENTITY}::"
+         "test_each_setting_that_changes_the_kv_changes_the_identity[model_impl-transformers]",),
+        "the model identity (the shared tiers' namespace) includes the model impl"),
+    Mutant(
+        "vllmid-identity-code-revision", "src/kvport/vllm/identity.py",
+        '        "code_revision": getattr(mc, "code_revision", None),\n',
+        "",
+        (f"{VLLM_IDENTITY}::"
+         "test_each_setting_that_changes_the_kv_changes_the_identity[code_revision-v2]",),
+        "the model identity (the shared tiers' namespace) includes the code revision"),
+    Mutant(
+        "vllmid-identity-kv-cache-dtype", "src/kvport/vllm/identity.py",
+        '        "kv_cache_dtype": getattr(vllm_config.cache_config, "cache_dtype", None),\n',
+        "",
+        (f"{VLLM_IDENTITY}::"
+         "test_each_setting_that_changes_the_kv_changes_the_identity[kv_cache_dtype-fp8]",),
+        "the model identity (the shared tiers' namespace) includes the kv cache dtype"),
+    Mutant(
+        "vllmid-identity-hf-overrides", "src/kvport/vllm/identity.py",
+        '        "hf_overrides": getattr(mc, "hf_overrides", None),\n',
+        "",
+        (f"{VLLM_IDENTITY}::"
+         "test_each_setting_that_changes_the_kv_changes_the_identity[hf_overrides-value6]",),
+        "the model identity (the shared tiers' namespace) includes the hf overrides"),
+    Mutant(
+        "vllmid-identity-loaded-config", "src/kvport/vllm/identity.py",
+        '        "config": loaded_config(getattr(mc, "hf_config", None)),\n',
+        "",
+        (f"{VLLM_IDENTITY}::"
+         "test_each_setting_that_changes_the_kv_changes_the_identity[hf-value7]",),
+        "the model identity (the shared tiers' namespace) includes the loaded config"),
+    Mutant(
+        "vllmid-identity-revision", "src/kvport/vllm/identity.py",
+        '        return "|".join(["vllm-model-v2", name, self.revision or "-", '
+        'self.weights_digest or "-",\n',
+        '        return "|".join(["vllm-model-v2", name, "-", self.weights_digest or "-",\n',
+        (f"{VLLM_IDENTITY}::"
+         "test_a_hub_id_missing_from_the_cache_is_identified_only_by_a_recorded_commit",),
+        "the identity includes the resolved revision"),
+    Mutant(
+        "vllmid-identity-weights-digest", "src/kvport/vllm/identity.py",
+        '        return "|".join(["vllm-model-v2", name, self.revision or "-", '
+        'self.weights_digest or "-",\n',
+        '        return "|".join(["vllm-model-v2", name, self.revision or "-", "-",\n',
+        (f"{VLLM_IDENTITY}::test_local_dirs_of_one_name_are_told_apart_by_their_weights",
+         f"{VLLM_IDENTITY}::test_a_directory_with_bin_weights_is_identified_by_their_content"),
+        "the identity includes the weights' content digest (a local directory is not its name)"),
+    Mutant(
+        "vllmid-identity-snapshot-revision", "src/kvport/vllm/identity.py",
+        "        revision = weights.name  # a Hugging Face cache snapshot is named by its commit\n",
+        "        pass\n",
+        (f"{VLLM_IDENTITY}::test_a_hub_id_is_pinned_by_its_cached_snapshot",),
+        "a hub id's revision is the commit of the cache snapshot its weights are read from"),
+    Mutant(
+        "vllmid-identity-recorded-commit", "src/kvport/vllm/identity.py",
+        "    if isinstance(recorded, str) and FULL_HASH.fullmatch(recorded):\n",
+        "    if False:\n",
+        (f"{VLLM_IDENTITY}::"
+         "test_a_hub_id_missing_from_the_cache_is_identified_only_by_a_recorded_commit",),
+        "the commit transformers recorded loading the config pins a hub id"),
+    Mutant(
+        "vllmid-identity-dummy-weights", "src/kvport/vllm/identity.py",
+        '    if weights is None or str(load_format) == "dummy":\n',
+        "    if weights is None:\n",
+        (f"{VLLM_IDENTITY}::test_dummy_weights_are_not_an_identity",),
+        "dummy (random) weights are not identified by the checkpoint they were not read from"),
+    Mutant(
+        "vllmid-identity-needs-weight-files", "src/kvport/vllm/identity.py",
+        "        if weights.is_dir() and not any(p.suffix in WEIGHT_SUFFIXES for p in "
+        "weights.rglob(\"*\")\n",
+        "        if False and not any(p.suffix in WEIGHT_SUFFIXES for p in weights.rglob(\"*\")\n",
+        (f"{VLLM_IDENTITY}::"
+         "test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named",),
+        "a directory without weight files does not identify the model"),
+    Mutant(
+        "vllmid-refuse-unidentified", "src/kvport/vllm/storage.py",
+        "    if not identity.established and namespace is None:\n",
+        "    if False:\n",
+        (f"{VLLM_IDENTITY}::"
+         "test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named",),
+        "shared tiers refuse a model that cannot be identified unless a namespace is named"),
+    Mutant(
+        "vllmid-namespace-in-geometry", "src/kvport/connectors/offloading/geometry.py",
+        '            namespace += b"|namespace=" + config.namespace.encode()\n',
+        "            pass\n",
+        ("tests/offloading/test_geometry.py::"
+         "test_a_configured_namespace_separates_the_shared_tiers_entries",
+         f"{VLLM_IDENTITY}::"
+         "test_a_model_without_weights_shares_no_tier_unless_a_namespace_is_named"),
+        "a configured namespace separates the shared tiers' entries (both engines)"),
+    Mutant(
+        "vllmid-policy-override", "src/kvport/vllm/storage.py",
+        '    ktc.kv_load_failure_policy = "recompute"\n',
+        "",
+        (f"{VLLM_IDENTITY}::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
+        "with shared tiers, vLLM's kv_load_failure_policy 'fail' is set to 'recompute'"),
+    Mutant(
+        "vllmid-policy-override-called", "src/kvport/vllm/connector.py",
+        "                recompute_failed_loads(ktc, where)\n",
+        "                pass\n",
+        (f"{VLLM_IDENTITY}::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
+        "the scheduler-side connector applies the policy before vLLM reads it"),
+    Mutant(
+        "vllmid-recording-carries-policy", "src/kvport/vllm/recording_inner.py",
+        "        outer.kv_load_failure_policy = inner_ktc.kv_load_failure_policy\n",
+        "        pass\n",
+        (f"{VLLM_IDENTITY}::test_the_recording_connector_carries_the_policy_to_vllm",),
+        "a recorded connector's policy reaches the outer config vLLM's scheduler reads"),
+    Mutant(
+        "vllmid-disk-bytes-per-rank", "src/kvport/connectors/offloading/config.py",
+        "        tiers = tuple(dataclasses.replace(t, max_bytes=max(1, t.max_bytes // tp_size))\n",
+        "        tiers = tuple(dataclasses.replace(t, max_bytes=t.max_bytes)\n",
+        (f"{VLLM_IDENTITY}::test_each_tensor_parallel_rank_gets_its_share_of_the_budgets",),
+        "the disk's max_bytes is the engine's: each tensor-parallel rank gets its share"),
+]
