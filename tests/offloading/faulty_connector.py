@@ -33,3 +33,12 @@ def faulty_transfers(host: HostTier, lower: Mapping[str, LowerTier]) -> Transfer
 class FaultyOffloadingConnector(OffloadingConnector):
     def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
         return OffloadingConnectorWorker(config, make_transfers=faulty_transfers)
+
+
+class SyncStoresFaultyConnector(FaultyOffloadingConnector):
+    """Every step's stores copied within that step (as inside vLLM): a store reads its blocks
+    before the next step's forward can write them again."""
+
+    def make_worker(self, config: OffloadingConfig) -> OffloadingConnectorWorker:
+        return OffloadingConnectorWorker(config, make_transfers=faulty_transfers,
+                                         sync_stores=True)

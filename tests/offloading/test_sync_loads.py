@@ -71,12 +71,13 @@ def test_two_concurrent_hits_prefill_in_one_batched_step(reference: list[list[in
     llm.shutdown()
 
 
-def faulty_warmed(tmp_path: Path, faults: dict[tuple[str, str], dict[str, Any]]) -> LLM:
+def faulty_warmed(tmp_path: Path, faults: dict[tuple[str, str], dict[str, Any]],
+                  connector: str = "FaultyOffloadingConnector") -> LLM:
     """warmed(), with the transfers of faulty_connector (FAULTS counts calls from the build)."""
     faulty_connector.FAULTS.update(faults)
     ktc = offload_config(record_trace=str(tmp_path / "trace.jsonl"))
     ktc["kv_connector_module_path"] = "faulty_connector"
-    ktc["kv_connector"] = "FaultyOffloadingConnector"
+    ktc["kv_connector"] = connector
     llm = make_llm(ktc)
     run(llm, prompts()[:1])  # stores only: no HOST->ENGINE call yet
     llm.reset_prefix_cache()
@@ -179,11 +180,14 @@ def test_inside_vllm_a_slow_sync_copy_is_waited_for(wait: bool) -> None:
     assert_nothing_leaked(llm)
 
 
-def test_a_failed_sync_load_stores_nothing_computed_on_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("connector", ["FaultyOffloadingConnector", "SyncStoresFaultyConnector"])
+def test_a_failed_sync_load_stores_nothing_computed_on_it(tmp_path: Path, connector: str) -> None:
     """The step's forward runs on the blocks of a synchronous load that failed (the engine
     learns of it after the step, and recomputes them): what that forward computed for the
-    request is never stored, so a later hit cannot load KV computed on garbage."""
-    llm = faulty_warmed(tmp_path, {(HOST, ENGINE): {"fail_on": {1}}})
+    request is never stored, so a later hit cannot load KV computed on garbage. With stores
+    copied within their step the race is decided: an unguarded store reads the garbage before
+    the recompute overwrites it."""
+    llm = faulty_warmed(tmp_path, {(HOST, ENGINE): {"fail_on": {1}}}, connector)
     q = prompts()[0][:40] + prompts(1, seed=9)[0][:24]  # a 40-token hit, then 3 new blocks
     want = run(make_llm(), [q])[0]
     llm.engine.runner.kv_cache.fill_(float("nan"))  # what the failed copy leaves in the pool
