@@ -5,9 +5,8 @@ A job's entries of one run are read extent by extent (runs of consecutive positi
 blocking `preadv`s in file order in pieces of `piece_bytes` (the disk tier's, PIECE_BYTES by
 default), each piece hashed right after it
 lands, while it is still in the cache. Cold, the kernel's sequential readahead streams the
-extent in large device requests, as it does one sequential file; queueing the extent with
-POSIX_FADV_WILLNEED first measured 0.80-0.83x of one file, the plain reads 0.95-1.02x (64 MiB of
-720 KiB entries, a 2-vCPU VM's virtio disk).
+extent in large device requests, as it does one sequential file (queueing the extent with
+POSIX_FADV_WILLNEED first was slower: docs/offloading.md, "Tuning constants")
 
 What the check is for: a run file is never written once its names exist, so an entry can only be
 bad from before this process opened it: torn by a crash (no fsync), cut short, or a foreign or
@@ -41,10 +40,9 @@ from kvport.connectors.offloading.tiers.parts import run_in_parts
 # larger), and each is hashed right after its piece landed, while it is still in the cache; no
 # read call asks for more than this. A DiskTier takes its own (`piece_bytes`).
 PIECE_BYTES = 1 << 20
-# A cached extent this large is read by several threads at once. The kernel's copy out of the
-# page cache ran 10-15 GiB/s on one thread of a 2-vCPU VM, 14-20 with the reads of 16-64 MiB
-# split between two (1.0-1.5x; one thread's rate came and went in phases, two threads' held).
-# Below it the hand-off to a helper (~60 us) outweighs the gain. Cold reads are never split: the
+# A cached extent this large is read by several threads at once: the kernel's copy out of the
+# page cache is one thread's memcpy, and two threads' reads held a rate one thread reached only
+# in phases. Below it the hand-off to a helper outweighs the gain. Cold reads are never split: the
 # device, not the copy, sets their pace, and two streams would break the kernel's readahead.
 SPLIT_BYTES = 16 << 20
 

@@ -39,8 +39,8 @@ from kvport.connectors.offloading.tiers.host.row_checks import IdOutOfRangeError
 
 STRATEGIES = ("native", "numpy")
 DEFAULT_STRATEGY = "native"
-# Below this a job is copied by the calling thread alone: handing half of a 256 KiB job to a
-# helper (ThreadPoolExecutor) doubled its time on a 2-vCPU VM (56 -> 125 us; the handoff ~60 us).
+# Below this a job is copied by the calling thread alone: the hand-off to a helper
+# (ThreadPoolExecutor) costs more than it saves on a small job.
 _MIN_SPLIT_BYTES = 1 << 20
 __all__ = ["STRATEGIES", "HostTier", "copy_rows", "copy_rows_numpy", "plan_pieces", "row_runs"]
 
@@ -108,10 +108,10 @@ def _gather_scatter_numpy(src_np: np.ndarray, dst_np: np.ndarray, src_rows: list
                           dst_rows: list[int]) -> None:
     # NOTE: numpy copies on the calling thread only. Torch would start an OpenMP parallel
     # region per piece, and with the cores busy (the engine's forward) each region waits for a
-    # descheduled team thread: measured 100x slower per piece on a loaded 2-core VM.
+    # descheduled team thread.
     # A job's slots are consecutive (the allocator hands them out in order), so a store is one
-    # gather into them and a load one scatter out of them: checked by a list comparison (53 us
-    # for 2048 rows) rather than planned row by row in Python (plan_pieces: 190-230 us, 3 % of
+    # gather into them and a load one scatter out of them: checked by a list comparison rather
+    # than planned row by row in Python (plan_pieces: several times slower, a visible part of
     # a 64 MiB job of 32 KiB blocks).
     n = len(src_rows)
     if _consecutive(dst_rows):
@@ -149,8 +149,8 @@ class HostTier:
         self.strategy = strategy
         # NOTE: pin_memory would only help a GPU's DMA engine; the engine pool is host memory.
         # zeros, not empty: every page is faulted in here, once, rather than by the first store
-        # into it, beside the engine's forward (a first write ran 4.4 GiB/s against 32 for a
-        # second on a 2-vCPU VM; in the engine a 90 MiB store into fresh slots took 280-320 ms).
+        # into it, beside the engine's forward (a first write to a page is several times slower
+        # than later ones: docs/offloading.md, "Blocks and keys").
         self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8)  # (slots, slot_bytes)
         # Counts bytes and blocks moved. Occupancy is not tracked here: the scheduler's manager
         # owns the slots (which hold data, which are free) and reports it.
