@@ -18,8 +18,8 @@ A failed job names what was not done in `failed_indices`: positions in the desti
 an ENGINE destination those are the engine blocks (positions in `EngineBlocks.block_ids`) that
 hold no valid KV; a job that failed as a whole lists every position.
 
-The handler the tiers run on is `transfer_threads.ThreadPoolHandler`; which function runs on
-which handler is the tiers' wiring (`tier_wiring`).
+The handler the tiers run on is `threads.ThreadPoolHandler`; which function runs on which
+handler is the tiers' wiring (`wiring.py`).
 """
 
 from __future__ import annotations

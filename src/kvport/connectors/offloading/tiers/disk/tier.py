@@ -343,7 +343,7 @@ class DiskTier:
     def load_batch_to_host(self, host: HostTier,
                            jobs: Sequence[tuple[DiskBlocks, HostBlocks]]) -> list[TransferOutcome]:
         """Several DISK -> HOST jobs read as one (the transfer thread takes the jobs queued
-        together: tier_wiring): consecutive entries of a run are read with one call even where
+        together: worker/wiring.py): consecutive entries of a run are read with one call even where
         they belong to different jobs. Each job's outcome, in order."""
         keys: list[bytes] = []
         slots: list[int] = []
