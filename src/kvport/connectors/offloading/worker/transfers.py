@@ -4,15 +4,15 @@ Runs in the worker (next to the model runner). The connector's worker half submi
 ids it chooses (any hashable value: the router and handlers never interpret them) and polls
 completions once per step:
 
-    worker.submit(job_id, src, dst)    route by (src.medium(), dst.medium()); never raises for a
+    router.submit(job_id, src, dst)    route by (src.medium(), dst.medium()); never raises for a
                                        handler's failure: the job is then reported failed
-    worker.get_finished()              completions since the last call, each job exactly
+    router.get_finished()              completions since the last call, each job exactly
                                        once, as they ended (a stuck job holds back no other)
-    worker.wait(job_ids, timeout)      block until those jobs are done (unknown ids ignored)
-    worker.cancel(job_ids)             cancel those that have not started (reported failed)
-    worker.abandon(job_ids)            cancel those, and replace the threads of running ones
+    router.wait(job_ids, timeout)      block until those jobs are done (unknown ids ignored)
+    router.cancel(job_ids)             cancel those that have not started (reported failed)
+    router.abandon(job_ids)            cancel those, and replace the threads of running ones
                                        (late: stuck in I/O), which report when they end
-    worker.shutdown(timeout)           cancel queued jobs, wait for running ones at most timeout
+    router.shutdown(timeout)           cancel queued jobs, wait for running ones at most timeout
 
 A failed job names what was not done in `failed_indices`: positions in the destination spec. For
 an ENGINE destination those are the engine blocks (positions in `EngineBlocks.block_ids`) that
