@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from kvport.model.attention import DenseAttention
-from kvport.model.builtin import write_byte_tokenizer
+from kvport.model.byte_tokenizer import write_byte_tokenizer
 from kvport.model.llama import LlamaForCausalLM
 
 # Small enough to build and run in well under a second, large enough to exercise GQA and RoPE.
@@ -25,7 +25,12 @@ BASE_DIMS: dict[str, Any] = {
     "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
     "bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258,
 }
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3_text")
+# Gemma 3: two layers, one of each type, with a window shorter than most test prompts.
+GEMMA3_DIMS: dict[str, Any] = {
+    "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8,
+    "query_pre_attn_scalar": 16, "tie_word_embeddings": True,
+}
 
 
 def make_random_hf_model(
@@ -41,12 +46,21 @@ def make_random_hf_model(
     (e.g. "100KB") writes a sharded checkpoint with an index. `add_bos` defaults to Llama-style
     (BOS) for llama and Qwen-style (none) otherwise.
     """
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        AutoModelForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
-    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
+    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+                  "gemma3_text": Gemma3TextConfig}[arch]
     dims = dict(BASE_DIMS)
     if arch == "qwen2":
         dims.pop("head_dim")  # Qwen2 derives it from hidden_size / num_attention_heads
+    if arch == "gemma3_text":
+        dims.update(GEMMA3_DIMS)
     config = config_cls(**{**dims, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -96,7 +110,8 @@ def kvport_logits(model: LlamaForCausalLM, prompts: list[list[int]]) -> list[tor
     """Run all prompts in one flattened batch (laid end to end); per prompt (len, vocab) float32."""
     ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64)
     positions = torch.cat([torch.arange(len(p)) for p in prompts])
-    attn = DenseAttention([len(p) for p in prompts], model.attention_scale)
+    windows = [model.config.layer_window(i) for i in range(model.config.num_hidden_layers)]
+    attn = DenseAttention([len(p) for p in prompts], model.attention_scale, windows)
     with torch.inference_mode(), single_thread():
         logits = model.compute_logits(model(ids, positions, attn))  # (sum(lens), vocab)
     return list(logits.split([len(p) for p in prompts]))

@@ -62,4 +62,42 @@ MUTANTS: list[Mutant] = [
         "",
         ("tests/model/test_checkpoint_digest.py::test_names_sizes_and_small_files_change_it",),
         "the checkpoint digest covers every file's name and size"),
+    # ---- hybrid models (model/config.py, model/kv_groups.py, model/attention.py) ---------------
+    Mutant(
+        "config-layer-types-count", "src/kvport/model/config.py",
+        "        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:\n",
+        "        if False:\n",
+        ("tests/model/test_model_config.py::test_unsupported_values_name_themselves",),
+        "layer_types must name every layer"),
+    Mutant(
+        "config-layer-types-known", "src/kvport/model/config.py",
+        "        if unknown:\n",
+        "        if False:\n",
+        ("tests/model/test_model_config.py::test_unsupported_values_name_themselves",),
+        "an attention type kvport does not run is refused"),
+    Mutant(
+        "config-sliding-window-positive", "src/kvport/model/config.py",
+        "        if SLIDING_ATTENTION in self.layer_types and (self.sliding_window or 0) < 1:\n",
+        "        if False:\n",
+        ("tests/model/test_model_config.py::test_unsupported_values_name_themselves",),
+        "sliding layers need a window of at least one token"),
+    Mutant(
+        "kv-group-needs-layers", "src/kvport/model/kv_groups.py",
+        "        if not self.layer_ids:\n",
+        "        if False:\n",
+        ("tests/model/test_kv_groups.py::test_bad_groups_name_the_value",),
+        "a KV cache group holds at least one layer"),
+    Mutant(
+        "dense-attention-window", "src/kvport/model/attention.py",
+        "        mask = window_mask(len(q), len(k), window)\n",
+        "        pass\n",
+        ("tests/model/test_llama_vs_hf.py::test_float32_logits_match_transformers",
+         "tests/model/test_tiny_gemma3.py::test_greedy_output_equals_transformers"),
+        "a sliding layer's query sees only its window"),
+    Mutant(
+        "engine-refuses-sliding-layers", "src/kvport/engine/core.py",
+        "        if SLIDING_ATTENTION in mc.layer_types:\n",
+        "        if False:\n",
+        ("tests/model/test_tiny_gemma3.py::test_kvports_engine_refuses_it_until_it_keeps_groups",),
+        "kvport's engine runs no sliding-window model until its KV cache manager keeps groups"),
 ]

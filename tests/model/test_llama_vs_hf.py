@@ -1,4 +1,4 @@
-"""kvport's decoder against transformers on random checkpoints of every supported variant."""
+"""kvport's decoders against transformers on random checkpoints of every supported variant."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {}),
     "qwen3-head-dim-32": ("qwen3", {"head_dim": 32}),
+    "gemma3": ("gemma3_text", {}),
+    "gemma3-softcap": ("gemma3_text", {"final_logit_softcapping": 3.0}),
+    "gemma3-linear-rope": ("gemma3_text", {"rope_parameters": {
+        "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 8.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}),
 }
 
 
@@ -51,7 +56,7 @@ def test_float32_logits_match_transformers(model_dirs: dict[str, Path], variant:
         assert (a - b).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_bfloat16_logits_close_to_transformers(model_dirs: dict[str, Path], variant: str) -> None:
     model_dir = model_dirs[variant]
     prompts = sample_prompts(seed=1, lengths=(9, 40))

@@ -62,6 +62,32 @@ def test_qwen_variants() -> None:
     assert q3.architecture == "qwen3" and q3.qk_norm and not q3.attention_bias and q3.head_dim == 32
 
 
+GEMMA3 = {k: v for k, v in LLAMA.items() if k not in ("model_type", "rms_norm_eps")}
+
+
+def test_gemma3_both_config_spellings_agree() -> None:
+    # transformers 4: a pattern and two RoPE bases; transformers 5: layer types and RoPE per type.
+    v4 = {**GEMMA3, "model_type": "gemma3_text", "num_hidden_layers": 6,
+          "sliding_window_pattern": 3, "sliding_window": 32, "rope_theta": 1e6,
+          "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+          "query_pre_attn_scalar": 16}
+    types = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    v5 = {**{k: v for k, v in v4.items() if k not in (
+        "sliding_window_pattern", "rope_theta", "rope_local_base_freq", "rope_scaling")},
+        "architectures": ["Gemma3ForCausalLM"], "layer_types": types, "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    a, b = ModelConfig.from_hf(v4), ModelConfig.from_hf({**v5, "model_type": None})
+    assert a == b
+    assert a.architecture == "gemma3_text" and a.layer_types == tuple(types) and a.is_hybrid
+    assert (a.rope_theta, a.local_rope_theta) == (1e6, 1e4)
+    assert a.rope_scaling is not None and a.rope_scaling.factor == 8.0
+    assert [a.layer_window(i) for i in range(6)] == [32, 32, None] * 2
+    assert a.qk_norm and a.tie_word_embeddings and a.query_pre_attn_scalar == 16
+    assert a.hidden_act == "gelu_pytorch_tanh" and a.rms_norm_eps == 1e-6
+    assert not ModelConfig.from_hf(LLAMA).is_hybrid
+
+
 @pytest.mark.parametrize("bad, words", [
     ({"model_type": "mistral"}, ["'mistral'", "llama", "qwen2", "qwen3"]),
     ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, ["'longrope'", "yarn", "llama3"]),
@@ -70,6 +96,17 @@ def test_qwen_variants() -> None:
     ({"rope_scaling": {"type": "llama3", "factor": 8.0}}, ["low_freq_factor"]),
     ({"num_key_value_heads": 3}, ["num_key_value_heads=3"]),
     ({"model_type": "qwen2", "use_sliding_window": True}, ["sliding"]),
+    ({"model_type": "llama", "layer_types": ["full_attention", "sliding_attention"]},
+     ["sliding", "Gemma 3"]),
+    ({"model_type": "gemma3_text", "hidden_activation": "silu"}, ["'silu'", "gelu_pytorch_tanh"]),
+    ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, ["attn_logit_softcapping"]),
+    ({"model_type": "gemma3_text", "layer_types": ["full_attention"]}, ["names 1 layers"]),
+    ({"model_type": "gemma3_text", "layer_types": ["mamba", "full_attention"]}, ["'mamba'"]),
+    ({"model_type": "gemma3_text", "sliding_window": 0}, ["sliding_window >= 1"]),
+    ({"model_type": "gemma3_text", "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
+     ["plain"]),
 ])
 def test_unsupported_values_name_themselves(bad: dict[str, object], words: list[str]) -> None:
     with pytest.raises(ValueError) as info:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvport.model.builtin import write_byte_tokenizer
+from kvport.model.byte_tokenizer import write_byte_tokenizer
 from kvport.model.tokenizer import Tokenizer
 
 TEXTS = [

@@ -25,6 +25,7 @@ from kvport.engine.runner import ModelRunner, kv_cache_spec
 from kvport.engine.scheduler import Scheduler
 from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import kv_block_bytes
+from kvport.model.config import SLIDING_ATTENTION
 from kvport.model.loader import LoadedModel, load_model, resolve_dtype
 from kvport.sampling_params import SamplingParams
 
@@ -80,6 +81,10 @@ class EngineCore:
             loaded = load_model(config.model, dtype, load_weights=in_process)
         self.loaded = loaded
         mc = self.loaded.config
+        if SLIDING_ATTENTION in mc.layer_types:
+            raise ValueError(f"model {config.model!r} has sliding-window layers "
+                             f"({mc.architecture}); kvport's engine does not run them yet (the "
+                             f"hybrid KV cache manager is being built)")
         block_bytes = kv_block_bytes(mc, config.block_size, dtype)
         self.num_kv_blocks, max_model_len = plan_kv_pool(config, mc.max_position_embeddings,
                                                          block_bytes)

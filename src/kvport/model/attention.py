@@ -20,6 +20,7 @@ fills in this step (a prefix-cache hit on a block published at schedule time).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -207,16 +208,29 @@ class PagedAttention:
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     query_pos: int | None = None) -> torch.Tensor:
+                     query_pos: int | None = None, window: int | None = None) -> torch.Tensor:
     """Causal attention of one sequence: q (L, H, D), k/v (L, KVH, D) -> (L, H, D). With
-    `query_pos`, q is the single row at that position and sees keys 0..query_pos."""
+    `query_pos`, q is the single row at that position and sees keys 0..query_pos. With `window`,
+    a query sees only the `window` keys up to and including its own position."""
     if query_pos is not None:
-        k, v = k[:query_pos + 1], v[:query_pos + 1]
+        lo = 0 if window is None else max(0, query_pos + 1 - window)
+        k, v = k[lo:query_pos + 1], v[lo:query_pos + 1]
+    mask = None
+    if window is not None and query_pos is None:
+        mask = window_mask(len(q), len(k), window)
     o = F.scaled_dot_product_attention(
-        _heads_first(q), _heads_first(k), _heads_first(v), is_causal=query_pos is None,
-        scale=scale, enable_gqa=True,
+        _heads_first(q), _heads_first(k), _heads_first(v),
+        is_causal=query_pos is None and mask is None, attn_mask=mask, scale=scale, enable_gqa=True,
     )
     return o[0].transpose(0, 1)
+
+
+def window_mask(num_queries: int, num_keys: int, window: int) -> torch.Tensor:
+    """(num_queries, num_keys) bool, key visible: the queries are the last `num_queries` of the
+    `num_keys` positions, each seeing itself and the `window - 1` keys before it."""
+    q_pos = torch.arange(num_keys - num_queries, num_keys).unsqueeze(1)
+    k_pos = torch.arange(num_keys).unsqueeze(0)
+    return (k_pos <= q_pos) & (k_pos > q_pos - window)
 
 
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
@@ -229,25 +243,35 @@ class DenseAttention:
     """`AttentionContext` without a pool: causal attention over sequences laid end to end.
 
     For tests and tools that run the model on whole prompts (logit checks against transformers).
+    `windows[layer_idx]`: that layer's sliding window (None or absent: full attention).
     """
 
-    def __init__(self, seq_lens: list[int], scale: float) -> None:
+    def __init__(self, seq_lens: list[int], scale: float,
+                 windows: Sequence[int | None] = ()) -> None:
         self.seq_lens = seq_lens
         self.scale = scale
+        self.windows = windows
+
+    def _window(self, layer_idx: int) -> int | None:
+        return self.windows[layer_idx] if layer_idx < len(self.windows) else None
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         outs = []
         start = 0
+        window = self._window(layer_idx)
         for n in self.seq_lens:
-            outs.append(causal_attention(q[start:start + n], k[start:start + n], v[start:start + n], self.scale))
-            start += n
+            end = start + n
+            outs.append(causal_attention(q[start:end], k[start:end], v[start:end], self.scale,
+                                         window=window))
+            start = end
         return torch.cat(outs)
 
     def attend_rows(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Rows are the last token of each sequence."""
         outs, start = [], 0
+        window = self._window(layer_idx)
         for i, n in enumerate(self.seq_lens):
             outs.append(causal_attention(q[i:i + 1], k[start:start + n], v[start:start + n], self.scale,
-                                         query_pos=n - 1))
+                                         query_pos=n - 1, window=window))
             start += n
         return torch.cat(outs)

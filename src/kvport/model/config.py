@@ -12,15 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3_text")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
-SUPPORTED_ACTIVATIONS = ("silu",)
+SUPPORTED_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}  # the rest: silu only
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 
 # `architectures[0]` -> architecture, for configs without `model_type`.
 _ARCH_BY_CLASS = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 
 # architecture -> defaults of its transformers config class for keys a config.json may omit.
@@ -39,6 +41,14 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
         "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 32768,
         "head_dim": 128, "bos_token_id": None, "eos_token_id": None,
+    },
+    "gemma3_text": {
+        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "max_position_embeddings": 131072, "head_dim": 256, "bos_token_id": 2,
+        "eos_token_id": 1, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+        "sliding_window": 4096, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+        "sliding_window_pattern": 6, "tie_word_embeddings": True,
     },
 }
 
@@ -81,6 +91,12 @@ class ModelConfig:
     hidden_act: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # Per layer, FULL_ATTENTION or SLIDING_ATTENTION; empty: every layer full attention.
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None  # a sliding layer's query sees this many keys, itself included
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (Gemma)
+    local_rope_theta: float | None = None  # RoPE base of sliding layers (Gemma 3), plain RoPE
+    final_logit_softcapping: float | None = None  # logits = c * tanh(logits / c)
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -88,6 +104,27 @@ class ModelConfig:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types names {len(self.layer_types)} layers, the model has "
+                             f"{self.num_hidden_layers}")
+        unknown = set(self.layer_types) - {FULL_ATTENTION, SLIDING_ATTENTION}
+        if unknown:
+            raise ValueError(f"unsupported layer types {sorted(unknown)}; supported: "
+                             f"{FULL_ATTENTION!r}, {SLIDING_ATTENTION!r}")
+        if SLIDING_ATTENTION in self.layer_types and (self.sliding_window or 0) < 1:
+            raise ValueError(f"sliding-window layers need sliding_window >= 1, got "
+                             f"{self.sliding_window}")
+
+    def layer_window(self, layer_idx: int) -> int | None:
+        """The keys a query of this layer sees, itself included; None: all before it."""
+        if self.layer_types and self.layer_types[layer_idx] == SLIDING_ATTENTION:
+            return self.sliding_window
+        return None
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Layers of more than one attention type (several KV cache groups)."""
+        return len(set(self.layer_types)) > 1
 
     @property
     def o_proj_bias(self) -> bool:
@@ -109,16 +146,14 @@ class ModelConfig:
         """Build from the dicts of `config.json` and (optionally) `generation_config.json`."""
         arch = _architecture(config)
         d = {**_DEFAULTS[arch], **{k: v for k, v in config.items() if v is not None}}
-        layer_types = config.get("layer_types") or ()
-        if config.get("use_sliding_window") or "sliding_attention" in layer_types:
-            raise ValueError(
-                f"{arch} config uses sliding-window attention, which kvport does not support")
-        act = d.get("hidden_act", "silu")
-        if act not in SUPPORTED_ACTIVATIONS:
-            raise ValueError(f"unsupported hidden_act {act!r}; supported: {SUPPORTED_ACTIVATIONS}")
+        act = d.get("hidden_activation") or d.get("hidden_act") or "silu"
+        if act not in SUPPORTED_ACTIVATIONS.get(arch, ("silu",)):
+            raise ValueError(f"unsupported hidden_act {act!r} for {arch}; supported: "
+                             f"{SUPPORTED_ACTIVATIONS.get(arch, ('silu',))}")
         num_heads = int(d["num_attention_heads"])
         max_pos = int(d["max_position_embeddings"])
-        rope_theta, rope_scaling = _parse_rope(config, max_pos)
+        gemma = arch == "gemma3_text"
+        rope_theta, rope_scaling, local_theta = _parse_rope(config, max_pos, gemma)
         gen = generation_config or {}
         bos = d.get("bos_token_id")
         if bos is None:
@@ -139,10 +174,16 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=True if arch == "qwen2" else bool(d.get("attention_bias", False)),
             mlp_bias=bool(d.get("mlp_bias", False)) if arch == "llama" else False,
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3_text"),
             hidden_act=act,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=_merge_ids(d.get("eos_token_id"), gen.get("eos_token_id")),
+            layer_types=_layer_types(arch, d),
+            sliding_window=int(d["sliding_window"]) if gemma else None,
+            query_pre_attn_scalar=float(d["query_pre_attn_scalar"]) if gemma else None,
+            local_rope_theta=local_theta,
+            final_logit_softcapping=(None if d.get("final_logit_softcapping") is None
+                                     else float(d["final_logit_softcapping"])),
         )
 
 
@@ -156,6 +197,25 @@ def _architecture(config: dict[str, Any]) -> str:
     return str(arch)
 
 
+def _layer_types(arch: str, d: dict[str, Any]) -> tuple[str, ...]:
+    """Each layer's attention type. Gemma 3 configs written before `layer_types` existed give a
+    pattern instead: every `sliding_window_pattern`-th layer is full attention."""
+    n = int(d["num_hidden_layers"])
+    types = tuple(d.get("layer_types") or ())
+    if arch == "gemma3_text":
+        if d.get("attn_logit_softcapping") is not None:
+            raise ValueError("attn_logit_softcapping is not supported (Gemma 3 does not set it)")
+        if not types:
+            pattern = int(d["sliding_window_pattern"])
+            types = tuple(FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION
+                          for i in range(n))
+        return types
+    if d.get("use_sliding_window") or SLIDING_ATTENTION in types:
+        raise ValueError(
+            f"{arch} config uses sliding-window attention, which kvport supports for Gemma 3 only")
+    return ()
+
+
 def _merge_ids(*values: int | list[int] | None) -> tuple[int, ...]:
     """Union of token ids given as int, list or None, in first-seen order."""
     ids: dict[int, None] = {}
@@ -165,8 +225,23 @@ def _merge_ids(*values: int | list[int] | None) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _parse_rope(config: dict[str, Any], max_pos: int) -> tuple[float, RopeScaling | None]:
+def _parse_rope(config: dict[str, Any], max_pos: int, gemma: bool = False,
+                ) -> tuple[float, RopeScaling | None, float | None]:
+    """(theta, scaling) of full-attention layers and, for Gemma 3, the plain-RoPE theta of its
+    sliding layers (`rope_parameters` per layer type, or transformers 4's `rope_local_base_freq`)."""
     params = config.get("rope_parameters")
+    local_theta = None
+    if gemma:
+        local = {"rope_type": "default", "rope_theta": config.get("rope_local_base_freq", 10_000.0)}
+        if params is not None and FULL_ATTENTION in params:
+            local = params.get(SLIDING_ATTENTION) or local
+            params = params[FULL_ATTENTION]
+        if (local.get("rope_type") or local.get("type") or "default") != "default":
+            raise ValueError(f"sliding layers' RoPE must be plain (default), got {local}")
+        local_theta = float(local.get("rope_theta") or 10_000.0)
+        if params is None:
+            params = {**(config.get("rope_scaling") or {}),
+                      "rope_theta": config.get("rope_theta", 1_000_000.0)}
     if params is not None:
         if any(isinstance(v, dict) for v in params.values()):
             raise ValueError(f"per-layer-type rope_parameters are not supported: {sorted(params)}")
@@ -180,7 +255,7 @@ def _parse_rope(config: dict[str, Any], max_pos: int) -> tuple[float, RopeScalin
     if partial != 1.0:
         raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
     if rope_type == "default":
-        return theta, None
+        return theta, None, local_theta
     # transformers takes the pretraining length from a top-level key first, then the rope dict,
     # and falls back to max_position_embeddings. Dynamic NTK always uses max_position_embeddings.
     original = config.get("original_max_position_embeddings") or params.get(
@@ -198,7 +273,7 @@ def _parse_rope(config: dict[str, Any], max_pos: int) -> tuple[float, RopeScalin
 
     if rope_type == "llama3" and None in (opt("low_freq_factor"), opt("high_freq_factor")):
         raise ValueError(f"llama3 rope needs low_freq_factor and high_freq_factor, got {params}")
-    return theta, RopeScaling(
+    scaling = RopeScaling(
         rope_type=rope_type,
         factor=float(factor),
         original_max_position_embeddings=int(original),
@@ -211,3 +286,4 @@ def _parse_rope(config: dict[str, Any], max_pos: int) -> tuple[float, RopeScalin
         mscale_all_dim=opt("mscale_all_dim"),
         truncate=bool(params.get("truncate", True)),
     )
+    return theta, scaling, local_theta

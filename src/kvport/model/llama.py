@@ -16,7 +16,7 @@ the CPU); `load_weights` accepts the separate Hugging Face tensors and copies ea
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 import torch
@@ -51,7 +51,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, dtype: torch.dtype,
+                 norm: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
@@ -61,8 +62,8 @@ class Attention(nn.Module):
         h = config.hidden_size
         self.qkv_proj = _linear(h, self.q_size + 2 * self.kv_size, config.attention_bias, dtype)
         self.o_proj = _linear(self.q_size, h, config.o_proj_bias, dtype)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.q_norm = norm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = norm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext,
@@ -87,6 +88,15 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(o.shape[0], self.q_size))
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# config.hidden_act -> the function
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
+
+
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
@@ -94,10 +104,11 @@ class MLP(nn.Module):
         h, i = config.hidden_size, config.intermediate_size
         self.gate_up_proj = _linear(h, 2 * i, config.mlp_bias, dtype)
         self.down_proj = _linear(i, h, config.mlp_bias, dtype)
+        self.act = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # (T, I) each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -118,6 +129,10 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # What a variant of the family replaces (gemma3.py)
+    layer_cls: ClassVar[type[nn.Module]] = DecoderLayer
+    norm_cls: ClassVar[type[RMSNorm]] = RMSNorm
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.config = config
@@ -125,9 +140,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = skip_init(
             nn.Embedding, config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers)
+            self.layer_cls(config, i, dtype) for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = self.norm_cls(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = (
             None if config.tie_word_embeddings
             else _linear(config.hidden_size, config.vocab_size, False, dtype)

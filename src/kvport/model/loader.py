@@ -47,10 +47,19 @@ def load_model(model: str, dtype: torch.dtype | str, load_weights: bool = True) 
     tokenizer = Tokenizer.from_dir(model_dir)
     net = None
     if load_weights:
-        net = LlamaForCausalLM(config, dtype)
+        net = model_class(config)(config, dtype)
         net.load_weights(iter_weights(files))
         net.pack_weights()
     return LoadedModel(config, net, tokenizer, model_dir, model_identity(model_dir, files))
+
+
+def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+    """The model code that runs `config`'s architecture."""
+    if config.architecture == "gemma3_text":
+        from kvport.model.gemma3 import Gemma3ForCausalLM
+
+        return Gemma3ForCausalLM
+    return LlamaForCausalLM
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
