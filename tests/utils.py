@@ -35,18 +35,21 @@ def make_scheduler(
     num_blocks: int, block_size: int = 4, max_num_batched_tokens: int = 64,
     max_num_seqs: int = 16, max_model_len: int = 64, enable_prefix_caching: bool = True,
     enable_chunked_prefill: bool = True, kv_transfer_config: KVTransferConfig | None = None,
-    header: TraceHeader | None = None,
+    header: TraceHeader | None = None, group_windows: tuple[int | None, ...] = (None,),
 ) -> Scheduler:
+    """`group_windows`: the KV cache groups' sliding windows (None: full attention)."""
     config = EngineConfig(
         block_size=block_size, num_kv_blocks=num_blocks, max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=enable_chunked_prefill,
         kv_transfer_config=kv_transfer_config)
-    pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+    pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching,
+                     reserve_null_block=any(w is not None for w in group_windows))
     connector = None
     if config.kv_transfer_config is not None:
         connector = create_connector(config.kv_transfer_config, KVConnectorRole.SCHEDULER, header)
-    return Scheduler(config, KVCacheManager(pool, block_size), connector)
+    return Scheduler(config, KVCacheManager(pool, block_size, group_windows=group_windows),
+                     connector)
 
 
 def mock_connector_config(policy: str = "recompute", **extra: object) -> KVTransferConfig:

@@ -159,4 +159,38 @@ MUTANTS: list[Mutant] = [
         "            pass\n",
         (f"{SCHED}::test_only_the_step_that_admits_a_sync_load_has_sync_kv_loads",),
         "a step that admits a sync load says so (vllm-0.32 starts its loads before the forward)"),
+    # ---- KV cache groups (engine/kv_cache_manager.py, block_pool.py) -------------------------
+    Mutant(
+        "sliding-groups-need-a-null-block", "src/kvport/engine/kv_cache_manager.py",
+        "        if any(w is not None for w in group_windows) and pool.null_block is None:\n",
+        "        if False:\n",
+        ("tests/engine/test_kv_cache_groups.py::test_bad_groups_are_named",),
+        "a sliding-window group's table has a null block to hold where its window moved past"),
+    Mutant(
+        "null-block-never-free", "src/kvport/engine/block_pool.py",
+        "            (b.block_id, b) for b in self.blocks if b is not self.null_block)",
+        "            (b.block_id, b) for b in self.blocks)",
+        ("tests/engine/test_kv_cache_groups.py::test_the_null_block_is_never_handed_out",),
+        "the null block is never allocated to a request"),
+    Mutant(
+        "sliding-hit-needs-its-window", "src/kvport/engine/kv_cache_manager.py",
+        "            if run == need:\n                return i + need\n",
+        "            return limit\n",
+        ("tests/engine/test_kv_cache_groups.py::"
+         "test_an_evicted_window_block_shortens_the_hit_for_every_group",),
+        "a hit is only as long as the sliding group's window blocks are cached"),
+    Mutant(
+        "sliding-window-frees-behind-it", "src/kvport/engine/kv_cache_manager.py",
+        "            self._skip_blocks(table, firsts[g])\n",
+        "            pass\n",
+        ("tests/engine/test_kv_cache_groups.py::test_a_growing_request_frees_what_its_window_left",
+         "tests/engine/test_hybrid_engine.py::test_sliding_groups_hold_only_their_window"),
+        "a sliding group gives back the blocks its window has left"),
+    Mutant(
+        "hits-before-allocation", "src/kvport/engine/kv_cache_manager.py",
+        "        for blocks in kept:\n",
+        "        for blocks in []:\n",
+        ("tests/engine/test_kv_cache_groups.py::"
+         "test_a_hit_needs_the_full_prefix_and_only_the_window_of_the_sliding_group",),
+        "hit blocks are referenced (taken off the free queue) before any group allocates"),
 ]

@@ -22,7 +22,7 @@ def test_cap_refuses_blocks_the_pool_still_has() -> None:
     a, b = make_request("a", list(range(1, 12))), make_request("b", list(range(20, 28)))
     assert kv.allocate_slots(a, 11) is not None  # 3 blocks
     assert kv.allocate_slots(b, 8) is None  # 3 + 2 > 4 although 13 blocks are free
-    assert kv.get_block_ids("b") == [] and _in_use(kv) == 3  # and nothing changed
+    assert kv.get_block_ids("b") == ([],) and _in_use(kv) == 3  # and nothing changed
     kv.free(a)
     assert kv.allocate_slots(b, 8) is not None
     kv.free(b)
@@ -39,7 +39,7 @@ def test_a_free_cached_block_taken_by_a_hit_counts_as_newly_in_use() -> None:
     kv.allocate_slots(other, 6)  # 2 blocks in use
     again = make_request("again", prompt)
     hits, _ = kv.get_computed_blocks(again)
-    assert len(hits) == 2 and all(b.ref_cnt == 0 for b in hits)
+    assert len(hits[0]) == 2 and all(b.ref_cnt == 0 for b in hits[0])
     # 1 new block + 2 free hits: 2 + 3 > 4 (counting only the new block would let it in)
     assert kv.allocate_slots(again, 1, hits) is None
     kv.free(other)

@@ -71,7 +71,7 @@ def test_preemption_takes_the_newest_request_and_frees_its_blocks() -> None:
             assert out.preempted_req_ids == {"new"}
             assert sched.requests["new"].status == RequestStatus.PREEMPTED
             assert sched.requests["new"].num_computed_tokens == 0
-            assert sched.kv.get_block_ids("new") == []
+            assert sched.kv.get_block_ids("new") == ([],)
             assert sched.waiting[0].request_id == "new"
     assert preempted_at is not None
     assert_scheduler_empty(sched)

@@ -100,9 +100,3 @@ def test_continuations_depend_on_context_beyond_the_window(tiny: LoadedModel) ->
     assert a != b
     assert len(set(a)) > 3  # not one repeated token
 
-
-def test_kvports_engine_refuses_it_until_it_keeps_groups(model_dir: Path) -> None:
-    from kvport import LLM
-
-    with pytest.raises(ValueError, match="sliding-window layers"):
-        LLM(model=str(model_dir))

@@ -47,7 +47,7 @@ from kvport.connectors.base import (
     ForwardContext, KVCacheSpec, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput,
     KVConnectorRequestError, KVConnectorWorkerMetadata, layer_name,
 )
-from kvport.connectors.views import SchedulerOutputView
+from kvport.connectors.views import StepView
 from kvport.trace.events import CALL_ORDERS, LEGACY, VLLM_0_32
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class KVConnectorDriver:
         # The pool never moves: make each layer's view once, not twice per layer per step.
         self._layer_views = [kv_cache[:, i] for i in range(spec.num_layers)]
 
-    def pre_forward(self, sched_out: SchedulerOutputView, ctx: ForwardContext) -> None:
+    def pre_forward(self, sched_out: StepView, ctx: ForwardContext) -> None:
         self._ctx = StepContext(ctx.kv_cache, ctx.num_scheduled_tokens, ctx.step,
                                 has_sync_kv_loads=bool(sched_out.has_sync_kv_loads))
         self._load_started = False
@@ -133,7 +133,7 @@ class KVConnectorDriver:
         except Exception as exc:
             self._record_error("save_kv_layer", exc)
 
-    def post_forward(self, sched_out: SchedulerOutputView, did_forward: bool) -> KVConnectorOutput:
+    def post_forward(self, sched_out: StepView, did_forward: bool) -> KVConnectorOutput:
         if not self._load_started:  # vllm-0.32, no sync loads: loads start after the forward
             self._start_load()
         c = self.connector

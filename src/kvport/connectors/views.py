@@ -13,6 +13,7 @@ unimportable, using plain records of these shapes.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -78,6 +79,23 @@ class CachedRequestView(Protocol):
 
 
 @runtime_checkable
+class StepView(Protocol):
+    """What the worker driver reads of a step (a SchedulerOutputView has all of it)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def finished_req_ids(self) -> Collection[str]: ...
+
+    @property
+    def has_sync_kv_loads(self) -> bool: ...
+
+    @property
+    def kv_connector_metadata(self) -> Any: ...
+
+
+@runtime_checkable
 class SchedulerOutputView(Protocol):
     """One step's schedule, as build_connector_meta and the worker driver see it."""
 
@@ -115,3 +133,36 @@ class SchedulerOutputView(Protocol):
     @property
     def kv_connector_metadata(self) -> Any:
         """What build_connector_meta returned for this step (read by the worker driver)."""
+
+
+# Plain records of the shapes above, for an engine whose own objects differ (vLLM's adapter; kvport's
+# engine, whose records hold a table per KV cache group where a connector reads one).
+
+
+@dataclass
+class NewRequestRecord:
+    req_id: str
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestRecord:
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutputRecord:
+    """A `SchedulerOutputView` built once per step from another engine's scheduler output."""
+
+    scheduled_new_reqs: list[NewRequestRecord]
+    scheduled_cached_reqs: list[CachedRequestRecord]
+    num_scheduled_tokens: Mapping[str, int]
+    total_num_scheduled_tokens: int
+    preempted_req_ids: set[str]
+    finished_req_ids: set[str]
+    step: int
+    has_sync_kv_loads: bool = False
+    kv_connector_metadata: Any = None

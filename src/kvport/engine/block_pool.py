@@ -13,6 +13,10 @@ Primitives:
 
 A block is in exactly one of two states: in use (ref_cnt > 0, not in the free queue) or free
 (ref_cnt == 0, in the free queue). Cached (hashed) blocks may be in either state.
+
+With `reserve_null_block`, block 0 is the null block (vLLM's `null_block`): never allocated, never
+cached, always in use. A sliding-window group's block table holds it where the window has moved
+past (the block there was freed), so tables stay indexed by position.
 """
 
 from __future__ import annotations
@@ -39,14 +43,20 @@ class BlockPoolCounters:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+    def __init__(self, num_blocks: int, enable_caching: bool = True,
+                 reserve_null_block: bool = False) -> None:
+        if num_blocks < 1 + reserve_null_block:
+            raise ValueError(f"num_blocks must be >= {1 + reserve_null_block}, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.null_block: KVBlock | None = None
+        if reserve_null_block:
+            self.null_block = self.blocks[0]
+            self.null_block.ref_cnt = 1  # in use for good: never in the free queue
         # block_id -> block; head = least recently freed = next to be reused
-        self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self._free: OrderedDict[int, KVBlock] = OrderedDict(
+            (b.block_id, b) for b in self.blocks if b is not self.null_block)
         self._cached: dict[BlockHash, KVBlock] = {}  # block_hash -> block holding it
         self.stats = BlockPoolCounters()
 
@@ -85,6 +95,7 @@ class BlockPool:
         """Drop a reference on each block. Pass a request's blocks tail first, so that its tail
         is reused before its prefix (prefixes are the likelier hits)."""
         for block in blocks:
+            assert block is not self.null_block, "the null block is never freed"
             assert block.ref_cnt > 0, f"double free of block {block.block_id}"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
@@ -138,12 +149,20 @@ class BlockPool:
         hashed = sum(1 for b in self.blocks if b.block_hash is not None)
         if hashed != len(self._cached):
             errors.append(f"{hashed} hashed blocks but {len(self._cached)} cache entries")
+        null = self.null_block
+        if null is not None and (null.ref_cnt != 1 or null.block_hash is not None):
+            errors.append(f"the null block has ref_cnt {null.ref_cnt}, hash {null.block_hash!r}")
         if errors:
             raise RuntimeError("block pool integrity: " + "; ".join(errors))
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks requests can hold: all but the null block."""
+        return self.num_blocks - (self.null_block is not None)
 
     def assert_all_free(self) -> None:
         """The "nothing leaked" oracle: every block back in the free queue."""
         self.check_integrity()
-        if self.num_free_blocks != self.num_blocks:
-            used = [b.block_id for b in self.blocks if b.ref_cnt > 0]
+        if self.num_free_blocks != self.num_usable_blocks:
+            used = [b.block_id for b in self.blocks if b.ref_cnt > 0 and b is not self.null_block]
             raise RuntimeError(f"{len(used)} blocks still in use: {used[:20]}")

@@ -17,7 +17,9 @@ from kvport.connectors.base import KVConnectorRole
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.block_pool import BlockPool
 from kvport.engine.connector_setup import create_engine_connector
-from kvport.engine.executor import Executor, InProcExecutor, ProcessExecutor, build_runner
+from kvport.engine.executor import (
+    Executor, InProcExecutor, ProcessExecutor, build_runner, engine_kv_groups,
+)
 from kvport.engine.hashing import engine_hash_root
 from kvport.engine.kv_cache_manager import KVCacheManager
 from kvport.engine.request import Request, RequestStatus
@@ -25,7 +27,7 @@ from kvport.engine.runner import ModelRunner, kv_cache_spec
 from kvport.engine.scheduler import Scheduler
 from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import kv_block_bytes
-from kvport.model.config import SLIDING_ATTENTION
+from kvport.model.kv_groups import KVCacheGroup, slots_per_block
 from kvport.model.loader import LoadedModel, load_model, resolve_dtype
 from kvport.sampling_params import SamplingParams
 
@@ -33,17 +35,21 @@ logger = logging.getLogger(__name__)
 DEFAULT_KV_CACHE_CAP_BYTES = 1 << 30  # default pool: room for max_num_seqs full requests, <= 1 GiB
 
 
-def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int) -> tuple[int, int]:
+def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int,
+                 groups: tuple[KVCacheGroup, ...] = ()) -> tuple[int, int]:
     """(blocks in the KV pool, max_model_len). An explicit max_model_len above the model's limit
     is an error; None means the model's limit, capped (with a warning) by what the pool holds
-    when the pool is sized by num_kv_blocks, kv_cache_bytes or the default memory cap."""
+    when the pool is sized by num_kv_blocks, kv_cache_bytes or the default memory cap.
+
+    With several KV cache groups one request holds a table per group (a sliding group at most
+    its window and one step's tokens) and the pool keeps one null block."""
     bs = config.block_size
     if config.max_model_len is not None and config.max_model_len > model_max_len:
         raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
                          f"max_position_embeddings={model_max_len}; pass max_model_len <= "
                          f"{model_max_len}, or leave it unset for the model's own limit")
     max_len = config.max_model_len if config.max_model_len is not None else model_max_len
-    blocks_per_seq = -(-max_len // bs)
+    blocks_per_seq = blocks_per_request(groups, max_len, bs, config.max_num_batched_tokens)
     if config.num_kv_blocks is not None:
         num = config.num_kv_blocks
     elif config.kv_cache_bytes is not None:
@@ -54,10 +60,11 @@ def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int) -> 
         if config.max_model_len is not None:
             num = max(num, blocks_per_seq)  # an explicit length is honoured beyond the cap
     if num < blocks_per_seq and config.max_model_len is None and num > 0:
+        fits = num * bs // max(1, len(groups))  # every group holding the whole length
         logger.warning("max_model_len=%d: the model allows %d tokens, but the KV pool of %d "
                        "blocks x %d tokens holds %d (pass num_kv_blocks or kv_cache_bytes for "
-                       "more)", num * bs, model_max_len, num, bs, num * bs)
-        return num, num * bs
+                       "more)", fits, model_max_len, num, bs, fits)
+        return num, fits
     if num < blocks_per_seq:
         raise ValueError(
             f"KV pool of {num} blocks x {bs} tokens cannot hold one request of "
@@ -65,6 +72,22 @@ def plan_kv_pool(config: EngineConfig, model_max_len: int, block_bytes: int) -> 
             f"{blocks_per_seq * block_bytes} bytes); raise num_kv_blocks/kv_cache_bytes or "
             f"lower max_model_len")
     return num, max_len
+
+
+def blocks_per_request(groups: tuple[KVCacheGroup, ...], num_tokens: int, block_size: int,
+                       max_step_tokens: int) -> int:
+    """Pool blocks one request of `num_tokens` tokens may hold at once: a full group all of its
+    blocks, a sliding group those of its window and of one step's tokens; plus the null block
+    when some group slides."""
+    whole = -(-num_tokens // block_size)
+    total = 0
+    for group in groups or (KVCacheGroup((0,), None),):
+        if group.sliding_window is None:
+            total += whole
+        else:
+            span = group.sliding_window - 1 + max_step_tokens
+            total += min(whole, -(-span // block_size) + 1)
+    return total + any(g.sliding_window is not None for g in groups)
 
 
 class EngineCore:
@@ -81,18 +104,17 @@ class EngineCore:
             loaded = load_model(config.model, dtype, load_weights=in_process)
         self.loaded = loaded
         mc = self.loaded.config
-        if SLIDING_ATTENTION in mc.layer_types:
-            raise ValueError(f"model {config.model!r} has sliding-window layers "
-                             f"({mc.architecture}); kvport's engine does not run them yet (the "
-                             f"hybrid KV cache manager is being built)")
-        block_bytes = kv_block_bytes(mc, config.block_size, dtype)
+        self.groups = engine_kv_groups(config, mc)
+        block_bytes = kv_block_bytes(mc, config.block_size, dtype, slots_per_block(self.groups))
         self.num_kv_blocks, max_model_len = plan_kv_pool(config, mc.max_position_embeddings,
-                                                         block_bytes)
+                                                         block_bytes, self.groups)
         # From here on the config holds a number (the scheduler and the worker read it).
         self.config = config = dataclasses.replace(config, max_model_len=max_model_len)
         self.max_model_len = max_model_len
-        pool = BlockPool(self.num_kv_blocks, enable_caching=config.enable_prefix_caching)
-        self.kv_cache_manager = KVCacheManager(pool, config.block_size)
+        windows = tuple(g.sliding_window for g in self.groups)
+        pool = BlockPool(self.num_kv_blocks, enable_caching=config.enable_prefix_caching,
+                         reserve_null_block=any(w is not None for w in windows))
+        self.kv_cache_manager = KVCacheManager(pool, config.block_size, group_windows=windows)
         # The two halves of the connector: separate objects, separate state (the worker half is
         # built next to the runner, possibly in another process).
         self.hash_root = engine_hash_root(config, self.loaded.identity)

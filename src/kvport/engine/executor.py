@@ -27,6 +27,8 @@ from kvport.engine.connector_setup import create_engine_connector
 from kvport.engine.hashing import engine_hash_root
 from kvport.engine.runner import ModelRunner
 from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
+from kvport.model.config import ModelConfig
+from kvport.model.kv_groups import KVCacheGroup, kv_cache_groups
 from kvport.model.loader import LoadedModel, load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -72,7 +74,18 @@ def build_runner(
     connector = create_engine_connector(config, KVConnectorRole.WORKER)
     return ModelRunner(loaded.model, loaded.config, num_kv_blocks, config.block_size, dtype,
                        connector, engine_hash_root(config, loaded.identity),
-                       call_order=config.kv_connector_call_order, driver_cls=driver_cls)
+                       call_order=config.kv_connector_call_order, driver_cls=driver_cls,
+                       groups=engine_kv_groups(config, loaded.config))
+
+
+def engine_kv_groups(config: EngineConfig, model_config: ModelConfig) -> tuple[KVCacheGroup, ...]:
+    """The KV cache groups the engine keeps. With a KV connector, one group of every layer (a
+    connector reads one block table; vLLM turns its hybrid allocator off the same way): sliding
+    layers still attend within their window, but keep every block. Without one, the model's
+    groups (kvport.model.kv_groups), so sliding layers free what left their window."""
+    if config.kv_transfer_config is not None:
+        return (KVCacheGroup(tuple(range(model_config.num_hidden_layers)), None),)
+    return kv_cache_groups(model_config)
 
 
 class InProcExecutor(Executor):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from kvport.connectors.base import (
     KVCacheEvent, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput,
 )
+from kvport.connectors.views import CachedRequestRecord, NewRequestRecord, SchedulerOutputRecord
 
 if TYPE_CHECKING:
     from kvport.engine.request import Request
@@ -120,7 +121,8 @@ class KVTransferTracker:
             num_external = max(0, (req.num_tokens - 1) // bs * bs - num_local)
         return Match(MatchKind.MATCHED, num_local, num_external, bool(is_async))
 
-    def after_alloc(self, req: Request, block_ids: list[int], match: Match | None) -> str | None:
+    def after_alloc(self, req: Request, block_ids: tuple[list[int], ...],
+                    match: Match | None) -> str | None:
         """update_state_after_alloc, after the request got its blocks (`match` None: resumed after
         an async load). Counts the admission once. An error message if the hook raised."""
         num_external = match.num_external_tokens if match is not None else 0
@@ -129,7 +131,7 @@ class KVTransferTracker:
             self.stats.num_hit_tokens += num_external
         if self.connector is not None:
             try:
-                self.connector.update_state_after_alloc(req, block_ids, num_external)
+                self.connector.update_state_after_alloc(req, one_group(block_ids), num_external)
             except Exception as exc:
                 return self._hook_failed("update_state_after_alloc", req, exc)
         if match is not None and match.load_async:
@@ -157,18 +159,19 @@ class KVTransferTracker:
     def build_connector_meta(self, out: SchedulerOutput) -> KVConnectorMetadata | None:
         if self.connector is None:
             return None
-        return self.connector.build_connector_meta(out)
+        return self.connector.build_connector_meta(connector_view(out))
 
     # ---- completion --------------------------------------------------------------------------
 
-    def request_finished(self, req: Request, block_ids: list[int], was_loading: bool) -> bool:
+    def request_finished(self, req: Request, block_ids: tuple[list[int], ...],
+                         was_loading: bool) -> bool:
         """request_finished for a request leaving the scheduler. True: keep its blocks (the
         connector still reads them, or a load still writes them) until after_step returns it."""
         rid = req.request_id
         reasons: set[str] = set()
         if self.connector is not None:
             try:
-                delay, _params = self.connector.request_finished(req, block_ids)
+                delay, _params = self.connector.request_finished(req, one_group(block_ids))
             except Exception as exc:
                 self._hook_failed("request_finished", req, exc)
                 delay = False
@@ -259,3 +262,21 @@ class KVTransferTracker:
     def _bad_answer(self, req: Request, what: str) -> None:
         self.stats.num_bad_answers += 1
         logger.warning("request %s: KV connector answered %s; corrected", req.request_id, what)
+
+
+def one_group(block_ids: tuple[list[int], ...]) -> list[int]:
+    """The block table a connector reads: a connector runs with one KV cache group (EngineCore
+    forms one when a connector is configured)."""
+    assert len(block_ids) == 1, f"a connector sees one KV cache group, not {len(block_ids)}"
+    return block_ids[0]
+
+
+def connector_view(out: SchedulerOutput) -> SchedulerOutputRecord:
+    """The step as a connector reads it (SchedulerOutputView): one block table per request."""
+    return SchedulerOutputRecord(
+        [NewRequestRecord(n.req_id, one_group(n.block_ids), n.num_computed_tokens)
+         for n in out.scheduled_new_reqs],
+        [CachedRequestRecord(c.req_id, one_group(c.new_block_ids), c.num_computed_tokens)
+         for c in out.scheduled_cached_reqs],
+        out.num_scheduled_tokens, out.total_num_scheduled_tokens, out.preempted_req_ids,
+        out.finished_req_ids, out.step, out.has_sync_kv_loads)

@@ -48,8 +48,10 @@ def rewind_to_valid_blocks(kv: KVCacheManager, xfer: KVTransferTracker, running:
     rewound: set[str] = set()
     resend: set[str] = set()
     for req in running + loading:
-        table = kv.get_block_ids(req.request_id)
-        first = next((i for i, b in enumerate(table) if b in invalid), None)
+        # A bad block in any group rewinds every group to before it (each group's KV of the
+        # tokens after it is recomputed with the rest).
+        first = min((i for table in kv.get_block_ids(req.request_id)
+                     for i, b in enumerate(table) if b in invalid), default=None)
         if first is None:
             continue
         kv.uncache_blocks_from(req, first)

@@ -23,9 +23,11 @@ from kvport.connectors.base import ForwardContext, KVCacheSpec, KVConnectorBase
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import (
-    KV_LAYOUT, AttentionMetadata, DecodeRows, PagedAttention, PrefillSeq, kv_cache_shape,
+    KV_LAYOUT, AttentionMetadata, DecodeRows, LayerPlace, PagedAttention, PrefillSeq,
+    kv_cache_shape,
 )
 from kvport.model.config import ModelConfig
+from kvport.model.kv_groups import KVCacheGroup, layer_slots, slots_per_block
 from kvport.model.sampler import sample
 from kvport.sampling_params import SamplingParams
 
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 class CachedRequestState:
     req_id: str
     token_ids: list[int]  # prompt + every token sampled so far (by this runner)
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # a block table per KV cache group
     num_computed_tokens: int  # before the step being prepared
     sampling_params: SamplingParams
     generator: torch.Generator
@@ -65,16 +67,24 @@ class ModelRunner:
         block_size: int, dtype: torch.dtype, connector: KVConnectorBase | None = None,
         hash_root: bytes = b"", call_order: str = DEFAULT_KV_CONNECTOR_CALL_ORDER,
         driver_cls: type[KVConnectorDriver] = KVConnectorDriver,
+        groups: tuple[KVCacheGroup, ...] | None = None,
     ) -> None:
         """`driver_cls` drives `connector` through each step: KVConnectorDriver, or a subclass
-        that changes how (a test puts a defect back with one)."""
+        that changes how (a test puts a defect back with one). `groups`: the KV cache groups
+        (default: one group of every layer)."""
         self.model = model
         self.hash_root = hash_root
         self.model_config = model_config
         self.block_size = block_size
+        layers = model_config.num_hidden_layers
+        self.groups = groups or (KVCacheGroup(tuple(range(layers)), None),)
+        windows = [model_config.layer_window(i) for i in range(layers)]
+        self.places = tuple(LayerPlace(g, slot, windows[layer]) for layer, (g, slot) in
+                            enumerate(layer_slots(self.groups, layers)))
         # Zeros, not empty: padded block-table slots are read (then masked) and must not hold
         # NaN bit patterns, which would survive the masking as NaN * 0.
-        self.kv_cache = torch.zeros(kv_cache_shape(model_config, num_blocks, block_size), dtype=dtype)
+        self.kv_cache = torch.zeros(kv_cache_shape(model_config, num_blocks, block_size,
+                                                   slots_per_block(self.groups)), dtype=dtype)
         self.requests: dict[str, CachedRequestState] = {}  # req_id -> state
         self.driver: KVConnectorDriver | None = None
         if connector is not None:
@@ -106,7 +116,7 @@ class ModelRunner:
     def _forward_and_sample(self, sched_out: SchedulerOutput, out: ModelRunnerOutput) -> None:
         batch = self._prepare_inputs(sched_out)
         attn = PagedAttention(self.kv_cache, batch.attn_metadata, self.model.attention_scale,
-                              self.driver)
+                              self.driver, self.places)
         with torch.inference_mode():
             hidden = self.model(batch.input_ids, batch.positions, attn, batch.logits_indices)
             logits = self.model.compute_logits(hidden)
@@ -142,65 +152,73 @@ class ModelRunner:
             if old is None:
                 gen = torch.Generator().manual_seed(new.sampling_seed)
                 self.requests[new.req_id] = CachedRequestState(
-                    new.req_id, tokens, list(new.block_ids), new.num_computed_tokens,
-                    new.sampling_params, gen)
+                    new.req_id, tokens, tuple(list(t) for t in new.block_ids),
+                    new.num_computed_tokens, new.sampling_params, gen)
             else:  # resumed (preemption, failed load): new blocks, same generator
                 old.token_ids = tokens
-                old.block_ids = list(new.block_ids)
+                old.block_ids = tuple(list(t) for t in new.block_ids)
                 old.num_computed_tokens = new.num_computed_tokens
         for cached in sched_out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
-            state.block_ids.extend(cached.new_block_ids)
+            for table, added in zip(state.block_ids, cached.new_block_ids, strict=True):
+                table.extend(added)
             state.num_computed_tokens = cached.num_computed_tokens
 
     def _prepare_inputs(self, sched_out: SchedulerOutput) -> StepBatch:
         bs = self.block_size
+        n_groups = len(self.groups)
         n_sched = sched_out.num_scheduled_tokens
         # Requests with one query token first (batched decode attention), then prefills.
         order = sorted(n_sched, key=lambda rid: n_sched[rid] != 1)
         input_ids: list[int] = []
         positions: list[int] = []
-        decode_tables: list[list[int]] = []
+        # per group: each decode's table, each sampling request's table, each token's block
+        decode_tables: list[list[list[int]]] = [[] for _ in range(n_groups)]
+        sample_tables: list[list[list[int]]] = [[] for _ in range(n_groups)]
+        slot_blocks: list[list[int]] = [[] for _ in range(n_groups)]
         decode_lens: list[int] = []
         prefills: list[PrefillSeq] = []
         decode_ids: list[str] = []
         sample_ids: list[str] = []
-        sample_tables: list[list[int]] = []
         sample_lens: list[int] = []
         logits_idx: list[int] = []
-        slot_blocks: list[int] = []
         for rid in order:
             state = self.requests[rid]
             n, start = n_sched[rid], state.num_computed_tokens
             end = start + n
             assert end <= len(state.token_ids), f"{rid}: scheduled past its known tokens"
-            assert len(state.block_ids) * bs >= end, f"{rid}: {end} tokens need more blocks"
+            assert all(len(t) * bs >= end for t in state.block_ids), \
+                f"{rid}: {end} tokens need more blocks"
             query_start = len(input_ids)
             input_ids.extend(state.token_ids[start:end])
             positions.extend(range(start, end))
-            slot_blocks.extend(state.block_ids[p // bs] for p in range(start, end))
             num_blocks = -(-end // bs)
+            tables = [t[:num_blocks] for t in state.block_ids]
+            for g, table in enumerate(state.block_ids):
+                slot_blocks[g].extend(table[p // bs] for p in range(start, end))
             if n == 1:
                 decode_ids.append(rid)
-                decode_tables.append(state.block_ids[:num_blocks])
+                for g in range(n_groups):
+                    decode_tables[g].append(tables[g])
                 decode_lens.append(end)
             else:
                 prefills.append(PrefillSeq(query_start, n, start,
-                                           torch.tensor(state.block_ids[:num_blocks])))
+                                           tuple(torch.tensor(t) for t in tables)))
             if end == len(state.token_ids):
                 sample_ids.append(rid)
-                sample_tables.append(state.block_ids[:num_blocks])
+                for g in range(n_groups):
+                    sample_tables[g].append(tables[g])
                 sample_lens.append(end)
                 logits_idx.append(len(input_ids) - 1)
             state.num_computed_tokens = end
         pos = torch.tensor(positions, dtype=torch.long)
-        decodes = self._decode_rows(decode_tables, decode_lens)
+        decodes = tuple(self._decode_rows(t, decode_lens) for t in decode_tables)
         # The rows that sample attend like decodes in the last layer (see LlamaForCausalLM).
         samples = (decodes if sample_ids == decode_ids  # a pure decode step: the same tables
-                   else self._decode_rows(sample_tables, sample_lens))
+                   else tuple(self._decode_rows(t, sample_lens) for t in sample_tables))
         meta = AttentionMetadata(
-            slot_block_ids=torch.tensor(slot_blocks, dtype=torch.long), slot_offsets=pos % bs,
-            num_decode_tokens=len(decode_tables), decodes=decodes, prefills=prefills,
-            samples=samples)
+            slot_block_ids=tuple(torch.tensor(b, dtype=torch.long) for b in slot_blocks),
+            slot_offsets=pos % bs, num_decode_tokens=len(decode_lens), decodes=decodes,
+            prefills=prefills, samples=samples)
         return StepBatch(torch.tensor(input_ids, dtype=torch.long), pos, meta, sample_ids,
                          torch.tensor(logits_idx, dtype=torch.long))

@@ -179,7 +179,8 @@ class Scheduler:
                 plan.new_reqs.append(self._new_request_data(req))
             else:
                 plan.cached_reqs.append(CachedRequestData(
-                    req.request_id, [b.block_id for b in new_blocks], req.num_computed_tokens))
+                    req.request_id, tuple([b.block_id for b in group] for group in new_blocks),
+                    req.num_computed_tokens))
             plan.add(req.request_id, num_new)
             i += 1
 
@@ -217,7 +218,7 @@ class Scheduler:
                 self._fail_detached(req, match.error or "KV connector failed")
                 return _Admission.FAILED
         else:  # resumed after an async load: its blocks are allocated already
-            hits, num_local = [], req.num_computed_tokens
+            hits, num_local = None, req.num_computed_tokens
         num_external = match.num_external_tokens if match is not None else 0
         load_async = match is not None and match.load_async
         num_computed = num_local + num_external
@@ -229,7 +230,7 @@ class Scheduler:
                                   delay_cache_blocks=load_async) is None:
             return _Admission.NO_ROOM
         if match is not None:  # counted once per admission, not per retry
-            self.kv.count_prefix_lookup(req, len(hits))
+            self.kv.count_prefix_lookup(req, num_local // self.kv.block_size)
         error = self.xfer.after_alloc(req, self.kv.get_block_ids(req.request_id), match)
         if error is not None:
             self._fail_detached(req, error)
@@ -270,7 +271,7 @@ class Scheduler:
         could leave the head of the queue, or a lone running request, unable ever to allocate.
         Its KV stays in the prefix cache where published. Returns whether anything was freed."""
         for req in reversed(candidates):
-            if req is keep or not self.kv.get_block_ids(req.request_id):
+            if req is keep or not self.kv.holds_blocks(req.request_id):
                 continue
             if (req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
                     and not self._finish_async_load(req)):

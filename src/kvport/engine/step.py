@@ -21,7 +21,7 @@ class NewRequestData:
     output_token_ids: list[int]  # outputs generated before a preemption
     sampling_params: SamplingParams
     sampling_seed: int  # seeds the request's own generator (the request's seed, or one drawn)
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # its block table per KV cache group
     num_computed_tokens: int
 
 
@@ -30,7 +30,7 @@ class CachedRequestData:
     """A request the runner already holds: only what changed."""
 
     req_id: str
-    new_block_ids: list[int]
+    new_block_ids: tuple[list[int], ...]  # per KV cache group, the entries added this step
     num_computed_tokens: int
 
 

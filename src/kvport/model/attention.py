@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -34,14 +34,19 @@ from kvport.model.config import ModelConfig
 KV_LAYOUT = "blocks-layers-kv-tokens-heads-dim"  # the name of the layout below, in hashes and specs
 
 
-def kv_cache_shape(model_config: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
-    # (num_blocks, num_layers, K/V, block_size, num_kv_heads, head_dim)
-    return (num_blocks, model_config.num_hidden_layers, 2, block_size,
-            model_config.num_key_value_heads, model_config.head_dim)
+def kv_cache_shape(model_config: ModelConfig, num_blocks: int, block_size: int,
+                   num_slots: int | None = None) -> tuple[int, ...]:
+    """(num_blocks, num_slots, K/V, block_size, num_kv_heads, head_dim). A block holds one layer
+    per slot: every layer with one KV cache group, a group's layers with several
+    (kvport.model.kv_groups)."""
+    slots = model_config.num_hidden_layers if num_slots is None else num_slots
+    return (num_blocks, slots, 2, block_size, model_config.num_key_value_heads,
+            model_config.head_dim)
 
 
-def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    shape = kv_cache_shape(model_config, 1, block_size)
+def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype,
+                   num_slots: int | None = None) -> int:
+    shape = kv_cache_shape(model_config, 1, block_size, num_slots)
     n = 1
     for d in shape:
         n *= d
@@ -77,7 +82,8 @@ class PrefillSeq:
     query_start: int  # index of its first token in the flattened batch
     query_len: int
     context_len: int  # tokens already in the pool before this step
-    block_table: torch.Tensor  # (num_blocks_needed,) int64 covering context_len + query_len
+    # per KV cache group, (num_blocks_needed,) int64 covering context_len + query_len
+    block_tables: tuple[torch.Tensor, ...]
 
 
 @dataclass
@@ -88,6 +94,7 @@ class DecodeRows:
     block_tables: torch.Tensor  # (n, max_blocks) int64, padded with block 0
     lens: torch.Tensor  # (n,) int64: keys each row sees (its position + 1)
     block_size: int
+    _window_masks: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @functools.cached_property
     def mask(self) -> torch.Tensor:
@@ -97,59 +104,88 @@ class DecodeRows:
         width = max_blocks * self.block_size
         return (torch.arange(width).unsqueeze(0) < self.lens.unsqueeze(1)).view(n, 1, 1, width)
 
+    def window_mask(self, window: int) -> torch.Tensor:
+        """`mask` with only the last `window` keys of each row visible (a sliding layer)."""
+        if window not in self._window_masks:
+            n, max_blocks = self.block_tables.shape
+            keys = torch.arange(max_blocks * self.block_size).view(1, 1, 1, -1)
+            self._window_masks[window] = self.mask & (keys >= (self.lens - window).view(n, 1, 1, 1))
+        return self._window_masks[window]
+
+
+@dataclass(frozen=True)
+class LayerPlace:
+    """Where a layer's K/V live and what its queries see: its KV cache group (whose block
+    tables it reads), its slot in that group's blocks, and its sliding window (None: full)."""
+
+    group: int
+    slot: int
+    window: int | None = None
+
+
+def single_group_places(num_layers: int, windows: Sequence[int | None] = ()) -> tuple[LayerPlace, ...]:
+    """One group of every layer, layer i in slot i (with the layers' windows, if any)."""
+    return tuple(LayerPlace(0, i, windows[i] if i < len(windows) else None)
+                 for i in range(num_layers))
+
 
 @dataclass
 class AttentionMetadata:
-    """Everything attention needs for one step; built by the runner from the scheduler output."""
+    """Everything attention needs for one step; built by the runner from the scheduler output.
+    Block ids and tables come per KV cache group (a tuple, in group order)."""
 
-    slot_block_ids: torch.Tensor  # (T,) int64: pool block that receives each new token's K/V
+    slot_block_ids: tuple[torch.Tensor, ...]  # (T,) int64: block receiving each new token's K/V
     slot_offsets: torch.Tensor  # (T,) int64: offset inside that block
     num_decode_tokens: int  # the first num_decode_tokens tokens each belong to their own request
-    decodes: DecodeRows
+    decodes: tuple[DecodeRows, ...]
     prefills: list[PrefillSeq]
-    samples: DecodeRows | None = None  # the last token of each request that samples, in order
+    samples: tuple[DecodeRows, ...] | None = None  # the last token of each request that samples
 
 
 class PagedAttention:
-    """`AttentionContext` over the paged pool for one step."""
+    """`AttentionContext` over the paged pool for one step. `places[layer_idx]` says where each
+    layer's K/V live and which keys its queries see (default: one group, layer i in slot i)."""
 
     def __init__(
         self, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        hooks: LayerHooks | None = None,
+        hooks: LayerHooks | None = None, places: Sequence[LayerPlace] | None = None,
     ) -> None:
         self.kv_cache = kv_cache
         self.meta = meta
         self.scale = scale
         self.hooks = hooks
+        self.places = places if places is not None else single_group_places(kv_cache.shape[1])
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        meta = self.meta
+        meta, place = self.meta, self.places[layer_idx]
         layer_cache = self._store(layer_idx, k, v)
         nd = meta.num_decode_tokens
+        decodes = meta.decodes[place.group]
         if nd == len(q):  # decodes only: their output is the layer's
-            out = self._decode(layer_cache, q, meta.decodes)
+            out = self._decode(layer_cache, q, decodes, place.window)
             self._stored(layer_idx)
             return out
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self._decode(layer_cache, q[:nd], meta.decodes)
+            out[:nd] = self._decode(layer_cache, q[:nd], decodes, place.window)
         for seq in meta.prefills:
             s, e = seq.query_start, seq.query_start + seq.query_len
             if seq.context_len == 0:
                 # Nothing cached before this chunk: the new K/V are the whole context.
-                out[s:e] = causal_attention(q[s:e], k[s:e], v[s:e], self.scale)
+                out[s:e] = causal_attention(q[s:e], k[s:e], v[s:e], self.scale,
+                                            window=place.window)
             else:
-                out[s:e] = self._prefill_with_context(layer_cache, q[s:e], seq)
+                out[s:e] = self._prefill_with_context(layer_cache, q[s:e], seq, place)
         self._stored(layer_idx)
         return out
 
     def attend_rows(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # Each selected row is its request's last token: one query over the request's whole
         # context, which is exactly a decode over the pool.
-        meta = self.meta
+        meta, place = self.meta, self.places[layer_idx]
         assert meta.samples is not None, "attend_rows needs the sampled rows' tables"
         layer_cache = self._store(layer_idx, k, v)
-        out = self._decode(layer_cache, q, meta.samples) if len(q) else q
+        out = self._decode(layer_cache, q, meta.samples[place.group], place.window) if len(q) else q
         self._stored(layer_idx)
         return out
 
@@ -157,22 +193,25 @@ class PagedAttention:
         """Write the step's K/V of one layer into the pool; returns the layer's view of it."""
         if self.hooks is not None:
             self.hooks.before_attention(layer_idx)
-        meta = self.meta
-        layer_cache = self.kv_cache[:, layer_idx]  # (num_blocks, 2, block_size, kv_heads, head_dim)
-        if not kernels.store_kv(layer_cache, meta.slot_block_ids, meta.slot_offsets, k, v):
-            layer_cache[meta.slot_block_ids, 0, meta.slot_offsets] = k.to(layer_cache.dtype)
-            layer_cache[meta.slot_block_ids, 1, meta.slot_offsets] = v.to(layer_cache.dtype)
+        meta, place = self.meta, self.places[layer_idx]
+        layer_cache = self.kv_cache[:, place.slot]  # (num_blocks, 2, block_size, kv_heads, head_dim)
+        slot_blocks = meta.slot_block_ids[place.group]
+        if not kernels.store_kv(layer_cache, slot_blocks, meta.slot_offsets, k, v):
+            layer_cache[slot_blocks, 0, meta.slot_offsets] = k.to(layer_cache.dtype)
+            layer_cache[slot_blocks, 1, meta.slot_offsets] = v.to(layer_cache.dtype)
         return layer_cache
 
     def _stored(self, layer_idx: int) -> None:
         if self.hooks is not None:
             self.hooks.after_attention(layer_idx, self.kv_cache)
 
-    def _decode(self, layer_cache: torch.Tensor, q: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
+    def _decode(self, layer_cache: torch.Tensor, q: torch.Tensor, rows: DecodeRows,
+                window: int | None) -> torch.Tensor:
         """One query per request over its blocks: q (n, heads, D) -> (n, heads, D)."""
-        out = kernels.decode_attention(q, layer_cache, rows.block_tables, rows.lens, self.scale)
-        if out is not None:  # read in place from the pool (kvport/model/paged_attention.c)
-            return out
+        if window is None:
+            out = kernels.decode_attention(q, layer_cache, rows.block_tables, rows.lens, self.scale)
+            if out is not None:  # read in place from the pool (kvport/model/paged_attention.c)
+                return out
         n, max_blocks = rows.block_tables.shape
         _, _, bs, kvh, d = layer_cache.shape
         flat = rows.block_tables.view(-1)
@@ -184,25 +223,29 @@ class PagedAttention:
         # query positions of that head (same mask for all). Heads h*group..(h+1)*group-1 use
         # KV head h, as in the checkpoints.
         group = q.shape[1] // kvh
+        mask = rows.mask if window is None else rows.window_mask(window)
         o = F.scaled_dot_product_attention(
-            q.reshape(n, kvh, group, d), k, v, attn_mask=rows.mask, scale=self.scale,
+            q.reshape(n, kvh, group, d), k, v, attn_mask=mask, scale=self.scale,
         )  # (n, kvh, group, D)
         return o.reshape(n, kvh * group, d)
 
     def _prefill_with_context(
-        self, layer_cache: torch.Tensor, q: torch.Tensor, seq: PrefillSeq
+        self, layer_cache: torch.Tensor, q: torch.Tensor, seq: PrefillSeq, place: LayerPlace,
     ) -> torch.Tensor:
         total = seq.context_len + seq.query_len
         _, _, _, kvh, d = layer_cache.shape
+        table = seq.block_tables[place.group]
         # K and V gathered apart from their strided views (index_select, contiguous results
         # SDPA reads as they are), with keys visible lower-right causal: 1.69 -> 1.20 ms per
         # layer for 16 queries over 2048 cached tokens, against advanced indexing of both and
         # a materialized mask.
-        k = layer_cache[:, 0].index_select(0, seq.block_table).view(-1, kvh, d)[:total]
-        v = layer_cache[:, 1].index_select(0, seq.block_table).view(-1, kvh, d)[:total]
+        k = layer_cache[:, 0].index_select(0, table).view(-1, kvh, d)[:total]
+        v = layer_cache[:, 1].index_select(0, table).view(-1, kvh, d)[:total]
+        mask = (causal_lower_right(seq.query_len, total) if place.window is None
+                else window_mask(seq.query_len, total, place.window))
         o = F.scaled_dot_product_attention(
             _heads_first(q), _heads_first(k), _heads_first(v),
-            attn_mask=causal_lower_right(seq.query_len, total), scale=self.scale, enable_gqa=True,
+            attn_mask=mask, scale=self.scale, enable_gqa=True,
         )
         return o[0].transpose(0, 1)
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from kvport.connectors.views import CachedRequestRecord, NewRequestRecord, SchedulerOutputRecord
 
 
 # vLLM hashes blocks with a process-random seed for these algorithms unless PYTHONHASHSEED is
@@ -69,37 +70,6 @@ class RequestAdapter:
         return self._request.block_hashes
 
 
-@dataclass
-class NewRequest:
-    req_id: str
-    block_ids: list[int]
-    num_computed_tokens: int
-
-
-@dataclass
-class CachedRequest:
-    req_id: str
-    new_block_ids: list[int]
-    num_computed_tokens: int
-
-
-@dataclass
-class SchedulerOutputAdapter:
-    """A vLLM SchedulerOutput as kvport's SchedulerOutputView (converted once per step)."""
-
-    scheduled_new_reqs: list[NewRequest]
-    scheduled_cached_reqs: list[CachedRequest]
-    num_scheduled_tokens: Mapping[str, int]
-    total_num_scheduled_tokens: int
-    preempted_req_ids: set[str]
-    finished_req_ids: set[str]
-    step: int
-    # a request of this step loads external tokens synchronously (vLLM 0.32 names it so too)
-    has_sync_kv_loads: bool = False
-    kv_connector_metadata: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def group0(block_ids: Sequence[Sequence[int]] | None) -> list[int]:
     """The block ids of the one KV cache group (vLLM passes a tuple per group, or None)."""
     if not block_ids:
@@ -108,19 +78,19 @@ def group0(block_ids: Sequence[Sequence[int]] | None) -> list[int]:
     return list(block_ids[0])
 
 
-def adapt_scheduler_output(so: Any, step: int) -> SchedulerOutputAdapter:
-    new = [NewRequest(r.req_id, group0(r.block_ids), r.num_computed_tokens)
+def adapt_scheduler_output(so: Any, step: int) -> SchedulerOutputRecord:
+    new = [NewRequestRecord(r.req_id, group0(r.block_ids), r.num_computed_tokens)
            for r in so.scheduled_new_reqs]
-    cached: list[CachedRequest] = []
+    cached: list[CachedRequestRecord] = []
     c = so.scheduled_cached_reqs
     resumed = set(getattr(c, "resumed_req_ids", ()) or ())
     for i, rid in enumerate(c.req_ids):
         ids = group0(c.new_block_ids[i])
         if rid in resumed:  # resumed after a preemption: its whole block table
-            new.append(NewRequest(rid, ids, c.num_computed_tokens[i]))
+            new.append(NewRequestRecord(rid, ids, c.num_computed_tokens[i]))
         else:
-            cached.append(CachedRequest(rid, ids, c.num_computed_tokens[i]))
-    return SchedulerOutputAdapter(
+            cached.append(CachedRequestRecord(rid, ids, c.num_computed_tokens[i]))
+    return SchedulerOutputRecord(
         new, cached, dict(so.num_scheduled_tokens), int(so.total_num_scheduled_tokens),
         set(so.preempted_req_ids or ()), set(so.finished_req_ids), step,
         bool(getattr(so, "has_sync_kv_loads", False)))

@@ -1,0 +1,154 @@
+"""The KV cache manager with several groups: one full-attention and one sliding-window group
+(window 6, blocks of 4: a sliding group needs the 2 blocks before a position)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from utils import assert_scheduler_empty, make_request, make_scheduler, run_step
+
+from kvport.engine.block_pool import BlockPool
+from kvport.engine.kv_cache_manager import KVCacheManager
+from kvport.engine.request import RequestStatus
+
+WINDOW, BS = 6, 4
+
+
+def manager(num_blocks: int = 64) -> KVCacheManager:
+    return KVCacheManager(BlockPool(num_blocks, reserve_null_block=True), BS,
+                          group_windows=(None, WINDOW))
+
+
+def computed(kv: KVCacheManager, rid: str, prompt: list[int]) -> None:
+    """Run `prompt` through allocation as one prefill, then free it (its blocks stay cached)."""
+    req = make_request(rid, prompt)
+    assert kv.allocate_slots(req, len(prompt)) is not None
+    req.num_computed_tokens = len(prompt)
+    kv.free(req)
+
+
+def test_a_hit_needs_the_full_prefix_and_only_the_window_of_the_sliding_group() -> None:
+    kv = manager()
+    prompt = list(range(1, 26))  # 6 full blocks + 1 token
+    computed(kv, "a", prompt)
+    again = make_request("b", prompt)
+    (full, sliding), num_tokens = kv.get_computed_blocks(again)
+    assert num_tokens == 24  # 6 blocks: the last token is always computed
+    assert all(b is not kv.pool.null_block for b in full) and len(full) == 6
+    null = kv.pool.null_block
+    # the next token (position 24) sees positions 19..24: blocks 4 and 5 of the sliding group
+    assert sliding[:4] == [null] * 4 and null not in sliding[4:] and len(sliding) == 6
+    tables = kv.allocate_slots(again, 1, (full, sliding))
+    assert tables is not None
+    assert [len(t) for t in kv.get_block_ids("b")] == [7, 7]
+    assert kv.get_block_ids("b")[1][:4] == [0, 0, 0, 0]  # the null block's id
+    in_use = kv.pool.num_usable_blocks - kv.pool.num_free_blocks
+    assert in_use == 7 + 3  # full: 6 hits + 1 new; sliding: 2 hits + 1 new
+    kv.free(again)
+    kv.pool.assert_all_free()
+
+
+def test_an_evicted_window_block_shortens_the_hit_for_every_group() -> None:
+    kv = manager()
+    prompt = list(range(1, 26))
+    req = make_request("a", prompt)
+    kv.allocate_slots(req, len(prompt))
+    sliding_ids = kv.get_block_ids("a")[1]
+    kv.free(req)
+    kv.pool.uncache_block(kv.pool.blocks[sliding_ids[4]])  # the window of a 24-token hit
+    (full, sliding), num_tokens = kv.get_computed_blocks(make_request("b", prompt))
+    # 16 tokens: the sliding group holds blocks 2 and 3 (positions 10..15), and the full
+    # group's hit is cut to match
+    assert num_tokens == 16 and len(full) == 4 and len(sliding) == 4
+
+
+def test_a_growing_request_frees_what_its_window_left() -> None:
+    kv = manager()
+    req = make_request("a", list(range(1, 9)), max_tokens=40)
+    kv.allocate_slots(req, 8)
+    req.num_computed_tokens = 8
+    for _ in range(20):  # decode one token at a time
+        req.append_output_token(7)
+        assert kv.allocate_slots(req, 1) is not None
+        req.num_computed_tokens += 1
+        full, sliding = kv.req_to_blocks["a"]
+        real = [b for b in sliding if b is not kv.pool.null_block]
+        assert len(full) == -(-req.num_computed_tokens // BS)  # the full group keeps all
+        assert len(real) <= 3  # the window's 5 earlier tokens and the token itself
+    in_use = kv.pool.num_usable_blocks - kv.pool.num_free_blocks
+    assert in_use == len(kv.req_to_blocks["a"][0]) + len(real)
+    kv.free(req)
+    kv.pool.assert_all_free()
+
+
+def test_one_group_keeps_the_layout_of_every_non_hybrid_model() -> None:
+    kv = KVCacheManager(BlockPool(16), BS)
+    prompt = list(range(1, 10))
+    computed(kv, "a", prompt)
+    (hits,), num_tokens = kv.get_computed_blocks(make_request("b", prompt))
+    assert num_tokens == 8 and len(hits) == 2
+    # keys are the block hashes themselves, as before groups existed
+    assert hits[0].block_hash == make_request("b", prompt).block_hashes[0]
+
+
+def test_bad_groups_are_named() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="null block"):
+        KVCacheManager(BlockPool(8), BS, group_windows=(None, WINDOW))
+    with pytest.raises(ValueError, match="at least one group"):
+        KVCacheManager(BlockPool(8, reserve_null_block=True), BS, group_windows=())
+    with pytest.raises(ValueError, match="num_blocks must be >= 2"):
+        BlockPool(1, reserve_null_block=True)
+
+
+def test_the_null_block_is_never_handed_out() -> None:
+    pool = BlockPool(4, reserve_null_block=True)
+    blocks = pool.allocate(3)
+    assert pool.null_block not in blocks and pool.num_free_blocks == 0
+    pool.free(blocks)
+    pool.assert_all_free()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    windows=st.sampled_from([(None, WINDOW), (WINDOW, None, WINDOW), (3, None), (None, 9)]),
+    num_blocks=st.integers(12, 30),
+    budget=st.integers(1, 40),
+    max_num_seqs=st.integers(1, 6),
+    caching=st.booleans(),
+    prompts=st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=14), min_size=1, max_size=8),
+    max_tokens=st.lists(st.integers(1, 6), min_size=8, max_size=8),
+    aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 7)), max_size=4),
+)
+def test_random_hybrid_workloads_finish_and_leak_nothing(
+    windows: tuple[int | None, ...], num_blocks: int, budget: int, max_num_seqs: int,
+    caching: bool, prompts: list[list[int]], max_tokens: list[int],
+    aborts: list[tuple[int, int]],
+) -> None:
+    sched = make_scheduler(num_blocks=num_blocks, max_num_batched_tokens=budget,
+                           max_num_seqs=max_num_seqs, max_model_len=16,
+                           enable_prefix_caching=caching, group_windows=windows)
+    for i, p in enumerate(prompts):
+        sched.add_request(make_request(str(i), p, max_tokens=max_tokens[i]))
+    outputs: dict[str, list[int]] = {}
+    null = sched.kv.pool.null_block
+    for step in range(500):
+        for at, idx in aborts:
+            if at == step:
+                sched.finish_requests([str(idx)], RequestStatus.FINISHED_ABORTED)
+        out, finished = run_step(sched)
+        sched.kv.pool.check_integrity()
+        for req in sched.running:  # every block the next token reads is real, in every group
+            for g, table in enumerate(sched.kv.req_to_blocks[req.request_id]):
+                first = sched.kv._first_needed_block(g, req.num_computed_tokens)
+                assert null not in table[first:], (g, req.num_computed_tokens)
+        for r in finished:
+            outputs[r.request_id] = r.output_token_ids
+        if not sched.requests:
+            break
+    assert not sched.requests, "workload did not finish in 500 steps"
+    for rid, toks in outputs.items():  # the fake model's token depends on the length only
+        n = len(prompts[int(rid)])
+        assert toks == [1 + (n + j) % 97 for j in range(len(toks))]
+    assert_scheduler_empty(sched)
