@@ -50,6 +50,7 @@ class KVCacheManager:
         self.max_blocks_in_use = max_blocks_in_use
         self.group_windows = group_windows
         self.num_groups = len(group_windows)
+        self._one_full_group = group_windows == (None,)
         self.req_to_blocks: dict[str, GroupBlocks] = {}  # request_id -> a block table per group
         # request_id -> per group, leading blocks already published (or skipped as null)
         self._num_published: dict[str, list[int]] = {}
@@ -191,6 +192,10 @@ class KVCacheManager:
 
         `delay_cache_blocks`: do not publish yet (an async load fills the blocks later)."""
         hits = new_computed_blocks if new_computed_blocks and new_computed_blocks[0] else None
+        if self._one_full_group:
+            new = self._allocate_one_full_group(request, num_new_tokens, hits and hits[0],
+                                                num_external_tokens, delay_cache_blocks)
+            return None if new is None else (new,)
         firsts, news, needed = self._plan(request, num_new_tokens, hits, num_external_tokens)
         if needed > self.pool.num_free_blocks:
             return None
@@ -231,6 +236,37 @@ class KVCacheManager:
             self.cache_blocks(request, total)
         return tuple(added)
 
+    def _allocate_one_full_group(self, request: Request, num_new_tokens: int,
+                                 hits: list[KVBlock] | None, num_external_tokens: int,
+                                 delay_cache_blocks: bool) -> list[KVBlock] | None:
+        """`allocate_slots` for the layout of every non-hybrid model (one full-attention group):
+        the same result as the general path without its per-group bookkeeping, which costs a
+        decode step of a small model several percent (BENCHMARKS.md, "Engine throughput")."""
+        hits = hits or []
+        rid = request.request_id
+        table = self.req_to_blocks.get(rid, ((),))[0]
+        num_computed = request.num_computed_tokens + len(hits) * self.block_size
+        total = num_computed + num_external_tokens + num_new_tokens
+        num_new = max(0, -(-total // self.block_size) - len(table) - len(hits))
+        needed = num_new + sum(1 for b in hits if b.ref_cnt == 0)
+        if needed > self.pool.num_free_blocks:
+            return None
+        in_use = self.pool.num_usable_blocks - self.pool.num_free_blocks
+        if self.max_blocks_in_use is not None and in_use + needed > self.max_blocks_in_use:
+            return None
+        if rid not in self.req_to_blocks:
+            self.req_to_blocks[rid] = ([],)
+            self._num_published[rid] = [0]
+        table = self.req_to_blocks[rid][0]
+        assert not hits or not table, "prefix hits are only taken for a request without blocks"
+        self.pool.touch(hits)
+        start = len(table)
+        table.extend(hits)
+        table.extend(self.pool.allocate(num_new))
+        if not delay_cache_blocks:
+            self.cache_blocks(request, total)
+        return table[start:]
+
     def _skip_blocks(self, table: list[KVBlock], first: int) -> None:
         """Free the real blocks before index `first` (a sliding window moved past them) and put
         the null block in their place."""
@@ -253,6 +289,8 @@ class KVCacheManager:
         num_full = min(num_tokens, request.num_tokens) // self.block_size
         num_full = min(num_full, len(request.block_hashes))
         published = self._num_published[rid]
+        if published[0] >= num_full and self._one_full_group:
+            return  # a decode step within a block: nothing new is full
         for g, table in enumerate(self.req_to_blocks[rid]):
             end = min(num_full, len(table))
             for i in range(published[g], end):
