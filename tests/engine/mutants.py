@@ -193,4 +193,20 @@ MUTANTS: list[Mutant] = [
         ("tests/engine/test_kv_cache_groups.py::"
          "test_a_hit_needs_the_full_prefix_and_only_the_window_of_the_sliding_group",),
         "hit blocks are referenced (taken off the free queue) before any group allocates"),
+    Mutant(
+        "blocks-in-use-cap-one-group", "src/kvport/engine/kv_cache_manager.py",
+        "        if self.max_blocks_in_use is not None and in_use + needed > self.max_blocks_in_use:\n"
+        "            return None\n        if rid not in self.req_to_blocks:",
+        "        if False:\n"
+        "            return None\n        if rid not in self.req_to_blocks:",
+        ("tests/engine/test_kv_cache_cap.py::test_cap_refuses_blocks_the_pool_still_has",),
+        "the cap on blocks in use holds on the one-group path"),
+    Mutant(
+        "blocks-in-use-cap-groups", "src/kvport/engine/kv_cache_manager.py",
+        "        if self.max_blocks_in_use is not None and in_use + needed > self.max_blocks_in_use:\n"
+        "            return None\n        rid = request.request_id",
+        "        if False:\n"
+        "            return None\n        rid = request.request_id",
+        ("tests/engine/test_kv_cache_groups.py::test_the_blocks_in_use_cap_counts_every_group",),
+        "the cap on blocks in use counts every group's blocks"),
 ]

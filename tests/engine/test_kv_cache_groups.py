@@ -152,3 +152,16 @@ def test_random_hybrid_workloads_finish_and_leak_nothing(
         n = len(prompts[int(rid)])
         assert toks == [1 + (n + j) % 97 for j in range(len(toks))]
     assert_scheduler_empty(sched)
+
+
+def test_the_blocks_in_use_cap_counts_every_group() -> None:
+    kv = KVCacheManager(BlockPool(32, reserve_null_block=True), BS, max_blocks_in_use=6,
+                        group_windows=(None, WINDOW))
+    a = make_request("a", list(range(1, 12)))  # 3 blocks in each group
+    assert kv.allocate_slots(a, 11) is not None
+    b = make_request("b", list(range(20, 24)))  # 1 block in each group: 6 + 2 > 6
+    assert kv.allocate_slots(b, 4) is None and kv.get_block_ids("b") == ([], [])
+    kv.free(a)
+    assert kv.allocate_slots(b, 4) is not None
+    kv.free(b)
+    kv.pool.assert_all_free()
