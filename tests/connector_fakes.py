@@ -28,9 +28,10 @@ from kvport.connectors.base import (
 )
 from kvport.connectors.example import ExampleConnector
 from kvport.connectors.factory import parse_extra_config
+from kvport.connectors.views import (
+    CachedRequestRecord, NewRequestRecord, SchedulerOutputRecord, SchedulerOutputView,
+)
 from kvport.engine.request import Request
-from kvport.engine.step import CachedRequestData, NewRequestData, SchedulerOutput
-from kvport.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class FakeConnector(KVConnectorBase):
         self._record("update_state_after_alloc", request.request_id, list(block_ids),
                      num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> FakeMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> FakeMetadata:
         self._record("build_connector_meta", scheduler_output.step)
         return FakeMetadata(self.cfg.name, scheduler_output.step)
 
@@ -249,22 +250,22 @@ def make_kv_cache(num_blocks: int = 16, seed: int | None = 0) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-def new_req(req: Request, block_ids: Sequence[int], num_computed_tokens: int = 0) -> NewRequestData:
-    return NewRequestData(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
-                          SamplingParams(max_tokens=4, temperature=0.0), 0, list(block_ids),
-                          num_computed_tokens)
+def new_req(req: Request, block_ids: Sequence[int],
+            num_computed_tokens: int = 0) -> NewRequestRecord:
+    return NewRequestRecord(req.request_id, list(block_ids), num_computed_tokens)
 
 
 def sched_out(
     step: int = 0,
-    new: Sequence[NewRequestData] = (),
-    cached: Sequence[CachedRequestData] = (),
+    new: Sequence[NewRequestRecord] = (),
+    cached: Sequence[CachedRequestRecord] = (),
     scheduled: dict[str, int] | None = None,
     preempted: Sequence[str] = (),
     finished: Sequence[str] = (),
-) -> SchedulerOutput:
+) -> SchedulerOutputRecord:
+    """A step as a connector sees it (the engine hands its connector such a view)."""
     scheduled = scheduled or {}
-    return SchedulerOutput(
+    return SchedulerOutputRecord(
         scheduled_new_reqs=list(new), scheduled_cached_reqs=list(cached),
         num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
         preempted_req_ids=set(preempted), finished_req_ids=set(finished), step=step)

@@ -15,6 +15,7 @@ from utils import make_request
 from kvport.connectors.views import (
     CachedRequestView, NewRequestView, RequestView, SchedulerOutputView,
 )
+from kvport.engine.kv_transfer import connector_view
 from kvport.engine.step import CachedRequestData, NewRequestData, SchedulerOutput
 from kvport.sampling_params import SamplingParams
 from kvport.trace.events import CALL_ORDERS
@@ -44,11 +45,14 @@ def test_a_connector_runs_with_kvport_engine_unimportable(tmp_path: Path, kind: 
         assert "update_state_after_alloc" in (tmp_path / "trace.jsonl").read_text()
 
 
-def test_the_engines_own_records_are_views() -> None:
-    """kvport's engine passes its own objects: they have every attribute the views name."""
+def test_the_engine_hands_its_connector_views() -> None:
+    """kvport's engine passes its own requests, and of each step a view with one block table
+    per request (its records hold a table per KV cache group)."""
     assert isinstance(make_request("r", [1, 2, 3, 4, 5]), RequestView)
-    new = NewRequestData("r", [1], [], SamplingParams(), 0, [0, 1], 0)
-    cached = CachedRequestData("r", [2], 4)
-    out = SchedulerOutput([new], [cached], {"r": 1}, 1, set(), set())
-    assert isinstance(new, NewRequestView) and isinstance(cached, CachedRequestView)
-    assert isinstance(out, SchedulerOutputView)
+    new = NewRequestData("r", [1], [], SamplingParams(), 0, ([0, 1],), 0)
+    cached = CachedRequestData("r", ([2],), 4)
+    view = connector_view(SchedulerOutput([new], [cached], {"r": 1}, 1, set(), set(), step=3))
+    assert isinstance(view, SchedulerOutputView) and view.step == 3
+    (v_new,), (v_cached,) = view.scheduled_new_reqs, view.scheduled_cached_reqs
+    assert isinstance(v_new, NewRequestView) and isinstance(v_cached, CachedRequestView)
+    assert v_new.block_ids == [0, 1] and v_cached.new_block_ids == [2]

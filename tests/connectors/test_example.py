@@ -27,7 +27,7 @@ from kvport.connectors.example_storage import MANIFEST, gather, read_manifest, s
 from kvport.connectors.factory import create_connector
 from kvport.engine.hashing import namespace_hash
 from kvport.engine.request import Request
-from kvport.engine.step import CachedRequestData
+from kvport.connectors.views import CachedRequestRecord
 from kvport.sampling_params import SamplingParams
 
 PROMPT = list(range(100, 111))  # 11 tokens: aligned prefix 8 = 2 blocks
@@ -165,13 +165,13 @@ def test_chunked_prefill_stores_in_the_step_that_completes_the_prefix(tmp_path: 
     sched.update_state_after_alloc(req, [0, 1], 0)
     meta0 = sched.build_connector_meta(sched_out(0, new=[new_req(req, [0, 1])], scheduled={"r": 5}))
     meta1 = sched.build_connector_meta(sched_out(
-        1, cached=[CachedRequestData("r", [2], 5)], scheduled={"r": 5}))
+        1, cached=[CachedRequestRecord("r", [2], 5)], scheduled={"r": 5}))
     meta2 = sched.build_connector_meta(sched_out(
-        2, cached=[CachedRequestData("r", [3], 10)], scheduled={"r": 3}))
+        2, cached=[CachedRequestRecord("r", [3], 10)], scheduled={"r": 3}))
     assert isinstance(meta2, ExampleConnectorMetadata)
     assert meta0 == ExampleConnectorMetadata() and meta1 == ExampleConnectorMetadata()
     assert [(s.num_tokens, s.block_ids) for s in meta2.stores] == [(12, (0, 1, 2))]
-    meta3 = sched.build_connector_meta(sched_out(3, cached=[CachedRequestData("r", [], 13)],
+    meta3 = sched.build_connector_meta(sched_out(3, cached=[CachedRequestRecord("r", [], 13)],
                                                  scheduled={"r": 1}))
     assert meta3 == ExampleConnectorMetadata()  # stored once
 

@@ -12,7 +12,7 @@ from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.metadata import JobResult, OffloadingWorkerMetadata
 from kvport.connectors.offloading.scheduler.half import OffloadingScheduler
 from kvport.engine.request import Request
-from kvport.engine.step import NewRequestData, SchedulerOutput
+from kvport.connectors.views import NewRequestRecord, SchedulerOutputRecord
 
 BLOCK = 4
 SPEC = KVCacheSpec(num_blocks=16, block_size=BLOCK, num_layers=1, num_kv_heads=1, head_dim=8,
@@ -32,11 +32,10 @@ def request(rid: str, num_tokens: int) -> Request:
 
 def step(sched: OffloadingScheduler, n: int, reqs: list[tuple[Request, list[int]]],
          preempted: frozenset[str] = frozenset()) -> object:
-    new = [NewRequestData(r.request_id, r.prompt_token_ids, [], PARAMS, 0, blocks, 0)
-           for r, blocks in reqs]
+    new = [NewRequestRecord(r.request_id, blocks, 0) for r, blocks in reqs]
     scheduled = {r.request_id: r.num_tokens for r, _ in reqs}
-    return sched.build_connector_meta(SchedulerOutput(new, [], scheduled, sum(scheduled.values()),
-                                                      set(preempted), set(), n))
+    return sched.build_connector_meta(SchedulerOutputRecord(
+        new, [], scheduled, sum(scheduled.values()), set(preempted), set(), n))
 
 
 def admit(sched: OffloadingScheduler, req: Request, blocks: list[int]) -> None:

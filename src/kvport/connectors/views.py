@@ -2,9 +2,10 @@
 
 The connector API names no engine class at run time. A connector gets the engine's request and
 scheduler output and reads only the attributes below, so any engine whose objects have them can
-drive it: kvport's engine passes its own `Request` and `SchedulerOutput`; an adapter for another
-engine (vLLM) passes thin views of that engine's objects. Every attribute is read-only for the
-connector.
+drive it: kvport's engine passes its own `Request` and, of each step, a `SchedulerOutputRecord`
+(its own records hold a block table per KV cache group, a connector reads one); an adapter for
+another engine (vLLM) passes thin views of that engine's objects. Every attribute is read-only
+for the connector.
 
 `tests/connectors/test_engine_free.py` imports and drives connectors with `kvport.engine` made
 unimportable, using plain records of these shapes.
