@@ -70,9 +70,15 @@ def test_greedy_equals_transformers_with_prefix_hits(model_dir: Path, reference:
     assert llm.engine.pool.stats.num_hit_blocks - before == 2 * 6
 
 
-def test_chunked_prefill_and_a_long_decode(model_dir: Path, reference: dict) -> None:
-    llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200, max_num_batched_tokens=40)
-    _check(llm, _prompts(2, 300, seed=2), reference)
+@pytest.mark.parametrize("mode", ["inline", "async", "process"])
+def test_chunked_prefill_and_a_long_decode(model_dir: Path, reference: dict, mode: str) -> None:
+    # async: step N+1 is scheduled (and a sliding group frees blocks) while step N runs
+    kw = {"async": {"async_scheduling": True}, "process": {"worker": "process"}}.get(mode, {})
+    llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200, max_num_batched_tokens=40, **kw)
+    try:
+        _check(llm, _prompts(2, 300, seed=2), reference)
+    finally:
+        llm.shutdown()
 
 
 def test_preemption_under_a_small_pool(model_dir: Path, reference: dict) -> None:
