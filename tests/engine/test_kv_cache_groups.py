@@ -1,15 +1,13 @@
 """The KV cache manager with several groups: one full-attention and one sliding-window group
-(window 6, blocks of 4: a sliding group needs the 2 blocks before a position)."""
+(window 6, blocks of 4: a sliding group needs the 2 blocks before a position). Random schedules
+over hybrid group sets: tests/engine/test_scheduler.py."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from utils import assert_scheduler_empty, make_request, make_scheduler, run_step
+from utils import make_request
 
 from kvport.engine.block_pool import BlockPool
 from kvport.engine.kv_cache_manager import KVCacheManager
-from kvport.engine.request import RequestStatus
 
 WINDOW, BS = 6, 4
 
@@ -108,50 +106,6 @@ def test_the_null_block_is_never_handed_out() -> None:
     assert pool.null_block not in blocks and pool.num_free_blocks == 0
     pool.free(blocks)
     pool.assert_all_free()
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    windows=st.sampled_from([(None, WINDOW), (WINDOW, None, WINDOW), (3, None), (None, 9)]),
-    num_blocks=st.integers(12, 30),
-    budget=st.integers(1, 40),
-    max_num_seqs=st.integers(1, 6),
-    caching=st.booleans(),
-    prompts=st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=14), min_size=1, max_size=8),
-    max_tokens=st.lists(st.integers(1, 6), min_size=8, max_size=8),
-    aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 7)), max_size=4),
-)
-def test_random_hybrid_workloads_finish_and_leak_nothing(
-    windows: tuple[int | None, ...], num_blocks: int, budget: int, max_num_seqs: int,
-    caching: bool, prompts: list[list[int]], max_tokens: list[int],
-    aborts: list[tuple[int, int]],
-) -> None:
-    sched = make_scheduler(num_blocks=num_blocks, max_num_batched_tokens=budget,
-                           max_num_seqs=max_num_seqs, max_model_len=16,
-                           enable_prefix_caching=caching, group_windows=windows)
-    for i, p in enumerate(prompts):
-        sched.add_request(make_request(str(i), p, max_tokens=max_tokens[i]))
-    outputs: dict[str, list[int]] = {}
-    null = sched.kv.pool.null_block
-    for step in range(500):
-        for at, idx in aborts:
-            if at == step:
-                sched.finish_requests([str(idx)], RequestStatus.FINISHED_ABORTED)
-        out, finished = run_step(sched)
-        sched.kv.pool.check_integrity()
-        for req in sched.running:  # every block the next token reads is real, in every group
-            for g, table in enumerate(sched.kv.req_to_blocks[req.request_id]):
-                first = sched.kv._first_needed_block(g, req.num_computed_tokens)
-                assert null not in table[first:], (g, req.num_computed_tokens)
-        for r in finished:
-            outputs[r.request_id] = r.output_token_ids
-        if not sched.requests:
-            break
-    assert not sched.requests, "workload did not finish in 500 steps"
-    for rid, toks in outputs.items():  # the fake model's token depends on the length only
-        n = len(prompts[int(rid)])
-        assert toks == [1 + (n + j) % 97 for j in range(len(toks))]
-    assert_scheduler_empty(sched)
 
 
 def test_the_blocks_in_use_cap_counts_every_group() -> None:

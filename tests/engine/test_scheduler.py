@@ -117,8 +117,13 @@ def test_stop_on_eos_stop_token_and_max_model_len() -> None:
     assert_scheduler_empty(sched)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# KV cache groups: one full group (every non-hybrid model), or hybrids of full and sliding groups
+GROUP_WINDOWS = [(None,), (None,), (None, 6), (6, None, 6), (3, None), (None, 9)]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
+    windows=st.sampled_from(GROUP_WINDOWS),
     num_blocks=st.integers(4, 24),
     budget=st.integers(1, 40),
     max_num_seqs=st.integers(1, 6),
@@ -128,15 +133,19 @@ def test_stop_on_eos_stop_token_and_max_model_len() -> None:
     aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 7)), max_size=4),
 )
 def test_random_workloads_finish_and_leak_nothing(
-    num_blocks: int, budget: int, max_num_seqs: int, caching: bool, prompts: list[list[int]],
-    max_tokens: list[int], aborts: list[tuple[int, int]],
+    windows: tuple[int | None, ...], num_blocks: int, budget: int, max_num_seqs: int,
+    caching: bool, prompts: list[list[int]], max_tokens: list[int],
+    aborts: list[tuple[int, int]],
 ) -> None:
-    sched = make_scheduler(num_blocks=num_blocks, max_num_batched_tokens=budget,
+    # A hybrid request holds a table per group: room for one 16-token request in every group
+    extra = 4 * (len(windows) - 1) + (len(windows) > 1)
+    sched = make_scheduler(num_blocks=num_blocks + extra, max_num_batched_tokens=budget,
                            max_num_seqs=max_num_seqs, max_model_len=16,
-                           enable_prefix_caching=caching)
+                           enable_prefix_caching=caching, group_windows=windows)
     for i, p in enumerate(prompts):
         sched.add_request(make_request(str(i), p, max_tokens=max_tokens[i]))
     outputs: dict[str, list[int]] = {}
+    null = sched.kv.pool.null_block
     for step in range(500):
         for at, idx in aborts:
             if at == step:
@@ -145,6 +154,10 @@ def test_random_workloads_finish_and_leak_nothing(
         assert out.total_num_scheduled_tokens <= budget
         assert len(out.num_scheduled_tokens) <= max_num_seqs
         sched.kv.pool.check_integrity()
+        for req in sched.running:  # every block the next token reads is real, in every group
+            for g, table in enumerate(sched.kv.req_to_blocks[req.request_id]):
+                first = sched.kv._first_needed_block(g, req.num_computed_tokens)
+                assert null is None or null not in table[first:], (g, req.num_computed_tokens)
         for r in finished:
             outputs[r.request_id] = r.output_token_ids
         if not sched.requests:
