@@ -209,4 +209,16 @@ MUTANTS: list[Mutant] = [
         "            return None\n        rid = request.request_id",
         ("tests/engine/test_kv_cache_groups.py::test_the_blocks_in_use_cap_counts_every_group",),
         "the cap on blocks in use counts every group's blocks"),
+    Mutant(
+        "hma-connector-keeps-groups", "src/kvport/engine/executor.py",
+        "    if ktc is not None and not supports_hma(get_connector_class(ktc)):\n",
+        "    if ktc is not None:\n",
+        ("tests/engine/test_hybrid_connector_api.py::test_an_hma_connector_gets_every_group",),
+        "a SupportsHMA connector runs with the model's KV cache groups"),
+    Mutant(
+        "hma-connector-finishes-all-groups", "src/kvport/engine/kv_transfer.py",
+        "                if self.hma:\n                    delay, _params",
+        "                if False:\n                    delay, _params",
+        ("tests/engine/test_hybrid_connector_api.py::test_an_hma_connector_gets_every_group",),
+        "a SupportsHMA connector is asked request_finished_all_groups with every group's table"),
 ]

@@ -116,6 +116,14 @@ class EngineInfo:
 
 
 @dataclass(frozen=True)
+class KVCacheGroupSpec:
+    """One KV cache group (kvport.model.kv_groups): slot i of its blocks holds layer_ids[i]."""
+
+    layer_ids: tuple[int, ...]
+    sliding_window: int | None = None  # None: full attention
+
+
+@dataclass(frozen=True)
 class KVCacheSpec:
     """What a worker needs to know about the engine's pool (see kvport.model.attention)."""
 
@@ -130,12 +138,28 @@ class KVCacheSpec:
     # are chained from it, and a connector's persistent store is namespaced by it.
     hash_root: bytes = b""
     engine: EngineInfo = field(default_factory=EngineInfo)
+    # The KV cache groups, each with its own block tables (a SupportsHMA connector's view of a
+    # hybrid model); empty: one group of every layer, layer i in slot i.
+    groups: tuple[KVCacheGroupSpec, ...] = ()
+
+    @property
+    def num_slots(self) -> int:
+        """Layers one pool block holds: every layer with one group, a group's with several."""
+        return max((len(g.layer_ids) for g in self.groups), default=self.num_layers)
+
+    def layer_slot(self, layer_idx: int) -> int:
+        """The slot of the pool's blocks that holds this layer's K and V."""
+        for group in self.groups:
+            if layer_idx in group.layer_ids:
+                return group.layer_ids.index(layer_idx)
+        assert not self.groups, f"layer {layer_idx} is in no KV cache group"
+        return layer_idx
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of one engine block, every layer, K and V."""
+        """Bytes of one engine block: K and V of every layer it holds."""
         itemsize = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
-        return (self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
+        return (self.num_slots * 2 * self.block_size * self.num_kv_heads * self.head_dim
                 * itemsize)
 
 
@@ -345,3 +369,25 @@ def plain_data(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain_data(v) for v in value]
     return value
+
+
+class SupportsHMA(ABC):
+    """Mixin of a connector that handles several KV cache groups (vLLM's name: hybrid memory
+    allocator). With it the engine keeps a hybrid model's groups and hands the connector a block
+    table per group, in group order, wherever it hands one table otherwise:
+    `update_state_after_alloc(request, block_ids: tuple[list[int], ...], ...)`, the step view's
+    `block_ids` / `new_block_ids`, and `request_finished_all_groups` in place of
+    `request_finished`. A sliding group's table holds the null block (id 0) where its window
+    has moved past. Without it the engine keeps one group of every layer."""
+
+    @abstractmethod
+    def request_finished_all_groups(
+        self, request: RequestView, block_ids: tuple[list[int], ...],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """`request_finished` with a block table per KV cache group (the same contract)."""
+
+
+def supports_hma(connector: object) -> bool:
+    """Whether a connector (instance or class) handles several KV cache groups."""
+    cls = connector if isinstance(connector, type) else type(connector)
+    return issubclass(cls, SupportsHMA)

@@ -86,7 +86,7 @@ class KVConnectorDriver:
         connector.register_kv_caches(kv_cache, spec)
         self._layer_names = [layer_name(i) for i in range(spec.num_layers)]
         # The pool never moves: make each layer's view once, not twice per layer per step.
-        self._layer_views = [kv_cache[:, i] for i in range(spec.num_layers)]
+        self._layer_views = [kv_cache[:, spec.layer_slot(i)] for i in range(spec.num_layers)]
 
     def pre_forward(self, sched_out: StepView, ctx: ForwardContext) -> None:
         self._ctx = StepContext(ctx.kv_cache, ctx.num_scheduled_tokens, ctx.step,

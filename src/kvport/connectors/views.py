@@ -58,7 +58,7 @@ class NewRequestView(Protocol):
 
     @property
     def block_ids(self) -> Sequence[int]:
-        """Its whole block table."""
+        """Its whole block table (for a SupportsHMA connector, a tuple: one per KV cache group)."""
 
     @property
     def num_computed_tokens(self) -> int: ...
@@ -73,7 +73,8 @@ class CachedRequestView(Protocol):
 
     @property
     def new_block_ids(self) -> Sequence[int]:
-        """Blocks appended to its block table in this step."""
+        """Blocks appended to its block table in this step (for a SupportsHMA connector, a
+        tuple: one per KV cache group)."""
 
     @property
     def num_computed_tokens(self) -> int: ...

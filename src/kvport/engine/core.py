@@ -121,7 +121,7 @@ class EngineCore:
         sched_connector = create_engine_connector(config, KVConnectorRole.SCHEDULER)
         if sched_connector is not None:
             sched_connector.set_kv_cache_spec(kv_cache_spec(
-                mc, self.num_kv_blocks, config.block_size, dtype, self.hash_root))
+                mc, self.num_kv_blocks, config.block_size, dtype, self.hash_root, self.groups))
         self.scheduler = Scheduler(config, self.kv_cache_manager, sched_connector)
         self.executor: Executor
         if in_process:

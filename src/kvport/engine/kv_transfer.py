@@ -21,10 +21,10 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvport.connectors.base import (
-    KVCacheEvent, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput,
+    KVCacheEvent, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput, supports_hma,
 )
 from kvport.connectors.views import CachedRequestRecord, NewRequestRecord, SchedulerOutputRecord
 
@@ -72,6 +72,8 @@ class KVTransferTracker:
                  max_events: int = MAX_EVENTS) -> None:
         self.connector = connector
         self.block_size = block_size
+        # A SupportsHMA connector gets a block table per KV cache group; others get the one.
+        self.hma = connector is not None and supports_hma(connector)
         self._finished_recving: set[str] = set()  # async loads done; resume at next schedule()
         self._async_load_tokens: dict[str, int] = {}  # loading req_id -> tokens valid once loaded
         self._no_external: set[str] = set()  # req_ids whose load delivered nothing: never again
@@ -131,7 +133,9 @@ class KVTransferTracker:
             self.stats.num_hit_tokens += num_external
         if self.connector is not None:
             try:
-                self.connector.update_state_after_alloc(req, one_group(block_ids), num_external)
+                self.connector.update_state_after_alloc(
+                    req, block_ids if self.hma else one_group(block_ids),  # type: ignore[arg-type]
+                    num_external)
             except Exception as exc:
                 return self._hook_failed("update_state_after_alloc", req, exc)
         if match is not None and match.load_async:
@@ -159,7 +163,7 @@ class KVTransferTracker:
     def build_connector_meta(self, out: SchedulerOutput) -> KVConnectorMetadata | None:
         if self.connector is None:
             return None
-        return self.connector.build_connector_meta(connector_view(out))
+        return self.connector.build_connector_meta(connector_view(out, self.hma))
 
     # ---- completion --------------------------------------------------------------------------
 
@@ -171,7 +175,11 @@ class KVTransferTracker:
         reasons: set[str] = set()
         if self.connector is not None:
             try:
-                delay, _params = self.connector.request_finished(req, one_group(block_ids))
+                if self.hma:
+                    delay, _params = self.connector.request_finished_all_groups(  # type: ignore[attr-defined]
+                        req, block_ids)
+                else:
+                    delay, _params = self.connector.request_finished(req, one_group(block_ids))
             except Exception as exc:
                 self._hook_failed("request_finished", req, exc)
                 delay = False
@@ -271,12 +279,16 @@ def one_group(block_ids: tuple[list[int], ...]) -> list[int]:
     return block_ids[0]
 
 
-def connector_view(out: SchedulerOutput) -> SchedulerOutputRecord:
-    """The step as a connector reads it (SchedulerOutputView): one block table per request."""
+def connector_view(out: SchedulerOutput, all_groups: bool = False) -> SchedulerOutputRecord:
+    """The step as a connector reads it (SchedulerOutputView): one block table per request, or
+    with `all_groups` (a SupportsHMA connector) a tuple of them, one per KV cache group."""
+    def tables(block_ids: tuple[list[int], ...]) -> Any:
+        return block_ids if all_groups else one_group(block_ids)
+
     return SchedulerOutputRecord(
-        [NewRequestRecord(n.req_id, one_group(n.block_ids), n.num_computed_tokens)
+        [NewRequestRecord(n.req_id, tables(n.block_ids), n.num_computed_tokens)
          for n in out.scheduled_new_reqs],
-        [CachedRequestRecord(c.req_id, one_group(c.new_block_ids), c.num_computed_tokens)
+        [CachedRequestRecord(c.req_id, tables(c.new_block_ids), c.num_computed_tokens)
          for c in out.scheduled_cached_reqs],
         out.num_scheduled_tokens, out.total_num_scheduled_tokens, out.preempted_req_ids,
         out.finished_req_ids, out.step, out.has_sync_kv_loads)

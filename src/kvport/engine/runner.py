@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER
-from kvport.connectors.base import ForwardContext, KVCacheSpec, KVConnectorBase
+from kvport.connectors.base import ForwardContext, KVCacheGroupSpec, KVCacheSpec, KVConnectorBase
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import (
@@ -54,11 +54,16 @@ class StepBatch:
 
 
 def kv_cache_spec(model_config: ModelConfig, num_blocks: int, block_size: int,
-                  dtype: torch.dtype, hash_root: bytes = b"") -> KVCacheSpec:
+                  dtype: torch.dtype, hash_root: bytes = b"",
+                  groups: tuple[KVCacheGroup, ...] = ()) -> KVCacheSpec:
+    """The pool as a connector sees it; several groups are named, one group is the default."""
+    group_specs = (tuple(KVCacheGroupSpec(g.layer_ids, g.sliding_window) for g in groups)
+                   if len(groups) > 1 else ())
     return KVCacheSpec(
         num_blocks=num_blocks, block_size=block_size, num_layers=model_config.num_hidden_layers,
         num_kv_heads=model_config.num_key_value_heads, head_dim=model_config.head_dim,
-        dtype=str(dtype).removeprefix("torch."), layout=KV_LAYOUT, hash_root=hash_root)
+        dtype=str(dtype).removeprefix("torch."), layout=KV_LAYOUT, hash_root=hash_root,
+        groups=group_specs)
 
 
 class ModelRunner:
@@ -93,7 +98,7 @@ class ModelRunner:
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
         return kv_cache_spec(self.model_config, self.kv_cache.shape[0], self.block_size,
-                             self.kv_cache.dtype, self.hash_root)
+                             self.kv_cache.dtype, self.hash_root, self.groups)
 
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(sched_out)
