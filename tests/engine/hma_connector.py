@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvport.connectors.base import KVCacheSpec, SupportsHMA
+from kvport.connectors.base import KVCacheSpec
+from kvport.connectors.hma import SupportsHMA
 from kvport.connectors.noop import NoOpConnector
 from kvport.connectors.views import RequestView, SchedulerOutputView
 

@@ -9,7 +9,8 @@ import torch
 from hma_connector import GroupsConnector
 
 from kvport import LLM, SamplingParams
-from kvport.connectors.base import KVCacheGroupSpec, supports_hma
+from kvport.connectors.base import KVCacheGroupSpec
+from kvport.connectors.hma import supports_hma
 from kvport.connectors.noop import NoOpConnector
 from kvport.engine.kv_transfer import connector_view
 from kvport.engine.step import CachedRequestData, NewRequestData, SchedulerOutput

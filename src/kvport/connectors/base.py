@@ -370,24 +370,3 @@ def plain_data(value: Any) -> Any:
         return [plain_data(v) for v in value]
     return value
 
-
-class SupportsHMA(ABC):
-    """Mixin of a connector that handles several KV cache groups (vLLM's name: hybrid memory
-    allocator). With it the engine keeps a hybrid model's groups and hands the connector a block
-    table per group, in group order, wherever it hands one table otherwise:
-    `update_state_after_alloc(request, block_ids: tuple[list[int], ...], ...)`, the step view's
-    `block_ids` / `new_block_ids`, and `request_finished_all_groups` in place of
-    `request_finished`. A sliding group's table holds the null block (id 0) where its window
-    has moved past. Without it the engine keeps one group of every layer."""
-
-    @abstractmethod
-    def request_finished_all_groups(
-        self, request: RequestView, block_ids: tuple[list[int], ...],
-    ) -> tuple[bool, dict[str, Any] | None]:
-        """`request_finished` with a block table per KV cache group (the same contract)."""
-
-
-def supports_hma(connector: object) -> bool:
-    """Whether a connector (instance or class) handles several KV cache groups."""
-    cls = connector if isinstance(connector, type) else type(connector)
-    return issubclass(cls, SupportsHMA)

@@ -21,7 +21,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from kvport.config import EngineConfig
-from kvport.connectors.base import KVConnectorRole, supports_hma
+from kvport.connectors.base import KVConnectorRole
+from kvport.connectors.hma import supports_hma
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.connectors.factory import get_connector_class
 from kvport.engine.connector_setup import create_engine_connector

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvport.connectors.base import (
-    KVCacheEvent, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput, supports_hma,
+    KVCacheEvent, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput,
 )
+from kvport.connectors.hma import supports_hma
 from kvport.connectors.views import CachedRequestRecord, NewRequestRecord, SchedulerOutputRecord
 
 if TYPE_CHECKING:
