@@ -106,6 +106,20 @@ def sample_prompts(
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
+def dense_greedy(model: LlamaForCausalLM, ids: list[int], num_tokens: int) -> list[int]:
+    """Greedy continuation by recomputing the whole sequence each token (no KV cache), each
+    layer seeing its own window: the reference a builtin's engine output is checked against."""
+    ids = list(ids)
+    windows = [model.config.layer_window(i) for i in range(model.config.num_hidden_layers)]
+    with torch.inference_mode(), single_thread():
+        for _ in range(num_tokens):
+            n = len(ids)
+            hidden = model(torch.tensor(ids), torch.arange(n),
+                           DenseAttention([n], model.attention_scale, windows))
+            ids.append(int(model.compute_logits(hidden[-1:]).argmax()))
+    return ids[-num_tokens:]
+
+
 def kvport_logits(model: LlamaForCausalLM, prompts: list[list[int]]) -> list[torch.Tensor]:
     """Run all prompts in one flattened batch (laid end to end); per prompt (len, vocab) float32."""
     ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +59,6 @@ def test_the_mutants_modules_are_collected_and_a_name_used_twice_is_refused(
         collect(tmp_path)
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_changed_selects_the_mutants_of_changed_files_tests_and_entries(tmp_path: Path) -> None:
     def git(*args: str) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_models import single_thread
+from hf_models import dense_greedy, single_thread
 
-from kvport.model.attention import DenseAttention
 from kvport.model.builtin import builtin_model_dir
 from kvport.model.config import FULL_ATTENTION, SLIDING_ATTENTION
 from kvport.model.loader import LoadedModel, load_model
@@ -37,19 +36,6 @@ def _prompts(loaded: LoadedModel) -> list[list[int]]:
     text = "kvport keeps and moves the KV cache of LLM inference; "
     return [loaded.tokenizer.encode(text * k + tail) for k, tail in
             ((1, "hello"), (2, "The capital of France is"), (3, "1 2 3 4 5 6"))]
-
-
-def _greedy(loaded: LoadedModel, ids: list[int], num_tokens: int) -> list[int]:
-    model, config, ids = loaded.model, loaded.config, list(ids)
-    assert model is not None
-    windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
-    with torch.inference_mode(), single_thread():
-        for _ in range(num_tokens):  # full recompute each step: no KV cache needed
-            n = len(ids)
-            hidden = model(torch.tensor(ids), torch.arange(n),
-                           DenseAttention([n], model.attention_scale, windows))
-            ids.append(int(model.compute_logits(hidden[-1:]).argmax()))
-    return ids[-num_tokens:]
 
 
 def test_materializes_identically_in_two_caches(tmp_path: Path) -> None:
@@ -84,7 +70,7 @@ def test_greedy_output_equals_transformers(model_dir: Path, tiny: LoadedModel) -
     theirs_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for ids in _prompts(tiny):
         assert len(ids) > WINDOW
-        ours = _greedy(tiny, ids, 16)
+        ours = dense_greedy(tiny.model, ids, 16)
         with torch.inference_mode(), single_thread():
             out = theirs_model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
         assert ours == out[0, len(ids):].tolist()
@@ -95,8 +81,8 @@ def test_continuations_depend_on_context_beyond_the_window(tiny: LoadedModel) ->
     # difference.
     tail = "and then the same sixty characters of text end both prompts"
     assert len(tail) > WINDOW
-    a = _greedy(tiny, tiny.tokenizer.encode("First story: " + tail), 12)
-    b = _greedy(tiny, tiny.tokenizer.encode("Another beginning, longer: " + tail), 12)
+    a = dense_greedy(tiny.model, tiny.tokenizer.encode("First story: " + tail), 12)
+    b = dense_greedy(tiny.model, tiny.tokenizer.encode("Another beginning, longer: " + tail), 12)
     assert a != b
     assert len(set(a)) > 3  # not one repeated token
 

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_models import hf_logits, kvport_logits, single_thread
+from hf_models import dense_greedy, hf_logits, kvport_logits
 
 from kvport.model import builtin
-from kvport.model.attention import DenseAttention
 from kvport.model.builtin import builtin_model_dir
 from kvport.model.loader import LoadedModel, load_model
 
@@ -24,17 +23,6 @@ PROMPTS = ["The capital of France is", "Hello, world!", "def f(x): return x", "1
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     model_dir = builtin_model_dir("tiny-llama", cache_dir=tmp_path_factory.mktemp("cache"))
     return load_model(str(model_dir), torch.float32)
-
-
-def _greedy(loaded: LoadedModel, ids: list[int], num_tokens: int) -> list[int]:
-    model, ids = loaded.model, list(ids)
-    with torch.inference_mode(), single_thread():
-        for _ in range(num_tokens):  # full recompute each step: no KV cache needed
-            n = len(ids)
-            attn = DenseAttention([n], model.attention_scale)
-            hidden = model(torch.tensor(ids), torch.arange(n), attn)
-            ids.append(int(model.compute_logits(hidden[-1:]).argmax()))
-    return ids[-num_tokens:]
 
 
 def test_materializes_identically_in_two_caches(tmp_path: Path) -> None:
@@ -108,7 +96,7 @@ def test_transformers_loads_it_and_agrees(tiny: LoadedModel) -> None:
 
 
 def test_greedy_continuations_are_not_degenerate(tiny: LoadedModel) -> None:
-    outs = [_greedy(tiny, tiny.tokenizer.encode(p), 32) for p in PROMPTS]
+    outs = [dense_greedy(tiny.model, tiny.tokenizer.encode(p), 32) for p in PROMPTS]
     assert len({tuple(o) for o in outs}) == len(PROMPTS)  # they vary with the prompt
     for out in outs:
         assert len(set(out)) >= 8  # no collapse onto one token or a short cycle
@@ -117,4 +105,4 @@ def test_greedy_continuations_are_not_degenerate(tiny: LoadedModel) -> None:
     for p, out in zip(PROMPTS, outs, strict=True):
         ids = tiny.tokenizer.encode(p)
         ids[1] = (ids[1] + 1) % 256
-        assert _greedy(tiny, ids, 16) != out[:16], p
+        assert dense_greedy(tiny.model, ids, 16) != out[:16], p

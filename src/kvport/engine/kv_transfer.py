@@ -21,12 +21,12 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvport.connectors.base import (
     KVCacheEvent, KVConnectorBase, KVConnectorMetadata, KVConnectorOutput,
 )
-from kvport.connectors.hma import supports_hma
+from kvport.connectors.hma import SupportsHMA, supports_hma
 from kvport.connectors.views import CachedRequestRecord, NewRequestRecord, SchedulerOutputRecord
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class KVTransferTracker:
         if self.connector is not None:
             try:
                 if self.hma:
-                    delay, _params = self.connector.request_finished_all_groups(  # type: ignore[attr-defined]
+                    delay, _params = cast(SupportsHMA, self.connector).request_finished_all_groups(
                         req, block_ids)
                 else:
                     delay, _params = self.connector.request_finished(req, one_group(block_ids))
