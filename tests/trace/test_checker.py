@@ -244,7 +244,40 @@ def test_scheduler_contract_breaks_are_flagged(
 
 
 def test_every_rule_has_a_description() -> None:
-    assert set(RULES) == {f"W{i}" for i in range(10)} | {f"S{i}" for i in range(8)}
+    assert set(RULES) == ({f"W{i}" for i in range(10)} | {f"S{i}" for i in range(8)}
+                          | {"G1", "G2"})
+
+
+def grouped(e: TraceEvent, groups: list[int] | None = None) -> TraceEvent:
+    """The event as a connector of two KV cache groups records it (a table per group; the
+    finish through request_finished_all_groups)."""
+    if e.method not in ("update_state_after_alloc", "request_finished"):
+        return e
+    method = "request_finished_all_groups" if e.method == "request_finished" else e.method
+    return TraceEvent(**{**e.to_dict(), "method": method, "group_blocks": groups or [3, 3]})
+
+
+GROUPED = [grouped(e) for e in GOOD]
+
+
+def test_a_trace_of_two_groups_in_contract_order_is_clean() -> None:
+    assert check_trace(GROUPED) == []
+
+
+@pytest.mark.parametrize("trace, expected", [
+    (replaced(GROUPED, GOOD.index(ev("update_state_after_alloc", 1, "b", (0,))),
+              ev("update_state_after_alloc", 1, "b", (0,))), [("G1", 1, "b")]),
+    (replaced(GROUPED, FIN_A, grouped(ev("request_finished", 1, "a", result=True), [3, 3, 3])),
+     [("G1", 1, "a")]),
+    (replaced(GROUPED, FIN_A, TraceEvent(**{**ev("request_finished", 1, "a", result=True)
+                                            .to_dict(), "group_blocks": [3, 3]})),
+     [("G2", 1, "a")]),
+], ids=["G1-one-table", "G1-three-tables", "G2-request-finished"])
+def test_group_contract_breaks_are_flagged(
+    trace: list[TraceEvent], expected: list[tuple[str, int | None, str | None]]
+) -> None:
+    found = check_trace(trace)
+    assert [(v.rule, v.step, v.req_id) for v in found] == expected, found
 
 
 # ---- files and the command line ---------------------------------------------------------------

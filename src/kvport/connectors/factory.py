@@ -65,9 +65,9 @@ def create_connector(config: KVTransferConfig, role: KVConnectorRole,
         connector = cls(config, role)
     trace_path = config.kv_connector_extra_config.get("record_trace")
     if trace_path:
-        from kvport.connectors.recording import RecordingConnector
+        from kvport.connectors.recording import recorder_for
 
-        connector = RecordingConnector(connector, str(trace_path), header)
+        connector = recorder_for(connector, str(trace_path), header)
     return connector
 
 

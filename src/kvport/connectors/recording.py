@@ -23,7 +23,7 @@ not (from the worker driver's StepContext; a plain ForwardContext counts as none
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvport.connectors.base import (
     ForwardContext,
@@ -35,6 +35,7 @@ from kvport.connectors.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from kvport.connectors.hma import SupportsHMA, supports_hma
 from kvport.connectors.views import RequestView, SchedulerOutputView
 from kvport.trace.fields import (
     finished_result,
@@ -178,12 +179,13 @@ class RecordingConnector(KVConnectorBase):
                                  summary=matched_result)
 
     def update_state_after_alloc(
-        self, request: RequestView, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int] | tuple[list[int], ...],
+        num_external_tokens: int,
     ) -> None:
         self._writer.call("update_state_after_alloc", self._inner.update_state_after_alloc,
                           request, block_ids, num_external_tokens,
                           fields=request_fields(request.request_id, [num_external_tokens],
-                                                len(block_ids)))
+                                                block_ids=block_ids))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> KVConnectorMetadata:
         fields = schedule_fields(scheduler_output.num_scheduled_tokens,
@@ -203,8 +205,7 @@ class RecordingConnector(KVConnectorBase):
     ) -> tuple[bool, dict[str, Any] | None]:
         return self._writer.call("request_finished", self._inner.request_finished, request,
                                  block_ids,
-                                 fields=request_fields(request.request_id,
-                                                       num_blocks=len(block_ids)),
+                                 fields=request_fields(request.request_id, block_ids=block_ids),
                                  summary=kept_result)
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -221,3 +222,24 @@ class RecordingConnector(KVConnectorBase):
             self._writer.call("shutdown", self._inner.shutdown)
         finally:
             self._writer.close()
+
+
+class HMARecordingConnector(RecordingConnector, SupportsHMA):
+    """The recorder of a SupportsHMA connector: SupportsHMA too, so the engine keeps the model's
+    KV cache groups for it; block tables are recorded per group (`group_blocks`)."""
+
+    def request_finished_all_groups(
+        self, request: RequestView, block_ids: tuple[list[int], ...],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        inner = cast(SupportsHMA, self._inner)
+        return self._writer.call("request_finished_all_groups",
+                                 inner.request_finished_all_groups, request, block_ids,
+                                 fields=request_fields(request.request_id, block_ids=block_ids),
+                                 summary=kept_result)
+
+
+def recorder_for(inner: KVConnectorBase, path: str,
+                 header: TraceHeader | None = None) -> RecordingConnector:
+    """The recorder of `inner`: SupportsHMA exactly when `inner` is."""
+    cls = HMARecordingConnector if supports_hma(inner) else RecordingConnector
+    return cls(inner, path, header)

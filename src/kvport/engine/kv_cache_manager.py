@@ -68,7 +68,7 @@ class KVCacheManager:
         window = self.group_windows[group]
         return None if window is None else -(-(window - 1) // self.block_size)
 
-    def _first_needed_block(self, group: int, num_tokens: int) -> int:
+    def first_needed_block(self, group: int, num_tokens: int) -> int:
         """For the next token at position `num_tokens`: the group's first block it reads."""
         window = self.group_windows[group]
         return 0 if window is None else max(0, num_tokens - window + 1) // self.block_size
@@ -126,7 +126,7 @@ class KVCacheManager:
         return run  # a run from block 0 that is shorter than the window: all it needs
 
     def _hit_blocks(self, group: int, hashes: list[BlockHash], num_blocks: int) -> list[KVBlock]:
-        first = self._first_needed_block(group, num_blocks * self.block_size)
+        first = self.first_needed_block(group, num_blocks * self.block_size)
         null = self.pool.null_block
         blocks = [null] * first if first else []
         for h in hashes[first:num_blocks]:
@@ -161,7 +161,7 @@ class KVCacheManager:
         null = self.pool.null_block
         for g in range(self.num_groups):
             held = len(tables[g]) if tables else 0
-            first = self._first_needed_block(g, start)
+            first = self.first_needed_block(g, start)
             if tables and first:
                 consumed -= sum(1 for b in tables[g][:first] if b is not null and b.ref_cnt == 1)
             old = max(held, num_hit)
@@ -310,6 +310,21 @@ class KVCacheManager:
                     self.pool.uncache_block(block)
         if rid in self._num_published:
             self._num_published[rid] = [min(n, block_index) for n in self._num_published[rid]]
+
+    def cut_window_holes(self, request: Request, num_tokens: int) -> None:
+        """For a request that computes again from `num_tokens` (a rewind): each sliding group's
+        table is cut at its first null block inside the window from there on, and the blocks
+        after it freed, so they are allocated again (recomputed KV lands in real blocks)."""
+        rid, null = request.request_id, self.pool.null_block
+        for g, table in enumerate(self.req_to_blocks.get(rid, ())):
+            if self.group_windows[g] is None:
+                continue
+            start = self.first_needed_block(g, num_tokens)
+            cut = next((i for i in range(start, len(table)) if table[i] is null), None)
+            if cut is not None:
+                self.pool.free(b for b in reversed(table[cut:]) if b is not null)
+                del table[cut:]
+                self._num_published[rid][g] = min(self._num_published[rid][g], cut)
 
     def uncache_block_ids(self, block_ids: set[int]) -> None:
         """Withdraw these pool blocks from the prefix cache, whoever holds them (a load into

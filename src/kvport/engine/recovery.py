@@ -50,16 +50,36 @@ def rewind_to_valid_blocks(kv: KVCacheManager, xfer: KVTransferTracker, running:
     for req in running + loading:
         # A bad block in any group rewinds every group to before it (each group's KV of the
         # tokens after it is recomputed with the rest).
-        first = min((i for table in kv.get_block_ids(req.request_id)
-                     for i, b in enumerate(table) if b in invalid), default=None)
+        tables = kv.get_block_ids(req.request_id)
+        first = min((i for table in tables for i, b in enumerate(table) if b in invalid),
+                    default=None)
         if first is None:
             continue
         kv.uncache_blocks_from(req, first)
+        good = _rewind_block(kv, tables, first, invalid)
+        kv.cut_window_holes(req, good * bs)
         if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-            xfer.limit_async_load(req.request_id, first * bs)
+            xfer.limit_async_load(req.request_id, good * bs)
         else:
-            req.rewind(first * bs, step_id)
+            req.rewind(good * bs, step_id)
             resend.add(req.request_id)
         rewound.add(req.request_id)
     kv.uncache_block_ids(invalid)
     return rewound, resend
+
+
+def _rewind_block(kv: KVCacheManager, tables: tuple[list[int], ...], first: int,
+                  invalid: set[int]) -> int:
+    """The block to compute again from when block `first` of some group is bad: the last one
+    at or before it where every sliding group still holds good blocks over its window (a hit
+    loads a sliding group's window only: before it, the table holds the null block, so the
+    first bad block of a loaded window sends the request back to its local hit, or to 0)."""
+    null = kv.pool.null_block
+    skip = {null.block_id} if null is not None else set()
+
+    def window_held(p: int) -> bool:
+        return all(b not in invalid and b not in skip
+                   for g, table in enumerate(tables) if kv.group_windows[g] is not None
+                   for b in table[kv.first_needed_block(g, p * kv.block_size):p])
+
+    return next(p for p in range(first, -1, -1) if window_held(p))

@@ -78,7 +78,8 @@ class TraceEvent:
     method: str  # connector method called (or STEP_MARKER)
     req_ids: list[str] = field(default_factory=list)  # request ids found in the arguments
     ints: list[int] = field(default_factory=list)  # integer arguments, in order
-    num_blocks: int | None = None  # length of the block id list argument
+    num_blocks: int | None = None  # length of the block id list argument (all groups')
+    group_blocks: list[int] = field(default_factory=list)  # per KV cache group, if several
     layer: str | None = None  # layer name of wait_for_layer_load / save_kv_layer
     result: Any = None  # what the call returned, as plain JSON (see RecordingConnector)
     error: str | None = None  # "TypeName: message" if the call raised

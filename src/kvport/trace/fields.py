@@ -5,7 +5,7 @@ the checker's rules read them). Arguments are taken by what they are, not by eit
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvport.trace.writer import Record
@@ -15,14 +15,21 @@ def sorted_ids(ids: Iterable[str] | None) -> list[str]:
     return sorted(ids) if ids else []
 
 
-def request_fields(req_id: str, ints: list[int] | None = None, num_blocks: int | None = None
-                   ) -> Record:
-    """A scheduler call about one request: its id, its integer arguments, its block count."""
+def request_fields(req_id: str, ints: list[int] | None = None,
+                   block_ids: Sequence[int] | Sequence[Sequence[int]] | None = None) -> Record:
+    """A scheduler call about one request: its id, its integer arguments, its block count (and
+    per KV cache group, where the argument holds a table per group)."""
     fields: Record = {"req_ids": [req_id]}
     if ints is not None:
         fields["ints"] = ints
-    if num_blocks is not None:
-        fields["num_blocks"] = num_blocks
+    if block_ids is not None:
+        if block_ids and isinstance(block_ids[0], (list, tuple)):
+            per_group = [len(table) for table in block_ids]  # type: ignore[arg-type]
+            fields["num_blocks"] = sum(per_group)
+            if len(per_group) > 1:
+                fields["group_blocks"] = per_group
+        else:
+            fields["num_blocks"] = len(block_ids)
     return fields
 
 

@@ -45,6 +45,9 @@ _COMMON: dict[str, str] = {
           "no finished_sending without a True",
     "S7": "an async load (is_async answer, then update_state_after_alloc with tokens > 0) is "
           "followed by exactly one finished_recving; none without a pending load",
+    "G1": "every block-table argument of one connector holds the same number of KV cache groups",
+    "G2": "a request with several KV cache groups finishes through request_finished_all_groups "
+          "(request_finished takes one group's table)",
 }
 
 _LEGACY_RULES: dict[str, str] = {
@@ -98,7 +101,7 @@ class Profile:
 
 def _rules(specific: dict[str, str]) -> Mapping[str, str]:
     merged = {**_COMMON, **specific}
-    order = [f"W{i}" for i in range(10)] + [f"S{i}" for i in range(8)]
+    order = [f"W{i}" for i in range(10)] + [f"S{i}" for i in range(8)] + ["G1", "G2"]
     return MappingProxyType({rule: merged[rule] for rule in order})
 
 

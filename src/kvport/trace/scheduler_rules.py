@@ -1,4 +1,4 @@
-"""Scheduler rules S0-S7: one scheduler connector's calls, per step and per request.
+"""Scheduler rules S0-S7, G1-G2: one scheduler connector's calls, per step and per request.
 
 Read in file order within one connector group. Nothing depends on positions across requests or
 across steps beyond what the rules name (async scheduling interleaves them). These rules hold
@@ -16,8 +16,11 @@ from kvport.trace.findings import Findings
 # Scheduler calls whose req_ids name requests the scheduler still holds.
 REQUEST_CALLS = frozenset({
     "on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc",
-    "build_connector_meta", "request_finished",
+    "build_connector_meta", "request_finished", "request_finished_all_groups",
 })
+FINISHES = frozenset({"request_finished", "request_finished_all_groups"})
+# Calls whose block-table argument is recorded per KV cache group (G1).
+_TABLE_CALLS = frozenset({"update_state_after_alloc", *FINISHES})
 _STEP_CALLS = frozenset({"build_connector_meta", "update_state_after_alloc"})
 
 
@@ -51,11 +54,14 @@ class _SchedulerCheck:
         self.asked_async: dict[str, bool] = {}  # req -> its latest match answer was an async load
         self.pending_recv: dict[str, list[_Origin]] = defaultdict(list)  # req -> loads in flight
         self.recvd: set[str] = set()
+        self.num_groups: tuple[int, int] | None = None  # (groups, where first seen) for G1
 
     def event(self, pos: int, e: TraceEvent) -> None:
         if e.step is not None:
             self.first_pos.setdefault(e.step, pos)
-        if e.method in REQUEST_CALLS and e.method != "request_finished":
+        if e.method in _TABLE_CALLS:
+            self._groups(pos, e)
+        if e.method in REQUEST_CALLS and e.method not in FINISHES:
             for late in e.req_ids:
                 if late in self.finished and late not in self.reported_late:
                     self.reported_late.add(late)
@@ -79,13 +85,26 @@ class _SchedulerCheck:
             # the call after the load completes (0 external tokens) does not.
             if self.asked_async.pop(rid, False) and e.ints and e.ints[0] > 0:
                 self.pending_recv[rid].append((pos, e.step))
-        elif e.method == "request_finished" and rid is not None:
+        elif e.method in FINISHES and rid is not None:
             self._request_finished(pos, e, rid)
         elif e.method == "update_connector_output":
             for sent in e.finished_sending:
                 self._sending(pos, e.step, sent)
             for recvd in e.finished_recving:
                 self._recving(pos, e.step, recvd)
+
+    def _groups(self, pos: int, e: TraceEvent) -> None:
+        """G1, G2: one number of groups per connector; several finish with all groups."""
+        rid = e.req_ids[0] if e.req_ids else None
+        n = len(e.group_blocks) or 1
+        if self.num_groups is None:
+            self.num_groups = (n, pos)
+        elif n != self.num_groups[0]:
+            self.out.add(pos, "G1", e.step, rid, f"{e.method} with {n} KV cache group(s); "
+                         f"this connector had {self.num_groups[0]} (record {self.num_groups[1]})")
+        if e.method == "request_finished" and self.num_groups[0] > 1:
+            self.out.add(pos, "G2", e.step, rid, "request_finished for a request of "
+                         f"{self.num_groups[0]} KV cache groups")
 
     def _request_finished(self, pos: int, e: TraceEvent, rid: str) -> None:
         if rid in self.finished:

@@ -88,9 +88,9 @@ def _as_is(out: Any) -> Any:
     return out
 
 
-def _num_blocks(blocks: Any) -> int | None:
-    groups = getattr(blocks, "blocks", None)  # KVCacheBlocks: one tuple of blocks per group
-    return len(groups[0]) if groups else None
+def _group_tables(blocks: Any) -> Any:
+    """KVCacheBlocks' blocks: one tuple of blocks per KV cache group (None if it has none)."""
+    return getattr(blocks, "blocks", None) or None
 
 
 def _transfer_result(out: Any) -> list[list[str]]:
@@ -302,7 +302,7 @@ class RecordingConnector(KVConnectorBase_V1):
         return self._rec.call("update_state_after_alloc", self._inner.update_state_after_alloc,
                               request, blocks, num_external_tokens,
                               fields=request_fields(request.request_id, [num_external_tokens],
-                                                    _num_blocks(blocks)))
+                                                    block_ids=_group_tables(blocks)))
 
     def get_external_cache_hit_sources(self, request: Request,
                                        num_external_tokens: int) -> dict[Any, int]:
@@ -326,16 +326,15 @@ class RecordingConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._rec.call("request_finished", self._inner.request_finished, request, block_ids,
-                              fields=request_fields(request.request_id, num_blocks=len(block_ids)),
+                              fields=request_fields(request.request_id, block_ids=block_ids),
                               summary=kept_result)
 
     def register_finished_partial_tail(self, request: Request, block_ids: tuple[list[int], ...],
                                        partial_tail_offloads: list[tuple[int, int, int]]) -> bool:
-        num_blocks = len(block_ids[0]) if block_ids else 0
         return self._rec.call("register_finished_partial_tail",
                               self._inner.register_finished_partial_tail, request, block_ids,
                               partial_tail_offloads,
-                              fields=request_fields(request.request_id, num_blocks=num_blocks),
+                              fields=request_fields(request.request_id, block_ids=block_ids),
                               summary=bool)
 
     def take_events(self) -> Iterable[KVCacheEvent]:

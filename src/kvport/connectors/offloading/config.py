@@ -233,6 +233,12 @@ class OffloadingConfig:
     # identity the engine derives: engines with different namespaces never share entries. vLLM
     # requires it where it cannot identify the model's weights (docs/vllm.md).
     namespace: str | None = None
+    # Hybrid models: a sliding-window group's blocks are stored only where a hit can use them,
+    # the window before a boundary a later request may hit at (geometry.py): the end of each
+    # prompt, every block after it (decode), and every `sliding_store_interval` tokens (a shared
+    # prefix hits at the last such boundary inside it). None: four of the largest window; 0:
+    # every block (a hit anywhere, at the cost of storing every sliding block).
+    sliding_store_interval: int | None = None
 
     def __post_init__(self) -> None:
         where = "OffloadingConnector"
@@ -244,6 +250,8 @@ class OffloadingConfig:
                 raise ValueError(f"eviction_policy must be one of {EVICTION_POLICIES}, got "
                                  f"{self.eviction_policy!r}")
             check_int("store_threshold", self.store_threshold, 0)
+            if self.sliding_store_interval is not None:
+                check_int("sliding_store_interval", self.sliding_store_interval, 0)
             check_bool("sync_host_loads", self.sync_host_loads)
             check_seconds("inflight_wait_s", self.inflight_wait_s, MAX_TIMEOUT_S, zero_ok=True)
             for name in ("load_timeout_s", "write_timeout_s", "shutdown_timeout_s"):

@@ -30,6 +30,7 @@ from kvport.connectors.base import (
     KVConnectorRole,
 )
 from kvport.connectors.factory import parse_extra_config
+from kvport.connectors.hma import SupportsHMA
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.metadata import (
@@ -44,7 +45,10 @@ if TYPE_CHECKING:
     from kvport.connectors.views import RequestView, SchedulerOutputView
 
 
-class OffloadingConnector(KVConnectorBase):
+class OffloadingConnector(KVConnectorBase, SupportsHMA):
+    """Declares SupportsHMA: a hybrid model's KV cache groups are offloaded each under its own
+    keys (geometry.py), a hit is one every group can load (scheduler/group_hits.py)."""
+
     def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
         super().__init__(config, role)
         self.offloading_config = parse_extra_config(OffloadingConfig, config)
@@ -98,7 +102,8 @@ class OffloadingConnector(KVConnectorBase):
         return self.scheduler_half.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(
-        self, request: RequestView, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int] | tuple[list[int], ...],
+        num_external_tokens: int,
     ) -> None:
         self.scheduler_half.update_state_after_alloc(request, block_ids, num_external_tokens)
 
@@ -120,6 +125,12 @@ class OffloadingConnector(KVConnectorBase):
     ) -> tuple[bool, dict[str, Any] | None]:
         """True while the request's stores (or a late synchronous load) still read or write its
         blocks: the worker reports it in finished_sending when they stopped."""
+        return self.scheduler_half.request_finished(request), None
+
+    def request_finished_all_groups(
+        self, request: RequestView, block_ids: tuple[list[int], ...],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """`request_finished` for every KV cache group (the same blocks are held or not)."""
         return self.scheduler_half.request_finished(request), None
 
     def take_events(self) -> list[KVCacheEvent]:

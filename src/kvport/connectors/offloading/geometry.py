@@ -18,6 +18,24 @@ engine block, which identifies the whole prefix up to it (`keys`).
 A load whose first offload block is partly covered by the engine's own prefix hit skips the
 first `skip` engine blocks of it (`load_start`); every later offload block is whole. A store
 always copies whole offload blocks.
+
+KV cache groups (a hybrid model, f = 1): every group has its own block table over the same token
+positions, and its own keys: block i of group g is keyed by hash i and g (`group_keys`), so a
+group's blocks are stored, found and evicted on their own. A host slot holds one engine block of
+any group (groups have equal pages). A hit at boundary k (the first k blocks) needs, per group:
+
+    full attention    blocks 0 .. k-1                     (all of them)
+    sliding window W  blocks k-n .. k-1, n = ceil((W-1)/b) (those the window reads; `window_range`)
+
+            0    1    2    3    4    5    6    7         k = 6, W = 33, b = 16: n = 2
+    full    k0   k1   k2   k3   k4   k5 | k6   k7
+    sliding  .    .    .    .   s4   s5 | s6   s7        only s4 and s5 are loaded
+
+So a sliding block is worth storing only if it lies in the window before a boundary a hit may use
+(`worth_storing`): the end of the request's prompt (a repeat, the next turn of a chat), every
+block after it (decode: the next turn may extend any of it), and every `sliding_interval` blocks
+(a shared prefix hits at the last one inside it). With an interval of one block every sliding
+block is stored.
 """
 
 from __future__ import annotations
@@ -42,21 +60,34 @@ class OffloadGeometry:
     # The disk and Redis tiers' namespace: model, dtype, layout, sizes, the config's namespace.
     namespace: bytes
     lower_media: tuple[str, ...]  # the tiers below host, top down (DISK, REDIS)
+    # Per KV cache group, its sliding window in tokens (None: full attention); (None,): one group.
+    group_windows: tuple[int | None, ...] = (None,)
+    sliding_interval: int = 1  # offload blocks between boundaries a sliding group stores for
 
     @classmethod
     def build(cls, config: OffloadingConfig, spec: KVCacheSpec) -> OffloadGeometry:
         f = block_factor(config, spec.block_size)
+        windows = tuple(g.sliding_window for g in spec.groups) or (None,)
+        if len(windows) > 1 and f != 1:
+            raise ValueError(f"OffloadingConnector: block_size={config.block_size} with "
+                             f"{len(windows)} KV cache groups; a hybrid model offloads blocks "
+                             f"of the engine's block_size={spec.block_size}")
         slot_bytes = f * spec.block_bytes
         num_slots = config.cpu_bytes_to_use // slot_bytes
         if num_slots < 1:
             raise ValueError(f"OffloadingConnector: cpu_bytes_to_use={config.cpu_bytes_to_use} is "
                              f"smaller than one offload block ({slot_bytes} bytes)")
         namespace = tier_namespace(spec.hash_root, spec, f * spec.block_size)
+        if len(windows) > 1:  # which layers a group's block holds fixes its bytes
+            namespace += b"|groups=" + ";".join(
+                f"{g.sliding_window or 'full'}:{','.join(map(str, g.layer_ids))}"
+                for g in spec.groups).encode()
         if config.namespace is not None:  # the user's name for what may share entries
             namespace += b"|namespace=" + config.namespace.encode()
         media = tuple(m for m, tier in ((DISK, config.disk_tier), (REDIS, config.redis_tier))
                       if tier is not None)
-        return cls(spec.block_size, f, slot_bytes, num_slots, namespace, media)
+        return cls(spec.block_size, f, slot_bytes, num_slots, namespace, media, windows,
+                   sliding_interval(config.sliding_store_interval, windows, spec.block_size))
 
     @property
     def offload_tokens(self) -> int:
@@ -65,6 +96,55 @@ class OffloadGeometry:
 
     def keys(self, block_hashes: Sequence[bytes]) -> list[bytes]:
         return offload_keys(block_hashes, self.block_factor)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_windows)
+
+    @property
+    def sliding_groups(self) -> tuple[int, ...]:
+        return tuple(g for g, w in enumerate(self.group_windows) if w is not None)
+
+    def group_keys(self, block_hashes: Sequence[bytes]) -> tuple[list[bytes], ...]:
+        """Per group, the keys of its full offload blocks: with one group the keys themselves,
+        else each with its group's index (the engine's own prefix cache keys them so too)."""
+        keys = self.keys(block_hashes)
+        if len(self.group_windows) == 1:
+            return (keys,)
+        return tuple([k + g.to_bytes(4, "little") for k in keys]
+                     for g in range(len(self.group_windows)))
+
+    def window_blocks(self, group: int) -> int | None:
+        """Blocks of a sliding group a hit needs before its boundary (those holding the W - 1
+        tokens the window reads back); None for a full-attention group (all of them)."""
+        window = self.group_windows[group]
+        return None if window is None else -(-(window - 1) // self.block_size)
+
+    def window_range(self, group: int, start: int, k: int) -> range:
+        """The group's blocks a hit at boundary k loads, past a local hit of `start` blocks."""
+        need = self.window_blocks(group)
+        return range(start if need is None else max(start, k - need), k)
+
+    def first_held(self, group: int, num_computed: int) -> int:
+        """The group's first block the engine still holds for a request that computed
+        `num_computed` tokens (a sliding window frees the blocks before what its next token
+        reads back to; the engine's rule, vLLM's too)."""
+        window = self.group_windows[group]
+        return 0 if window is None else max(0, num_computed - window + 1) // self.block_size
+
+    def worth_storing(self, group: int, i: int, num_prompt_tokens: int) -> bool:
+        """Whether block i of the group may serve a hit (module docstring): always for a full
+        group; for a sliding one, if it is in the window before the prompt's last hit boundary,
+        any later boundary, or one every `sliding_interval` blocks."""
+        need = self.window_blocks(group)
+        if need is None:
+            return True
+        if need == 0:
+            return False  # a window of one token reads no earlier block
+        last = i + need  # the last boundary whose window holds block i
+        if last >= self.max_hit_blocks(num_prompt_tokens):
+            return True
+        return last // self.sliding_interval * self.sliding_interval >= i + 1
 
     def num_offload_blocks(self, num_tokens: int) -> int:
         """Offload blocks wholly inside the first `num_tokens` tokens."""
@@ -134,6 +214,16 @@ def block_factor(config: OffloadingConfig, engine_block_size: int) -> int:
         raise ValueError(f"OffloadingConnector: block_size={config.block_size} is not a multiple "
                          f"of the engine's block_size={engine_block_size}")
     return config.block_size // engine_block_size
+
+
+def sliding_interval(tokens: int | None, windows: tuple[int | None, ...],
+                     block_size: int) -> int:
+    """`sliding_store_interval` in offload blocks: None is four of the largest window, 0 is
+    every block; rounded up to whole blocks."""
+    largest = max((w for w in windows if w is not None), default=0)
+    if tokens is None:
+        tokens = 4 * largest
+    return max(1, -(-tokens // block_size))
 
 
 def tier_namespace(root_hash: bytes, spec: KVCacheSpec, offload_block_size: int) -> bytes:

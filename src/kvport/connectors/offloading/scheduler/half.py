@@ -53,7 +53,7 @@ from kvport.connectors.offloading.scheduler.hits import HitPlanner, hashes_ok
 from kvport.connectors.offloading.scheduler.inflight import InflightWaits
 from kvport.connectors.offloading.scheduler.jobs import STORE, Job, JobTable
 from kvport.connectors.offloading.scheduler.lower_lookup import LowerLookup
-from kvport.connectors.offloading.scheduler.requests import ReqState
+from kvport.connectors.offloading.scheduler.requests import ReqState, as_tables
 from kvport.connectors.offloading.scheduler.stores import StorePlanner
 
 if TYPE_CHECKING:
@@ -103,13 +103,15 @@ class OffloadingScheduler:
             return None, False  # its own stores are unreported: load them once they are
         return self.hits.match(request, num_local, st)
 
-    def update_state_after_alloc(self, request: RequestView, block_ids: list[int],
+    def update_state_after_alloc(self, request: RequestView,
+                                 block_ids: list[int] | tuple[list[int], ...],
                                  num_external: int) -> None:
         rid = request.request_id
         self.waits.forget(rid)
         old = self._reqs.get(rid)
         match = self.hits.admit(request)
-        st = ReqState(request, list(block_ids), store_jobs=set(old.store_jobs) if old else set(),
+        st = ReqState(request, as_tables(block_ids),
+                      store_jobs=set(old.store_jobs) if old else set(),
                       load_failed=old is not None and old.load_failed,
                       hashes_ok=hashes_ok(request, self.geometry.block_size))
         self._reqs[rid] = st
@@ -134,24 +136,46 @@ class OffloadingScheduler:
             st = self._reqs.get(rid)
             if st is not None:
                 meta.jobs_to_flush |= st.engine_jobs()
-                st.block_ids, st.next_store_idx = [], 0
-        self.stats.num_flushed_jobs += len(meta.jobs_to_flush)
+                st.reset_tables(self.geometry.num_groups)
+                st.sliding_reads.clear()
         computed: dict[str, int] = {}  # req_id -> tokens computed before this step
         for new in so.scheduled_new_reqs:  # admitted, resumed, or sent in full again
-            st = self._reqs.setdefault(new.req_id, ReqState())
-            st.block_ids = list(new.block_ids)
+            st = self._state(new.req_id)
+            st.tables = as_tables(new.block_ids)
             computed[new.req_id] = new.num_computed_tokens
         for cached in so.scheduled_cached_reqs:
-            st = self._reqs.setdefault(cached.req_id, ReqState())
-            st.block_ids.extend(cached.new_block_ids)
+            st = self._state(cached.req_id)
+            for table, new_ids in zip(st.tables, as_tables(cached.new_block_ids), strict=True):
+                table.extend(new_ids)
             computed[cached.req_id] = cached.num_computed_tokens
+        for rid, num_computed in computed.items():
+            meta.jobs_to_flush |= self._left_window(self._reqs[rid], num_computed)
+        self.stats.num_flushed_jobs += len(meta.jobs_to_flush)
         for rid, num_computed in computed.items():
             job = self.stores.plan(self._reqs[rid],
                                    num_computed + so.num_scheduled_tokens.get(rid, 0),
-                                   self.hits.room())
+                                   num_computed, self.hits.room())
             if job is not None:
                 meta.stores.append(job)
         return meta
+
+    def _state(self, rid: str) -> ReqState:
+        st = self._reqs.get(rid)
+        if st is None:  # scheduled without update_state_after_alloc (not expected)
+            st = self._reqs[rid] = ReqState(tables=tuple([] for _ in range(
+                self.geometry.num_groups)))
+        return st
+
+    def _left_window(self, st: ReqState, num_computed: int) -> set[int]:
+        """Store jobs of a running request that read a sliding-window block the engine freed
+        this step (the window moved past it): flushed before anything writes KV, as a
+        preempted request's are."""
+        g, flush = self.geometry, set()
+        for job_id, reads in list(st.sliding_reads.items()):
+            if any(i < g.first_held(group, num_computed) for group, i in reads):
+                flush.add(job_id)
+                del st.sliding_reads[job_id]
+        return flush
 
     def update_connector_output(self, out: KVConnectorOutput) -> None:
         meta = out.worker_meta
@@ -185,6 +209,7 @@ class OffloadingScheduler:
         st = self._reqs.get(job.req_id)
         if st is not None:
             st.store_jobs.discard(result.job_id)
+            st.sliding_reads.pop(result.job_id, None)
         failed = set(result.failed_indices)
         good = [k for i, k in enumerate(job.keys) if i not in failed]
         bad = [k for i, k in enumerate(job.keys) if i in failed]
@@ -237,7 +262,9 @@ class OffloadingScheduler:
         st = self._reqs.get(rid)
         if st is None:
             return False
-        st.request, st.block_ids, st.next_store_idx = None, [], 0
+        st.request = None
+        st.reset_tables(self.geometry.num_groups)
+        st.sliding_reads.clear()
         self._finished.add(rid)
         jobs = st.engine_jobs()
         self._forget_if_done(rid)

@@ -34,6 +34,7 @@ from kvport.connectors.offloading.mediums import (
 )
 from kvport.connectors.offloading.metadata import LoadJob, Promotion
 from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
+from kvport.connectors.offloading.scheduler.group_hits import find_group_hit
 from kvport.connectors.offloading.scheduler.inflight import InflightWaits
 from kvport.connectors.offloading.scheduler.jobs import LOAD, Job, JobTable
 from kvport.connectors.offloading.scheduler.lower_lookup import LowerLookup
@@ -57,10 +58,16 @@ class Match:
     # it is promoted from.
     lower: list[tuple[bytes, str]] = field(default_factory=list)
     sync: bool = False  # host hits only: a synchronous load
+    # Several KV cache groups: where each of host_keys + lower goes, (group, block); and per hit
+    # block the tier its tokens count for. None with one group (the run is blocks start..end).
+    dst: list[tuple[int, int]] | None = None
+    media: list[str] | None = None
 
     @property
     def end(self) -> int:
         """The offload block after the run."""
+        if self.media is not None:
+            return self.start + len(self.media)
         return self.start + len(self.host_keys) + len(self.lower)
 
 
@@ -91,13 +98,16 @@ class HitPlanner:
                                len(request.block_hashes), request.num_tokens, request.block_size)
             self._matches[rid] = Match(num_local, 0, [])
             return 0, False
-        keys = g.keys(request.block_hashes)
+        groups = g.group_keys(request.block_hashes)
         start = g.num_offload_blocks(num_local)
-        self._matches[rid] = Match(num_local, start, keys[start:])
+        self._matches[rid] = Match(num_local, start, [k for ks in groups for k in ks[start:]])
         if not self.load_enabled or (st is not None and st.load_failed):
             return 0, False
         if st is not None and st.load_job is not None:
             return 0, False  # a late load still holds its slots: this request loads no more
+        if len(groups) > 1:
+            return self._match_groups(request, num_local, start, groups)
+        keys = groups[0]
         num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
         self.manager.touch(keys[:start + num_host])  # the prefix's first block most recent
         if start >= len(keys):
@@ -123,6 +133,29 @@ class HitPlanner:
             return 0, False
         self._matches[rid] = match
         return num_external, not match.sync
+
+    def _match_groups(self, request: RequestView, num_local: int, start: int,
+                      groups: tuple[list[bytes], ...]) -> tuple[int | None, bool]:
+        """`match` for a hybrid model (group_hits.py). Its hits leave the prompt's last token
+        to the forward (as the engine's own prefix cache does), so a hit always ends on a block
+        boundary, where the sliding windows were stored for."""
+        rid, g = request.request_id, self.geometry
+        limit = g.max_hit_blocks(request.num_tokens)
+        hit = find_group_hit(g, self.manager, self.lower, groups, start, limit, self.room())
+        local = [ks[i] for i in range(min(start, limit)) for grp, ks in enumerate(groups)
+                 if g.group_windows[grp] is None]
+        self.manager.touch(local + hit.touched)  # the prefix's first block most recent
+        if hit.blocked and self.waits.should_wait(rid):
+            return None, False  # ask again once that write reported
+        if hit.end <= start:
+            return 0, False
+        match = self._matches[rid]
+        match.host_keys = [key for _, _, key, m in hit.parts if m == HOST]
+        match.lower = [(key, m) for _, _, key, m in hit.parts if m != HOST]
+        match.dst = [(grp, i) for grp, i, _, _ in hit.parts]
+        match.media = hit.media
+        match.sync = self.sync_host_loads and not match.lower
+        return g.hit_tokens(num_local, start, hit.end), not match.sync
 
     def _being_written(self, keys: list[bytes], end: int, num_tokens: int) -> bool:
         """The hit run ends at `keys[end]` because another job is writing it to the host tier,
@@ -164,14 +197,18 @@ class HitPlanner:
                 promotions = _promotions(match.lower, out.slot_ids)
             elif out is not None:  # not expected (keys being written end the hit run)
                 self.manager.complete_store(out.keys_to_store, success=False)
-        loadable_end = match.start + len(match.host_keys) + len(job.promoted)
-        dst = st.block_ids[g.hit_blocks(match.num_local, match.start, loadable_end)]
-        load = LoadJob(self.jobs.add(job), rid, HostBlocks(slots),
-                       EngineBlocks(dst, g.skip(match.num_local, match.start) if dst else 0),
-                       promotions,
-                       unloadable=st.block_ids[g.hit_blocks(match.num_local, loadable_end,
-                                                            match.end)],
-                       sync=match.sync)
+        if match.dst is not None:  # several groups: each key's block, in its group's table
+            blocks = [st.tables[grp][i] for grp, i in match.dst]
+            loadable = len(match.host_keys) + len(job.promoted)
+            dst, unloadable, skip = blocks[:loadable], blocks[loadable:], 0
+        else:
+            loadable_end = match.start + len(match.host_keys) + len(job.promoted)
+            table = st.tables[0]
+            dst = table[g.hit_blocks(match.num_local, match.start, loadable_end)]
+            unloadable = table[g.hit_blocks(match.num_local, loadable_end, match.end)]
+            skip = g.skip(match.num_local, match.start) if dst else 0
+        load = LoadJob(self.jobs.add(job), rid, HostBlocks(slots), EngineBlocks(dst, skip),
+                       promotions, unloadable=unloadable, sync=match.sync)
         self.counters.num_load_jobs += 1
         self.counters.num_sync_loads += match.sync
         return load
@@ -180,7 +217,8 @@ class HitPlanner:
         """The hit's first `num_external` tokens per tier they come from (HOST, DISK, REDIS), in
         token order. The local hit may end inside the run's first offload block: those tokens
         are the engine's own."""
-        sources = [HOST] * len(match.host_keys) + [medium for _, medium in match.lower]
+        sources = match.media or ([HOST] * len(match.host_keys)
+                                  + [medium for _, medium in match.lower])
         split: dict[str, int] = {}
         left = num_external
         for j, medium in enumerate(sources):

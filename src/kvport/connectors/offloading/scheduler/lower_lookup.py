@@ -85,6 +85,25 @@ class LowerLookup:
             run.append((key, REDIS))
         return run
 
+    def find_each(self, keys: list[bytes]) -> dict[bytes, str]:
+        """Of `keys`, those some lower tier holds, each with the tier (DISK, REDIS) to promote
+        it from: not a run, each key on its own (a sliding window group's scattered blocks).
+        Bounded in time as `find_run`."""
+        if self._bounded is None or not keys:
+            return self._find_each(keys)
+        return self._bounded.run(lambda: self._find_each(keys), self._timeout_s, {})
+
+    def _find_each(self, keys: list[bytes]) -> dict[bytes, str]:
+        found: dict[bytes, str] = {}
+        left = keys
+        if self.disk is not None:
+            found = {key: DISK for key in keys if self.disk.exists(key)}
+            left = [key for key in keys if key not in found]
+        if self.redis is not None and left:
+            found.update((key, REDIS) for key, there in zip(left, self.redis.exists(left))
+                         if there)
+        return found
+
     def redis_metrics(self) -> RedisLookupMetrics:
         """The Redis lookups' own counters (round trips, timeouts, ...)."""
         return self.redis.stats() if self.redis is not None else RedisLookupMetrics()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,8 +13,9 @@ if TYPE_CHECKING:
 @dataclass
 class ReqState:
     request: RequestView | None = None  # None once finished (kept until its jobs report)
-    # The request's block table, as the scheduler output and update_state_after_alloc show it.
-    block_ids: list[int] = field(default_factory=list)
+    # The request's block table per KV cache group, as the scheduler output and
+    # update_state_after_alloc show it.
+    tables: tuple[list[int], ...] = field(default_factory=lambda: ([],))
     next_store_idx: int = 0  # offload blocks below this were offered to the host tier
     store_jobs: set[int] = field(default_factory=set)
     load_job: int | None = None
@@ -22,6 +24,10 @@ class ReqState:
     # blocks; offering them again could fail the same way, forever).
     load_failed: bool = False
     hashes_ok: bool = True  # one block hash per engine block (SchedulerCounters)
+    # Store jobs in flight that read sliding-window blocks: job id -> (group, its first block
+    # the job reads). The engine frees such a block when the window moves past it, while the
+    # request runs: the job is then flushed before anything can write the block.
+    sliding_reads: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     def engine_jobs(self) -> set[int]:
         """Jobs in flight that read or write the request's engine blocks: its stores until their
@@ -32,7 +38,20 @@ class ReqState:
             jobs.add(self.load_job)
         return jobs
 
+    def reset_tables(self, num_groups: int) -> None:
+        """The engine freed the request's blocks (preempted, finished)."""
+        self.tables = tuple([] for _ in range(num_groups))
+        self.next_store_idx = 0
+
     @property
     def idle(self) -> bool:
         """No job of this request is in flight."""
         return not self.store_jobs and self.load_job is None
+
+
+def as_tables(block_ids: Sequence[int] | Sequence[Sequence[int]]) -> tuple[list[int], ...]:
+    """A block table per KV cache group from what the engine hands a connector: a tuple of
+    tables (SupportsHMA), or one table (an engine or adapter that knows one group)."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return tuple(list(table) for table in block_ids)  # type: ignore[arg-type]
+    return (list(block_ids),)  # type: ignore[arg-type]

@@ -36,31 +36,40 @@ class StorePlanner:
         self.store_enabled = store_enabled
         self.num_writing = 0  # keys of stores planned with write-throughs, until those end
 
-    def plan(self, st: ReqState, num_tokens_done: int, room: int) -> StoreJob | None:
+    def plan(self, st: ReqState, num_tokens_done: int, num_computed: int,
+             room: int) -> StoreJob | None:
         """The store of what the request's first `num_tokens_done` tokens add to the offload
-        blocks offered so far; `room`: host slots that are free or could be freed."""
+        blocks offered so far; `num_computed`: its tokens computed before this step (a sliding
+        group's blocks before its window are freed); `room`: host slots that are free or could
+        be freed."""
         req, g = st.request, self.geometry
         if req is None or not self.store_enabled or not st.hashes_ok:
             return None
         end = min(g.num_offload_blocks(num_tokens_done), g.whole_blocks(len(req.block_hashes)),
-                  g.whole_blocks(len(st.block_ids)))
+                  *(g.whole_blocks(len(table)) for table in st.tables))
         if end <= st.next_store_idx:
             return None  # most steps (decodes inside a block): nothing to slice or hash
-        # At most what the tier could free: a run longer than the tier is stored a part per
-        # step (its first blocks first) instead of being refused forever.
-        end = min(end, st.next_store_idx + room)
-        wanted = g.keys(req.block_hashes)[st.next_store_idx:end]
+        first = st.next_store_idx
+        if g.num_groups == 1:
+            # At most what the tier could free: a run longer than the tier is stored a part per
+            # step (its first blocks first) instead of being refused forever.
+            end = min(end, first + room)
+            wanted = g.keys(req.block_hashes)[first:end]
+            where = {k: (0, first + i) for i, k in enumerate(wanted)}
+        else:
+            wanted, where, end = self._group_blocks(st, first, end, num_computed, room)
         out = self.manager.prepare_store(wanted) if wanted else None
         if out is None:
-            return None  # full of pinned or in-flight blocks: offer them again next step
-        first = st.next_store_idx
-        st.next_store_idx += len(wanted)
+            if wanted:
+                return None  # full of pinned or in-flight blocks: offer them again next step
+            st.next_store_idx = end  # nothing in these blocks is worth storing
+            return None
+        st.next_store_idx = end
         if not out.keys_to_store:
             return None
-        position = {k: first + i for i, k in enumerate(wanted)}
-        src = [b for k in out.keys_to_store
-               for b in g.engine_span(st.block_ids, position[k], position[k] + 1)]
         stored = list(out.keys_to_store)
+        src = [b for k in stored for b in g.engine_span(st.tables[where[k][0]], where[k][1],
+                                                        where[k][1] + 1)]
         writes = [KEYED_BLOCKS[medium](stored) for medium in g.lower_media]
         if writes and self.num_writing and \
                 self.num_writing + len(stored) > WRITE_THROUGH_SHARE * g.num_slots:
@@ -69,9 +78,37 @@ class StorePlanner:
         self.num_writing += len(stored) if writes else 0
         job_id = self.jobs.add(Job(STORE, req.request_id, stored, writes_through=bool(writes)))
         st.store_jobs.add(job_id)
+        reads: dict[int, int] = {}  # sliding group -> its first block this job reads
+        for key in stored:
+            group, i = where[key]
+            if g.group_windows[group] is not None:
+                reads[group] = min(i, reads.get(group, i))
+        if reads:
+            st.sliding_reads[job_id] = list(reads.items())
         self.counters.num_store_jobs += 1
         return StoreJob(job_id, EngineBlocks(src), HostBlocks(out.slot_ids), writes,
                         req.request_id)
+
+    def _group_blocks(self, st: ReqState, first: int, end: int, num_computed: int,
+                      room: int) -> tuple[list[bytes], dict[bytes, tuple[int, int]], int]:
+        """Several groups: the keys of blocks [first, end) worth storing (every block of a full
+        group; of a sliding one, those a hit may use and the engine still holds), where each
+        lies (group, block), and the block the offer ends at (at most `room` keys)."""
+        req, g = st.request, self.geometry
+        assert req is not None, "stores of a finished request"
+        keys = g.group_keys(req.block_hashes)
+        held = [g.first_held(group, num_computed) for group in range(g.num_groups)]
+        wanted: list[bytes] = []
+        where: dict[bytes, tuple[int, int]] = {}
+        for i in range(first, end):
+            block = [(group, keys[group][i]) for group in range(g.num_groups)
+                     if i >= held[group] and g.worth_storing(group, i, req.num_prompt_tokens)]
+            if len(wanted) + len(block) > room:
+                return wanted, where, i
+            for group, key in block:
+                wanted.append(key)
+                where[key] = (group, i)
+        return wanted, where, end
 
     def write_ended(self, job: Job) -> None:
         """Every worker's write-through of a store ended."""
