@@ -119,3 +119,54 @@ def test_the_blocks_in_use_cap_counts_every_group() -> None:
     assert kv.allocate_slots(b, 4) is not None
     kv.free(b)
     kv.pool.assert_all_free()
+
+
+def test_a_failed_load_in_a_window_rewinds_to_where_every_window_is_held() -> None:
+    # A request loaded 24 tokens: the sliding group holds blocks 4 and 5 (the window before
+    # position 24) and the null block before them. Block 5 of the sliding group failed: at
+    # every earlier boundary the window would read a null or the failed block, so the request
+    # computes again from 0, and the sliding table is cut at its first null block (those
+    # positions get real blocks when it is scheduled again).
+    from kvport.engine.kv_transfer import KVTransferTracker
+    from kvport.engine.recovery import rewind_to_valid_blocks
+    from kvport.engine.request import RequestStatus
+
+    kv = manager()
+    req = make_request("a", list(range(1, 27)))
+    assert kv.allocate_slots(req, 2, num_external_tokens=24) is not None
+    full, sliding = kv.get_block_ids("a")
+    assert sliding[:4] == [0, 0, 0, 0] and 0 not in sliding[4:]
+    req.status, req.num_computed_tokens = RequestStatus.RUNNING, 26
+    rewound, resend = rewind_to_valid_blocks(kv, KVTransferTracker(None, BS), [req], [],
+                                             {sliding[5]}, step_id=3)
+    assert rewound == resend == {"a"} and req.num_computed_tokens == 0
+    assert kv.get_block_ids("a") == (full, [])
+    # Scheduled again from 0, every position of the window gets a real block.
+    assert kv.allocate_slots(req, 8) is not None
+    assert 0 not in kv.get_block_ids("a")[1][:2]
+    kv.free(req)
+    kv.pool.assert_all_free()
+
+
+def test_a_failed_full_block_also_rewinds_past_the_released_windows() -> None:
+    # A prefix hit of 24 tokens keeps the sliding group's blocks 4 and 5 only (the window
+    # before 24). Block 5 of the full group failed: the window of every boundary before it
+    # reads a released (null) block, so the request computes again from 0 in every group.
+    from kvport.engine.kv_transfer import KVTransferTracker
+    from kvport.engine.recovery import rewind_to_valid_blocks
+    from kvport.engine.request import RequestStatus
+
+    kv = manager()
+    prompt = list(range(1, 27))
+    computed(kv, "warm", prompt)  # the whole prompt cached in both groups
+    req = make_request("a", prompt)
+    hits, num_hit = kv.get_computed_blocks(req)
+    assert num_hit == 24
+    assert kv.allocate_slots(req, 2, hits) is not None
+    req.status, req.num_computed_tokens = RequestStatus.RUNNING, 26
+    full, sliding = kv.get_block_ids("a")
+    rewound, _ = rewind_to_valid_blocks(kv, KVTransferTracker(None, BS), [req], [],
+                                        {full[5]}, step_id=3)
+    assert rewound == {"a"} and req.num_computed_tokens == 0
+    kv.free(req)
+    kv.pool.assert_all_free()

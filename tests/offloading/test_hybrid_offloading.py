@@ -164,11 +164,12 @@ def test_disk_hits_in_a_new_engine(tmp_path: Path, hybrid_reference: list[list[i
 @pytest.mark.parametrize("sync", [True, False])
 def test_failed_loads_recompute_every_group(tmp_path: Path, hybrid_reference: list[list[int]],
                                             sync: bool) -> None:
-    # Loads 1 and 3 fail: the engine recomputes from the first block every group lacks (a
-    # sliding group's window before the rewind point was never loaded: back to the start).
+    # Loads 1 and 3 fail: the engine recomputes from the last block where every group holds
+    # what it needs (a sliding group's windows before the hit were never loaded: the start),
+    # in chunks of 64 tokens that read the earlier chunks' KV from real blocks.
     faulty_connector.FAULTS[(HOST, ENGINE)] = {"fail_on": {1, 3}}
     llm = gemma({"sync_host_loads": sync, "record_trace": str(tmp_path / "trace.jsonl")},
-                connector="FaultyOffloadingConnector")
+                connector="FaultyOffloadingConnector", max_num_batched_tokens=64)
     prompts = hybrid_prompts()
     assert _tokens(llm, prompts) == hybrid_reference
     llm.reset_prefix_cache()

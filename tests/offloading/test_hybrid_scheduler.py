@@ -22,7 +22,8 @@ PARAMS = SamplingParams(max_tokens=4)
 
 
 def half(**config: object) -> OffloadingScheduler:
-    cfg = OffloadingConfig(cpu_bytes_to_use=1 << 20, **config)  # type: ignore[arg-type]
+    config.setdefault("cpu_bytes_to_use", 1 << 20)
+    cfg = OffloadingConfig(**config)  # type: ignore[arg-type]
     return OffloadingScheduler(cfg, OffloadGeometry.build(cfg, SPEC))
 
 
@@ -99,6 +100,28 @@ def test_a_store_reading_blocks_the_window_left_is_flushed() -> None:
         [], [CachedRequestRecord("a", ([4, 5, 6], [104, 105, 106]), 16)], {"a": 12}, 12,
         set(), set(), 1))
     assert meta.jobs_to_flush == {store.job_id}
-    # The next store reads only what the engine still holds: sliding blocks from 2 on.
+    # The next store: blocks 4-6 of both groups.
     (second,) = meta.stores
     assert second.src.block_ids == [4, 104, 5, 105, 6, 106]
+
+
+def test_a_deferred_store_skips_blocks_the_window_left() -> None:
+    # Four host slots (a block of one layer is 256 bytes): the first chunk's store takes blocks
+    # 0 and 1 of both groups; blocks 2 and 3 wait for slots. When they get them, the window has
+    # moved past sliding blocks 2-4 (28 tokens computed reads back to token 20): the engine
+    # freed them, so only the full group's are stored (the four slots' worth: full 2-4, then
+    # block 5 of both groups would be five).
+    sched = half(sliding_store_interval=0, cpu_bytes_to_use=4 * 256)
+    req = request("a", list(range(41)))
+    sched.get_num_new_matched_tokens(req, 0)
+    sched.update_state_after_alloc(req, tables(0, 4), 0)
+    (store,) = sched.build_connector_meta(SchedulerOutputRecord(
+        [NewRequestRecord("a", tables(0, 4), 0)], [], {"a": 16}, 16, set(), set(), 0)).stores
+    assert store.src.block_ids == [0, 100, 1, 101]
+    sched.update_connector_output(KVConnectorOutput(worker_meta=OffloadingWorkerMetadata(
+        [JobResult(store.job_id, True)])))
+    meta = sched.build_connector_meta(SchedulerOutputRecord(
+        [], [CachedRequestRecord("a", ([4, 5, 6], [104, 105, 106]), 28)], {"a": 4}, 4,
+        set(), set(), 1))
+    (later,) = meta.stores
+    assert later.src.block_ids == [102, 103, 104]
