@@ -28,6 +28,7 @@ from kvport.connectors.base import (
 )
 from kvport.connectors.example import ExampleConnector
 from kvport.connectors.factory import parse_extra_config
+from kvport.connectors.hma import group_tables
 from kvport.connectors.views import (
     CachedRequestRecord, NewRequestRecord, SchedulerOutputRecord, SchedulerOutputView,
 )
@@ -204,9 +205,12 @@ class LoggingExampleConnector(ExampleConnector):
             f.write(line + "\n")
 
     def update_state_after_alloc(
-        self, request: Request, block_ids: list[int], num_external_tokens: int
+        self, request: Request, block_ids: list[int] | tuple[list[int], ...],
+        num_external_tokens: int,
     ) -> None:
-        self._log(f"alloc {request.request_id} {len(block_ids)} {num_external_tokens}")
+        # ExampleConnector is SupportsHMA: a table per KV cache group (one on tiny-llama)
+        num_blocks = len(group_tables(block_ids)[0])
+        self._log(f"alloc {request.request_id} {num_blocks} {num_external_tokens}")
         super().update_state_after_alloc(request, block_ids, num_external_tokens)
 
     def bind_connector_metadata(self, metadata: KVConnectorMetadata) -> None:

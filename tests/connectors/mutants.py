@@ -8,6 +8,8 @@ from tools.mutation import Mutant
 
 RECORDING = "tests/connectors/test_recording.py"
 REGRESSIONS = "tests/connectors/test_framework_regressions.py"
+EXAMPLE_HYBRID = "tests/connectors/test_example_hybrid.py"
+MULTI_HYBRID = "tests/connectors/test_multi_hybrid.py"
 
 
 MUTANTS: list[Mutant] = [
@@ -57,8 +59,8 @@ MUTANTS: list[Mutant] = [
         "a recorded group starts with the engine's header (the checker picks its order by it)"),
     Mutant(
         "factory-hands-the-header-to-the-recorder", "src/kvport/connectors/factory.py",
-        "        connector = RecordingConnector(connector, str(trace_path), header)\n",
-        "        connector = RecordingConnector(connector, str(trace_path))\n",
+        "        connector = recorder_for(connector, str(trace_path), header)\n",
+        "        connector = recorder_for(connector, str(trace_path))\n",
         (f"{RECORDING}::"
          "test_factory_hands_the_header_to_recorders_and_a_multi_connectors_children",),
         "the engine's header reaches the recorder the factory wraps a connector in"),
@@ -91,4 +93,68 @@ MUTANTS: list[Mutant] = [
         "            if False:\n                raise ValueError(f\"ExampleConnector:",
         ("tests/connectors/test_example.py::test_the_default_store_is_private_to_the_user",),
         "ExampleConnector's default store is refused where another user could read or fill it"),
+    # ---- KV cache groups: the example connector's layout, MultiConnector's SupportsHMA --------
+    Mutant(
+        "example-sliding-layers-keep-their-window", "src/kvport/connectors/example_layout.py",
+        "        if window is None:\n            return 0\n",
+        "        if True:\n            return 0\n",
+        (f"{EXAMPLE_HYBRID}::test_sliding_layers_store_only_their_window",
+         f"{EXAMPLE_HYBRID}::"
+         "test_a_sliding_layer_stores_its_window_and_loads_it_into_its_groups_blocks",
+         f"{EXAMPLE_HYBRID}::"
+         "test_a_load_fills_each_groups_table_from_the_later_of_hit_and_window[no-local-hit]"),
+        "a sliding layer stores and loads only the window its group's table holds (a load "
+        "past it would write the null block)"),
+    Mutant(
+        "example-load-starts-at-the-window", "src/kvport/connectors/example_layout.py",
+        "            first = max(start_token // block_size, "
+        "self.first_block(g, num_tokens, block_size))\n",
+        "            first = start_token // block_size\n",
+        (f"{EXAMPLE_HYBRID}::"
+         "test_a_load_fills_each_groups_table_from_the_later_of_hit_and_window[no-local-hit]",
+         f"{EXAMPLE_HYBRID}::test_every_prompt_comes_back_from_its_entry_after_a_reset[sync]"),
+        "a sliding group's store and load start at its window, where its table holds blocks"),
+    Mutant(
+        "example-load-starts-past-the-local-hit", "src/kvport/connectors/example_layout.py",
+        "            first = max(start_token // block_size, "
+        "self.first_block(g, num_tokens, block_size))\n",
+        "            first = self.first_block(g, num_tokens, block_size)\n",
+        (f"{EXAMPLE_HYBRID}::"
+         "test_a_load_fills_each_groups_table_from_the_later_of_hit_and_window[hit-inside-window]",),
+        "a load leaves the local prefix hit's blocks alone (they may be shared), in every group"),
+    Mutant(
+        "example-load-checks-what-the-file-holds", "src/kvport/connectors/example.py",
+        "            if skip < 0 or len(data) - skip != len(span.block_ids) * bs:\n",
+        "            if False:\n",
+        (f"{EXAMPLE_HYBRID}::test_a_load_the_entry_cannot_supply_exactly_is_a_load_error",),
+        "a load the entry's files cannot supply exactly is a load error that writes nothing"),
+    Mutant(
+        "example-key-names-the-group-layout", "src/kvport/connectors/example.py",
+        "        self._namespace = spec.hash_root + self._layout.key_tag()\n",
+        "        self._namespace = spec.hash_root\n",
+        (f"{EXAMPLE_HYBRID}::test_the_group_layout_is_part_of_the_key",
+         f"{EXAMPLE_HYBRID}::test_a_run_with_one_group_never_reads_grouped_entries"),
+        "an entry of one KV cache group layout is never found under another"),
+    Mutant(
+        "multi-hma-only-if-every-child-is", "src/kvport/connectors/multi.py",
+        "        return HMAMultiConnector if all(config_supports_hma(c) for c in children)",
+        "        return HMAMultiConnector if any(config_supports_hma(c) for c in children)",
+        (f"{MULTI_HYBRID}::test_a_multi_connector_is_hma_exactly_when_every_child_is[example+noop]",
+         f"{MULTI_HYBRID}::test_a_child_without_hma_keeps_one_group[offloading+noop]"),
+        "a MultiConnector is SupportsHMA only when every child is (vLLM's rule)"),
+    Mutant(
+        "engine-asks-the-class-the-config-builds", "src/kvport/connectors/factory.py",
+        "    return supports_hma(connector_class_for(config))\n",
+        "    return supports_hma(get_connector_class(config))\n",
+        (f"{MULTI_HYBRID}::"
+         "test_a_multi_connector_is_hma_exactly_when_every_child_is[example+offloading]",
+         f"{MULTI_HYBRID}::test_two_hma_children_keep_the_groups_and_hits_come_back[example]"),
+        "the engine keeps the groups for the class a config builds (HMAMultiConnector), and so "
+        "agrees with the instance"),
+    Mutant(
+        "hma-multi-refuses-a-child-without-hma", "src/kvport/connectors/multi.py",
+        "        if supports_hma(self) and not all(config_supports_hma(c) for c in children):\n",
+        "        if False:\n",
+        (f"{MULTI_HYBRID}::test_an_hma_multi_connector_refuses_a_child_without_hma",),
+        "a SupportsHMA MultiConnector never hands tables per group to a child that reads one"),
 ]

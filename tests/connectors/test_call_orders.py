@@ -13,7 +13,8 @@ import pytest
 import kvport
 from kvport import LLM, SamplingParams
 from kvport.cli import _engine_kwargs, build_parser
-from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER
+from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER, KVTransferConfig
+from kvport.connectors.factory import connector_class_for
 from kvport.trace.checker import check_file
 from kvport.trace.events import (
     CALL_ORDERS, HEADER, LEGACY, VLLM_0_32, TraceEvent, TraceHeader, read_events,
@@ -142,7 +143,8 @@ def test_loads_give_the_output_of_no_connector_in_either_order(
     for group in by_group.values():
         assert group[0].method == HEADER and TraceHeader.from_event(group[0]) == header
     for c in recorded:
-        steps = worker_steps(events, c["kv_connector"])
+        # recorded under the class the factory built (HMAMultiConnector: every child is HMA)
+        steps = worker_steps(events, connector_class_for(KVTransferConfig.from_any(c)).__name__)
         assert_follows(call_order, steps)
         sync_flags = {load.ints[0] for calls in steps for load in calls
                       if load.method == "start_load_kv"}

@@ -431,7 +431,8 @@ def test_engine_run_with_example_connector_checks_clean(tmp_path: Path, worker: 
     assert check_file(trace) == []
     events = read_events(trace)
     assert {e.role for e in events} == {"scheduler", "worker"}
-    assert sum(e.method == "request_finished" for e in events) == 2 * len(prompts)
+    # ExampleConnector is SupportsHMA: it finishes through request_finished_all_groups
+    assert sum(e.method == "request_finished_all_groups" for e in events) == 2 * len(prompts)
     assert events[-1].method == "shutdown"
     # Each half (the worker in its own process or not) starts with the engine's header.
     by_group = groups(events)

@@ -73,13 +73,13 @@ MUTANTS: list[Mutant] = [
         "queried and hit tokens count once per admission, not once per retry"),
     Mutant(
         "failed-load-limits-a-load-in-flight", "src/kvport/engine/recovery.py",
-        "            xfer.limit_async_load(req.request_id, first * bs)\n",
+        "            xfer.limit_async_load(req.request_id, good * bs)\n",
         "            pass\n",
         (f"{SCHED}::test_failed_async_load_resumes_from_the_last_good_block",),
         "a parked request resumes with only the tokens before its first failed block"),
     Mutant(
         "failed-load-rewinds", "src/kvport/engine/recovery.py",
-        "            req.rewind(first * bs, step_id)\n",
+        "            req.rewind(good * bs, step_id)\n",
         "            pass\n",
         (f"{SCHED}::test_failed_sync_load_recomputes_from_the_last_good_block",),
         "a running request recomputes from the last good block before a failed one"),
@@ -211,7 +211,7 @@ MUTANTS: list[Mutant] = [
         "the cap on blocks in use counts every group's blocks"),
     Mutant(
         "hma-connector-keeps-groups", "src/kvport/engine/executor.py",
-        "    if ktc is not None and not supports_hma(get_connector_class(ktc)):\n",
+        "    if ktc is not None and not config_supports_hma(ktc):\n",
         "    if ktc is not None:\n",
         ("tests/engine/test_hybrid_connector_api.py::test_an_hma_connector_gets_every_group",),
         "a SupportsHMA connector runs with the model's KV cache groups"),

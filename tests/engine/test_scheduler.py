@@ -156,7 +156,7 @@ def test_random_workloads_finish_and_leak_nothing(
         sched.kv.pool.check_integrity()
         for req in sched.running:  # every block the next token reads is real, in every group
             for g, table in enumerate(sched.kv.req_to_blocks[req.request_id]):
-                first = sched.kv._first_needed_block(g, req.num_computed_tokens)
+                first = sched.kv.first_needed_block(g, req.num_computed_tokens)
                 assert null is None or null not in table[first:], (g, req.num_computed_tokens)
         for r in finished:
             outputs[r.request_id] = r.output_token_ids

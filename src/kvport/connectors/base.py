@@ -193,6 +193,14 @@ class KVConnectorBase(ABC):
         self._role = role
         self._connector_metadata: KVConnectorMetadata | None = None
 
+    @classmethod
+    def class_for_config(cls, config: KVTransferConfig) -> type[KVConnectorBase]:
+        """The class the factory builds for `config` (this one here). A connector whose abilities
+        depend on its config returns the variant that has exactly those: a MultiConnector is
+        SupportsHMA only when every child is. The engine reads SupportsHMA from this class before
+        any connector exists (connectors.factory.config_supports_hma)."""
+        return cls
+
     @property
     def role(self) -> KVConnectorRole:
         return self._role

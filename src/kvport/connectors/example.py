@@ -11,6 +11,12 @@ last aligned block, which covers exactly the aligned tokens, hashed with the spe
 (model, dtype, block size, KV layout) where there is one, so two models never share an entry
 even in an engine whose block hashes do not name the model (vLLM). A request is never loaded
 and stored.
+
+KV cache groups (SupportsHMA): the engine hands a block table per group. A layer stores what its
+group's table holds at the aligned end (a sliding-window layer: only the window there) and loads
+it into its own group's table (kvport.connectors.example_layout). The group layout is part of
+the key, so an entry of one layout is never read under another; without groups keys, files and
+loads are what they always were.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from kvport.connectors import example_storage as storage
 from kvport.connectors.base import (
     ForwardContext, KVCacheSpec, KVConnectorBase, KVConnectorMetadata, KVConnectorRole,
 )
+from kvport.connectors.example_layout import EntryLayout, EntryTransfer, layer_index
 from kvport.connectors.factory import parse_extra_config
+from kvport.connectors.hma import SupportsHMA, group_tables
 
 from kvport.connectors.views import RequestView, SchedulerOutputView
 
@@ -59,18 +67,6 @@ class ExampleConnectorConfig:
                                  f"private ({problem}); set shared_storage_path")
 
 
-@dataclass(frozen=True)
-class EntryTransfer:
-    """Tokens [start_token, num_tokens) of entry `key` <-> pool blocks `block_ids` (one per
-    block of those tokens). Stores always start at token 0."""
-
-    req_id: str
-    key: str
-    num_tokens: int
-    start_token: int
-    block_ids: tuple[int, ...]
-
-
 @dataclass
 class ExampleConnectorMetadata(KVConnectorMetadata):
     loads: list[EntryTransfer] = field(default_factory=list)
@@ -83,8 +79,8 @@ class _StorePlan:
 
     key: str
     num_tokens: int
-    num_blocks: int
-    block_ids: list[int]  # the request's block table, grown as its chunks are scheduled
+    block_size: int
+    tables: tuple[list[int], ...]  # the request's block tables, grown as its chunks are scheduled
 
 
 @dataclass
@@ -110,14 +106,21 @@ def entry_key(request: RequestView, namespace: bytes = b"") -> str | None:
     return hashlib.sha256(namespace + block_hash).hexdigest() if namespace else block_hash.hex()
 
 
-class ExampleConnector(KVConnectorBase):
+class ExampleConnector(KVConnectorBase, SupportsHMA):
+    """Both halves take block tables in either form (hma.group_tables): a tuple per KV cache
+    group from an engine that keeps groups for it, one flat table from any other caller."""
+
     def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
         super().__init__(config, role)
         self.example_config = parse_extra_config(ExampleConnectorConfig, config)
         self.root = self.example_config.shared_storage_path
         self._do_load = config.kv_role in ("kv_both", "kv_consumer")
         self._do_store = config.kv_role in ("kv_both", "kv_producer")
-        self._namespace = b""  # the spec's hash_root (set_kv_cache_spec)
+        self._namespace = b""  # the spec's hash_root and group layout (set_kv_cache_spec)
+        # Both halves: the KV cache groups (set_kv_cache_spec, register_kv_caches); none until
+        # then, as for every caller that does not name groups.
+        self._layout = EntryLayout()
+        self._num_layers: int | None = None  # the model's layers (register_kv_caches)
         # scheduler side
         self._pending_loads: dict[str, EntryTransfer] = {}  # req_id -> load of this step
         self._store_plans: dict[str, _StorePlan] = {}  # req_id -> store waiting for its prefix
@@ -135,7 +138,9 @@ class ExampleConnector(KVConnectorBase):
     # ---- scheduler side ---------------------------------------------------------------------
 
     def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
-        self._namespace = spec.hash_root
+        """Keys are namespaced by the hash root and the group layout (EntryLayout.key_tag)."""
+        self._layout = EntryLayout.of(spec)
+        self._namespace = spec.hash_root + self._layout.key_tag()
 
     def get_num_new_matched_tokens(
         self, request: RequestView, num_computed_tokens: int
@@ -151,11 +156,14 @@ class ExampleConnector(KVConnectorBase):
         return num_aligned - num_computed_tokens, False
 
     def update_state_after_alloc(
-        self, request: RequestView, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int] | tuple[list[int], ...],
+        num_external_tokens: int,
     ) -> None:
-        """External tokens > 0 plan a load into the blocks after the local hits. Otherwise a store
-        is planned if no entry exists yet and no other live request plans the same one."""
+        """External tokens > 0 plan a load into the blocks after the local hits (a sliding group:
+        only those inside its window at the aligned end). Otherwise a store is planned if no
+        entry exists yet and no other live request plans the same one."""
         rid, bs = request.request_id, request.block_size
+        tables = group_tables(block_ids)
         key = entry_key(request, self._namespace)
         self._drop_store_plan(rid)
         self._admitted_this_step.add(rid)
@@ -168,11 +176,10 @@ class ExampleConnector(KVConnectorBase):
                 f"{rid}: {num_external_tokens} external tokens do not end at the aligned prefix "
                 f"({num_aligned} tokens, block size {bs})")
             self._pending_loads[rid] = EntryTransfer(
-                rid, key, num_aligned, start, tuple(block_ids[start // bs:num_aligned // bs]))
+                rid, key, num_aligned, self._layout.spans(tables, num_aligned, start, bs))
         elif (self._do_store and key not in self._keys_planned
               and storage.read_manifest(self.root, key) is None):
-            self._store_plans[rid] = _StorePlan(key, num_aligned, num_aligned // bs,
-                                                list(block_ids))
+            self._store_plans[rid] = _StorePlan(key, num_aligned, bs, tables)
             self._keys_planned[key] = rid
 
     def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> ExampleConnectorMetadata:
@@ -188,21 +195,23 @@ class ExampleConnector(KVConnectorBase):
             num_computed[new.req_id] = new.num_computed_tokens
             if new.req_id in self._pending_loads:
                 meta.loads.append(self._pending_loads.pop(new.req_id))
-            if new.req_id in self._store_plans:
-                self._store_plans[new.req_id].block_ids = list(new.block_ids)
+            if new.req_id in self._store_plans:  # its whole tables (a resent request's are new)
+                self._store_plans[new.req_id].tables = group_tables(new.block_ids)
         for cached in so.scheduled_cached_reqs:
             num_computed[cached.req_id] = cached.num_computed_tokens
-            if cached.req_id in self._store_plans:
-                self._store_plans[cached.req_id].block_ids.extend(cached.new_block_ids)
+            growing = self._store_plans.get(cached.req_id)
+            if growing is not None:  # its new blocks, group by group
+                for table, added in zip(growing.tables, group_tables(cached.new_block_ids),
+                                        strict=True):
+                    table.extend(added)
         for rid, computed in num_computed.items():
             plan = self._store_plans.get(rid)
             if plan is None or computed + so.num_scheduled_tokens.get(rid, 0) < plan.num_tokens:
                 continue
-            assert len(plan.block_ids) >= plan.num_blocks, (
-                f"{rid}: {len(plan.block_ids)} blocks cannot hold its "
-                f"{plan.num_tokens}-token prefix")
-            meta.stores.append(EntryTransfer(
-                rid, plan.key, plan.num_tokens, 0, tuple(plan.block_ids[:plan.num_blocks])))
+            # NOTE: a sliding group's copy keeps ids the engine freed as the window moved on;
+            # the span reads only the window at the aligned end, which this step still holds.
+            meta.stores.append(EntryTransfer(rid, plan.key, plan.num_tokens, self._layout.spans(
+                plan.tables, plan.num_tokens, 0, plan.block_size)))
             self._drop_store_plan(rid)
         if self._pending_loads:  # allocated but not scheduled: impossible for sync loads
             logger.warning("ExampleConnector: dropping loads of unscheduled requests %s",
@@ -219,6 +228,12 @@ class ExampleConnector(KVConnectorBase):
         self._pending_loads.pop(request.request_id, None)
         return False, None
 
+    def request_finished_all_groups(
+        self, request: RequestView, block_ids: tuple[list[int], ...],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """`request_finished` with a table per KV cache group: the same answer, for every group."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
+
     def reset_cache(self) -> bool | None:
         """None (not supported): the directory may be shared with other engines."""
         return None
@@ -230,29 +245,59 @@ class ExampleConnector(KVConnectorBase):
 
     # ---- worker side ------------------------------------------------------------------------
 
+    def register_kv_caches(self, kv_cache: torch.Tensor, spec: KVCacheSpec) -> None:
+        """Keeps the group layout and the model's layer count (a pool block holds one group's
+        layers, so the pool's second dimension counts slots, not layers)."""
+        self._layout = EntryLayout.of(spec)
+        self._num_layers = spec.num_layers
+
     def start_load_kv(self, ctx: ForwardContext) -> None:
-        """Loads this step's hits, every layer, before the forward. A load that fails (entry gone,
-        torn, other shape) writes nothing and reports its blocks as load errors (recomputed)."""
+        """Loads this step's hits, every layer into its group's blocks, before the forward. A load
+        that fails (entry gone, torn, other shape) writes nothing and reports its blocks as load
+        errors (recomputed)."""
         for load in self._meta().loads:
             try:
-                layers = storage.read_entry(self.root, load.key, load.num_tokens, ctx.kv_cache)
+                writes = self._read_load(load, ctx.kv_cache)
             except Exception:  # any unreadable entry is a miss, never wrong KV
                 logger.warning("ExampleConnector: loading entry %s for request %s failed",
                                load.key, load.req_id, exc_info=True)
                 self._load_errors.update(load.block_ids)
                 self._count("num_load_errors")
                 continue
-            for i, data in enumerate(layers):
-                storage.scatter(ctx.kv_cache[:, i], load.block_ids, data[load.start_token:])
+            for slot, block_ids, data in writes:
+                storage.scatter(ctx.kv_cache[:, slot], block_ids, data)
             self._count("num_loaded_tokens", load.num_tokens - load.start_token)
+
+    def _read_load(self, load: EntryTransfer, kv_cache: torch.Tensor,
+                   ) -> list[tuple[int, tuple[int, ...], torch.Tensor]]:
+        """Per layer (slot, blocks, tokens to write there), all read and checked before anything
+        is written. Raises if the entry cannot supply a span exactly."""
+        bs = kv_cache.shape[3]
+        layer_tokens = self._layout.layer_tokens(self._model_layers(kv_cache), load.num_tokens, bs)
+        layers = storage.read_entry(self.root, load.key, layer_tokens, kv_cache)
+        writes = []
+        for i, data in enumerate(layers):
+            group, slot = self._layout.place(i)
+            span = load.spans[group]
+            # The file holds the layer's last layer_tokens[i] tokens; the span starts inside them.
+            skip = span.start_token - (load.num_tokens - layer_tokens[i])
+            if skip < 0 or len(data) - skip != len(span.block_ids) * bs:
+                raise ValueError(f"layer {i} holds tokens from {load.num_tokens - len(data)}, "
+                                 f"the load needs {len(span.block_ids)} blocks from "
+                                 f"{span.start_token}")
+            writes.append((slot, span.block_ids, data[skip:]))
+        return writes
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """No-op: start_load_kv loaded every layer already."""
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
         """Writes this layer of each store into the entry's hidden directory and renames it into
-        place after the last layer. A failed write drops the store (a later miss), not the step."""
-        num_layers = ctx.kv_cache.shape[1]
+        place after the last layer. A failed write drops the store (a later miss), not the step.
+        A layer writes the tokens its group's span holds (a sliding-window layer: its window)."""
+        num_layers = self._model_layers(ctx.kv_cache)
+        # Without groups every layer follows the one table (and any name will do, as before).
+        group = self._layout.place(layer_index(layer_name))[0] if self._layout.groups else 0
         for store in self._meta().stores:
             staged = self._staged.setdefault(
                 store.req_id, _Staged(storage.new_tmp_dir(self.root, store.key)))
@@ -266,12 +311,12 @@ class ExampleConnector(KVConnectorBase):
                 continue
             try:
                 # (num_tokens, 2, num_kv_heads, head_dim)
-                data = storage.gather(kv_layer, store.block_ids)
+                data = storage.gather(kv_layer, store.spans[group].block_ids)
                 storage.write_layer(staged.tmp_dir, layer_name, data)
                 staged.num_layers_written += 1
                 if staged.num_layers_written == num_layers:
                     storage.publish(self.root, store.key, staged.tmp_dir, store.num_tokens,
-                                    ctx.kv_cache)
+                                    num_layers, ctx.kv_cache)
                     self._count("num_stored_tokens", store.num_tokens)
             except Exception:  # a full disk must not fail the step: the entry just misses
                 logger.warning("ExampleConnector: storing entry %s for request %s failed",
@@ -308,6 +353,10 @@ class ExampleConnector(KVConnectorBase):
                                "discarded", rid, staged.num_layers_written)
                 shutil.rmtree(staged.tmp_dir, ignore_errors=True)
         self._staged.clear()
+
+    def _model_layers(self, kv_cache: torch.Tensor) -> int:
+        # A worker never given the spec (driven by hand) sees a pool of one group: slot = layer.
+        return self._num_layers if self._num_layers is not None else kv_cache.shape[1]
 
     def _meta(self) -> ExampleConnectorMetadata:
         meta = self._get_connector_metadata()

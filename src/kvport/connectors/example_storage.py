@@ -1,6 +1,8 @@
 """ExampleConnector's entries on disk: one directory per stored prompt prefix.
 
     <root>/<key>/layers.<i>.safetensors  tensor "kv_cache": (num_tokens, 2, num_kv_heads, head_dim)
+                                         (with KV cache groups a sliding-window layer holds only
+                                         its window's last tokens: example_layout)
     <root>/<key>/manifest.json           format, num_tokens, num_layers, kv_heads, head_dim, dtype
 
 An entry is written into a hidden `<root>/.tmp-*` directory and renamed into place once complete,
@@ -15,6 +17,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,20 +47,23 @@ def read_manifest(root: str, key: str) -> dict[str, Any] | None:
     return manifest if manifest.get("format") == FORMAT and complete else None
 
 
-def read_entry(root: str, key: str, num_tokens: int, kv_cache: torch.Tensor) -> list[torch.Tensor]:
-    """Every layer of the entry, checked against the pool (num_blocks, num_layers, 2, block_size,
-    num_kv_heads, head_dim). Raises (FileNotFoundError, ValueError, safetensors errors) if the
-    entry is incomplete or of another shape or dtype; reads everything before returning anything."""
-    _, num_layers, _, _, num_kv_heads, head_dim = kv_cache.shape
+def read_entry(root: str, key: str, layer_tokens: Sequence[int],
+               kv_cache: torch.Tensor) -> list[torch.Tensor]:
+    """Every layer of the entry, layer i holding its last `layer_tokens[i]` tokens (all of them
+    without KV cache groups: kvport.connectors.example_layout), checked against the pool's heads,
+    head size and dtype. Raises (FileNotFoundError, ValueError, safetensors errors) if the entry
+    is incomplete or of another shape or dtype; reads everything before returning anything."""
+    num_layers = len(layer_tokens)
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
     manifest = read_manifest(root, key)
     if manifest is None or manifest["num_layers"] != num_layers:
         raise FileNotFoundError(f"entry {os.path.join(root, key)} is incomplete or not for "
                                 f"{num_layers} layers (manifest {manifest})")
-    expected = (num_tokens, 2, num_kv_heads, head_dim)
     layers = []
     for i in range(num_layers):
         path = layer_path(os.path.join(root, key), i)
         data = load_file(path)[TENSOR_NAME]
+        expected = (layer_tokens[i], 2, num_kv_heads, head_dim)
         if tuple(data.shape) != expected or data.dtype != kv_cache.dtype:
             raise ValueError(f"{path} holds {tuple(data.shape)} {data.dtype}, expected "
                              f"{expected} {kv_cache.dtype}")
@@ -75,9 +81,11 @@ def write_layer(tmp_dir: str, name: str, data: torch.Tensor) -> None:
     save_file({TENSOR_NAME: data.contiguous()}, os.path.join(tmp_dir, f"{name}.safetensors"))
 
 
-def publish(root: str, key: str, tmp_dir: str, num_tokens: int, kv_cache: torch.Tensor) -> None:
-    """Write the manifest into `tmp_dir` (holding every layer) and rename it to `<root>/<key>`."""
-    _, num_layers, _, _, num_kv_heads, head_dim = kv_cache.shape
+def publish(root: str, key: str, tmp_dir: str, num_tokens: int, num_layers: int,
+            kv_cache: torch.Tensor) -> None:
+    """Write the manifest into `tmp_dir` (holding every layer) and rename it to `<root>/<key>`.
+    `num_layers`: the model's (a pool block holds fewer with KV cache groups)."""
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
     manifest = {"format": FORMAT, "num_tokens": num_tokens, "num_layers": num_layers,
                 "num_kv_heads": num_kv_heads, "head_dim": head_dim,
                 "dtype": str(kv_cache.dtype).removeprefix("torch.")}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvport.config import KVTransferConfig
 from kvport.connectors.base import KVConnectorBase, KVConnectorRole
+from kvport.connectors.hma import supports_hma
 
 if TYPE_CHECKING:
     from kvport.trace.events import TraceHeader
@@ -51,6 +52,20 @@ def get_connector_class(config: KVTransferConfig) -> type[KVConnectorBase]:
     return cls
 
 
+def connector_class_for(config: KVTransferConfig) -> type[KVConnectorBase]:
+    """The class `create_connector` builds for `config`: the registered (or module path) class,
+    or the variant its `class_for_config` picks for this config (HMAMultiConnector for a
+    MultiConnector whose children all handle KV cache groups)."""
+    return get_connector_class(config).class_for_config(config)
+
+
+def config_supports_hma(config: KVTransferConfig) -> bool:
+    """Whether the connector `config` builds is SupportsHMA, known before it is built: the engine
+    keeps a hybrid model's KV cache groups only then (kvport.engine.executor.engine_kv_groups).
+    The instance agrees: both come from `connector_class_for`."""
+    return supports_hma(connector_class_for(config))
+
+
 def create_connector(config: KVTransferConfig, role: KVConnectorRole,
                      header: TraceHeader | None = None) -> KVConnectorBase:
     """Build the connector half for `role`; wrapped in a trace recorder if the config asks.
@@ -58,7 +73,7 @@ def create_connector(config: KVTransferConfig, role: KVConnectorRole,
     `header`: the building engine's TraceHeader, which that recorder writes first. A connector
     class whose constructor takes a `header` keyword builds connectors of its own
     (MultiConnector): it gets the header to pass on to their create_connector."""
-    cls = get_connector_class(config)
+    cls = connector_class_for(config)
     if "header" in inspect.signature(cls).parameters:
         connector = cls(config, role, header=header)  # type: ignore[call-arg]
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 from kvport.connectors.views import RequestView
@@ -28,3 +29,13 @@ def supports_hma(connector: object) -> bool:
     """Whether a connector (instance or class) handles several KV cache groups."""
     cls = connector if isinstance(connector, type) else type(connector)
     return issubclass(cls, SupportsHMA)
+
+
+def group_tables(block_ids: Sequence[int] | Sequence[Sequence[int]]) -> tuple[list[int], ...]:
+    """A block table per KV cache group, copied, from what an engine hands a connector: a tuple
+    of tables (a SupportsHMA connector, one per group even for a single group) or one flat table
+    (a connector without SupportsHMA, or an engine that knows one group, such as kvport.vllm's
+    adapter). An empty flat table is one empty group."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return tuple(list(table) for table in block_ids)  # type: ignore[arg-type]
+    return (list(block_ids),)  # type: ignore[arg-type]

@@ -11,6 +11,12 @@
   the first error is raised after the last child, and completions (and worker metadata) gathered
   by a call that raised are carried into the next step, never lost.
 
+KV cache groups: HMAMultiConnector, the class the factory builds when every child's config builds
+a SupportsHMA connector (vLLM's rule; MultiConnector.class_for_config), is SupportsHMA too: the
+engine keeps a hybrid model's groups and every child gets the tables per group, and finishes
+through request_finished_all_groups. With any other child the engine keeps one group and every
+child gets one table, HMA or not.
+
 NOTE: a finished request's savers ride in the metadata of the step whose `finished_req_ids` first
 names it, bound before any child can report the request; an async load's owner rides in the step
 that allocated the load (records: kvport.connectors.multi_metadata).
@@ -21,13 +27,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from kvport.connectors.base import (
     ForwardContext, KVCacheEvent, KVCacheSpec, KVConnectorBase, KVConnectorMetadata,
     KVConnectorOutput, KVConnectorRole,
 )
-from kvport.connectors.factory import create_connector, parse_extra_config
+from kvport.connectors.factory import config_supports_hma, create_connector, parse_extra_config
+from kvport.connectors.hma import SupportsHMA, supports_hma
 from kvport.connectors.multi_metadata import (
     MultiConnectorConfig, MultiConnectorMetadata, MultiConnectorWorkerMetadata,
 )
@@ -51,6 +58,12 @@ class MultiConnector(KVConnectorBase):
         """`header`: the engine's trace header, for the recorders among the children."""
         super().__init__(config, role)
         children = parse_extra_config(MultiConnectorConfig, config).child_configs()
+        if supports_hma(self) and not all(config_supports_hma(c) for c in children):
+            # It would hand tables per group to a child that reads one (class_for_config
+            # never builds this; a subclass that declares SupportsHMA might). Checked before
+            # any child exists, so none is left running.
+            raise ValueError(f"{type(self).__name__} is SupportsHMA, but not every child is: "
+                             f"{[c.kv_connector for c in children]}")
         self.connectors = tuple(create_connector(c, role, header) for c in children)  # config order
         self._names = tuple(f"{i}.{c.kv_connector}" for i, c in enumerate(children))
         # scheduler side
@@ -68,6 +81,17 @@ class MultiConnector(KVConnectorBase):
         self._carried: tuple[set[str], set[str]] = (set(), set())  # accepted, not yet returned
         self._carried_meta: MultiConnectorWorkerMetadata | None = None
         self._num_dropped = {"finished_recving": 0, "finished_sending": 0}  # since last stats
+
+    @classmethod
+    def class_for_config(cls, config: KVTransferConfig) -> type[KVConnectorBase]:
+        """HMAMultiConnector if every child's config builds a SupportsHMA connector, else
+        MultiConnector (vLLM's rule: one child that reads one block table makes the engine keep
+        one KV cache group for all of them). A subclass is built as it is declared."""
+        if cls not in (MultiConnector, HMAMultiConnector):
+            return cls
+        children = parse_extra_config(MultiConnectorConfig, config).child_configs()
+        return HMAMultiConnector if all(config_supports_hma(c) for c in children) \
+            else MultiConnector
 
     def trace_step(self, step: int) -> None:
         """Forwarded to every child (a recording child stamps its lines with it)."""
@@ -201,9 +225,11 @@ class MultiConnector(KVConnectorBase):
         return 0, False
 
     def update_state_after_alloc(
-        self, request: RequestView, block_ids: list[int], num_external_tokens: int
+        self, request: RequestView, block_ids: list[int] | tuple[list[int], ...],
+        num_external_tokens: int,
     ) -> None:
-        """Every child gets the real blocks; only the load's owner gets the external tokens."""
+        """Every child gets the real blocks, a copy of its own in the form the engine handed them
+        (a table per group, or one); only the load's owner gets the external tokens."""
         match = self._matched.pop(request.request_id, None)
         if num_external_tokens > 0 and match is None:
             raise RuntimeError(f"MultiConnector: {request.request_id} was allocated "
@@ -215,7 +241,7 @@ class MultiConnector(KVConnectorBase):
             self._new_async_loads[request.request_id] = owner
             self._pending_recv[request.request_id] = owner
         self._each("update_state_after_alloc", lambda i, c: c.update_state_after_alloc(
-            request, list(block_ids), num_external_tokens if i == owner else 0))
+            request, _copy_tables(block_ids), num_external_tokens if i == owner else 0))
 
     def get_external_cache_hit_sources(self, request: RequestView,
                                        num_external_tokens: int) -> dict[str, int]:
@@ -267,11 +293,18 @@ class MultiConnector(KVConnectorBase):
         (a key returned by two children raises ValueError). A child that raises counts as not
         keeping them; its error is raised only if no other child keeps them, because raising
         would free blocks that another child still reads."""
+        return self._finished(request, "request_finished",
+                              lambda i, c: c.request_finished(request, list(block_ids)))
+
+    def _finished(
+        self, request: RequestView, hook: str,
+        call: Callable[[int, KVConnectorBase], tuple[bool, dict[str, Any] | None]],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """request_finished or request_finished_all_groups (`call`) of every child, combined."""
         rid = request.request_id
         self._matched.pop(rid, None)
         self._hit_owner.pop(rid, None)
-        answers, error = self._call_all("request_finished",
-                                        lambda i, c: c.request_finished(request, list(block_ids)))
+        answers, error = self._call_all(hook, call)
         savers = tuple(i for i, (keep, _) in answers.items() if keep)
         if savers:
             self._new_savers[rid] = self._pending_send[rid] = savers
@@ -336,3 +369,26 @@ class MultiConnector(KVConnectorBase):
         # Late, duplicate or foreign completions are no-ops with a counter, never a double free.
         logger.warning("MultiConnector: dropped %s of %s from %s", kind, req_id, self._names[child])
         self._num_dropped[kind] += 1
+
+
+class HMAMultiConnector(MultiConnector, SupportsHMA):
+    """A MultiConnector whose children are all SupportsHMA, and so is it: the engine keeps a
+    hybrid model's KV cache groups and every child gets the block tables per group (the step's
+    view is handed on as it is). Built by the factory (MultiConnector.class_for_config)."""
+
+    def request_finished_all_groups(
+        self, request: RequestView, block_ids: tuple[list[int], ...],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """request_finished_all_groups of every child, combined as request_finished combines."""
+        return self._finished(
+            request, "request_finished_all_groups",
+            lambda i, c: cast(SupportsHMA, c).request_finished_all_groups(
+                request, _copy_tables(block_ids)))
+
+
+def _copy_tables(block_ids: Any) -> Any:
+    """A child's own copy of a block table, or of a tuple of tables (one per KV cache group):
+    a child that keeps and grows a table must not grow another child's."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return tuple(list(table) for table in block_ids)
+    return list(block_ids)

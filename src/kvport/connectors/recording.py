@@ -35,6 +35,7 @@ from kvport.connectors.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from kvport.connectors.factory import connector_class_for
 from kvport.connectors.hma import SupportsHMA, supports_hma
 from kvport.connectors.views import RequestView, SchedulerOutputView
 from kvport.trace.fields import (
@@ -73,6 +74,12 @@ class RecordingConnector(KVConnectorBase):
 
     def __repr__(self) -> str:
         return f"RecordingConnector({self._inner!r}, {self._writer.path!r})"
+
+    @classmethod
+    def class_for_config(cls, config: KVTransferConfig) -> type[KVConnectorBase]:
+        """Not a call on a connector, so not recorded: the factory asks the class it builds for
+        `config` and wraps the connector built; that class is the answer here too."""
+        return connector_class_for(config)
 
     @property
     def inner(self) -> KVConnectorBase:

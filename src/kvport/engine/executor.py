@@ -22,9 +22,8 @@ from typing import Any
 
 from kvport.config import EngineConfig
 from kvport.connectors.base import KVConnectorRole
-from kvport.connectors.hma import supports_hma
 from kvport.connectors.driver import KVConnectorDriver
-from kvport.connectors.factory import get_connector_class
+from kvport.connectors.factory import config_supports_hma
 from kvport.engine.connector_setup import create_engine_connector
 from kvport.engine.hashing import engine_hash_root
 from kvport.engine.runner import ModelRunner
@@ -84,9 +83,11 @@ def engine_kv_groups(config: EngineConfig, model_config: ModelConfig) -> tuple[K
     """The KV cache groups the engine keeps. With a KV connector that is not SupportsHMA, one
     group of every layer (it reads one block table; vLLM turns its hybrid allocator off the same
     way): sliding layers still attend within their window, but keep every block. Otherwise the
-    model's groups (kvport.model.kv_groups), so sliding layers free what left their window."""
+    model's groups (kvport.model.kv_groups), so sliding layers free what left their window.
+    Asked of the config (the connector is built later): a MultiConnector is SupportsHMA only
+    when every child is."""
     ktc = config.kv_transfer_config
-    if ktc is not None and not supports_hma(get_connector_class(ktc)):
+    if ktc is not None and not config_supports_hma(ktc):
         return (KVCacheGroup(tuple(range(model_config.num_hidden_layers)), None),)
     return kv_cache_groups(model_config)
 
