@@ -111,7 +111,7 @@ MUTANTS: list[Mutant] = [
         "a hit promotes at most as many disk blocks as the host tier could free"),
     Mutant(
         "store-room", "src/kvport/connectors/offloading/scheduler/stores.py",
-        "        end = min(end, st.next_store_idx + room)\n",
+        "            end = min(end, first + room)\n",
         "",
         (f"{ENGINE}::test_a_hit_larger_than_the_host_tier_promotes_what_fits",),
         "a run longer than the host tier is stored a part per step, not refused forever"),

@@ -26,9 +26,15 @@ MUTANTS: list[Mutant] = [
          f"{HYBRID}::test_every_group_comes_back_after_a_reset"),
         "a sliding group stores only the windows before boundaries a hit may use"),
     Mutant(
+        "sliding-stores-at-the-junction", "src/kvport/connectors/offloading/geometry.py",
+        "        if junction is not None and i < junction <= last:\n",
+        "        if False:\n",
+        (f"{HYBRID}::test_a_shared_prefix_hits_where_the_windows_were_stored",),
+        "a prompt that met a stored prefix stores its sliding windows there (the next hits it)"),
+    Mutant(
         "sliding-stores-only-held-blocks", "src/kvport/connectors/offloading/scheduler/stores.py",
-        "                     if i >= held[group] and g.worth_storing(group, i, req.num_prompt_tokens)]\n",
-        "                     if g.worth_storing(group, i, req.num_prompt_tokens)]\n",
+        "                     if i >= held[group]\n",
+        "                     if True\n",
         (f"{SCHED}::test_a_deferred_store_skips_blocks_the_window_left",),
         "a store never reads a sliding block the engine freed (it may hold another request's KV)"),
     Mutant(

@@ -115,15 +115,22 @@ def test_a_shared_prefix_hits_where_the_windows_were_stored(
         hybrid_reference: list[list[int]], interval: int | None, hit_blocks: int) -> None:
     # The pair shares 150 tokens (9 whole blocks). The second prompt's hit ends where every
     # sliding group holds the window: every block (interval 0), the last multiple of 4 blocks
-    # (interval 64), or nowhere inside the shared prefix (the default, 12 blocks).
+    # (interval 64), or nowhere inside the shared prefix (the default, 12 blocks). Either way
+    # the second prompt met the first at block 9 (the junction) and stores the windows there:
+    # a third prompt with the prefix hits all 9 blocks.
     extra = {} if interval is None else {"sliding_store_interval": interval}
     llm = gemma(extra)
     prompts = hybrid_prompts()
+    third = prompts[0][:150] + [(t * 7 + 5) % 250 + 3 for t in range(40)]
     first, _ = _one_by_one(llm, prompts[:1])
     llm.reset_prefix_cache()
     second, cached = _one_by_one(llm, prompts[1:2])
     assert first + second == hybrid_reference[:2]
     assert cached == [hit_blocks * BLOCK]
+    llm.reset_prefix_cache()
+    expected, _ = _one_by_one(gemma(enable_prefix_caching=False), [third])
+    tokens, cached = _one_by_one(llm, [third])
+    assert tokens == expected and cached == [9 * BLOCK]
     finish(llm)
 
 

@@ -18,8 +18,8 @@ MUTANTS: list[Mutant] = [
         "a request whose load failed is not offered it again (vLLM would retry it forever)"),
     Mutant(
         "vllm-worker-waits-for-sync-loads", "src/kvport/vllm/storage.py",
-        "                        caches_failed_sync_loads=True)\n",
-        "                        caches_failed_sync_loads=False)\n",
+        "                        caches_failed_sync_loads=True,\n",
+        "                        caches_failed_sync_loads=False,\n",
         (f"{VLLM_IDENTITY}::test_a_shared_tier_sets_vllms_load_failure_policy_to_recompute",),
         "inside vLLM synchronous loads are waited for (vLLM keeps a failed one's blocks)"),
     # ---- model identity (vllm/identity.py), shared tiers and the failure policy ----------------

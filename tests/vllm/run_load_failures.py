@@ -1,4 +1,5 @@
-"""Real vLLM (the CPU build, SmolLM2-135M in float32, in this process) with kvport's
+"""Real vLLM (the CPU build, SmolLM2-135M in float32, or another builtin (`model`), in this
+process) with kvport's
 OffloadingConnector (host tier) whose host -> engine copies fail at random blocks
 (load_faults.py), for one kv_load_failure_policy and one kind of load (sync or async); prints
 one JSON object. Run by the engine pool (engine_worker.py, kind "load_failures").
@@ -57,8 +58,9 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
            "kv_role": "kv_both", "kv_load_failure_policy": policy,
            "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20,
                                          "sync_host_loads": sync}}
-    llm = LLM(model=str(builtin_model_dir("smollm2-135m")), dtype="float32", enforce_eager=True,
-              max_model_len=1024, max_num_seqs=NUM_PROMPTS, seed=0, kv_transfer_config=ktc)
+    llm = LLM(model=str(builtin_model_dir(cfg.get("model", "smollm2-135m"))), dtype="float32",
+              enforce_eager=True, max_model_len=cfg.get("max_model_len", 1024),
+              max_num_seqs=NUM_PROMPTS, seed=0, kv_transfer_config=ktc)
     params = SamplingParams(max_tokens=4, temperature=0.0, logprobs=1, ignore_eos=True)
     texts = prompts()
     reference = _round(llm.generate(texts, params, use_tqdm=False))
@@ -114,6 +116,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         "failed_requests": sorted(faults.failed_requests),
         "num_failed_blocks": faults.num_failed_blocks,
         "stats": vars(connector.scheduler_half.stats).copy(),
+        "num_kv_groups": len(scheduler.kv_cache_config.kv_cache_groups),
         "leaks": {"requests": len(scheduler.requests),
                   "referenced_blocks": sum(b.ref_cnt > 0 for b in pool.blocks),
                   "worker_loads": worker.num_in_flight},

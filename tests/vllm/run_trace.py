@@ -1,9 +1,10 @@
-"""Run vLLM's CPU build in this process on SmolLM2-135M (float32) with a given kv_transfer_config
-(or none), over a workload of token-id prompts for a few rounds (vLLM's prefix cache dropped
-between rounds), and print one JSON object: per round the token ids and logprobs, the
-preemptions vLLM's scheduler reported, and what the test asks to know of the engine. The trace
-tests run it as a subprocess (one vLLM engine per process). Its directory is on sys.path, so
-test connectors in trace_connectors.py load with kv_connector_module_path "trace_connectors".
+"""Run vLLM's CPU build in this process on SmolLM2-135M (float32; or another builtin, `model`)
+with a given kv_transfer_config (or none), over a workload of token-id prompts for a few rounds
+(vLLM's prefix cache dropped between rounds), and print one JSON object: per round the token
+ids and logprobs, the preemptions vLLM's scheduler reported, and what the test asks to know of
+the engine. The trace tests run it as a subprocess (one vLLM engine per process). Its directory
+is on sys.path, so test connectors in trace_connectors.py load with kv_connector_module_path
+"trace_connectors".
 
     python run_trace.py '{"kv_transfer_config": {...}, "prompts": [[...], ...], "rounds": 2}'
 """
@@ -30,8 +31,9 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(cfg.get("llm_kwargs") or {})
     if cfg.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = cfg["kv_transfer_config"]
-    llm = LLM(model=str(builtin_model_dir("smollm2-135m")), dtype="float32", enforce_eager=True,
-              max_model_len=1024, max_num_seqs=cfg.get("max_num_seqs", 4), seed=0,
+    llm = LLM(model=str(builtin_model_dir(cfg.get("model", "smollm2-135m"))), dtype="float32",
+              enforce_eager=True, max_model_len=cfg.get("max_model_len", 1024),
+              max_num_seqs=cfg.get("max_num_seqs", 4), seed=0,
               max_num_batched_tokens=cfg.get("max_num_batched_tokens", 4096), **kwargs)
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     preemptions: list[int] = []  # per schedule() call, requests it preempted
@@ -49,6 +51,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         "connector": type(scheduler.connector).__name__ if scheduler.connector else None,
+        "num_kv_groups": len(scheduler.kv_cache_config.kv_cache_groups),
         "rounds": []}
     try:
         for _ in range(cfg.get("rounds", 1)):
@@ -68,6 +71,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()[-3000:]
     result["preemptions"] = sum(preemptions)
+    if cfg.get("trace"):
+        result["trace"] = cfg["trace"]
     result["preempted_steps"] = [step for step, n in enumerate(preemptions) if n]
     result["steps"] = len(preemptions)
     if "error" not in result:

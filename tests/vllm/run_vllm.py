@@ -1,4 +1,5 @@
-"""Run vLLM's CPU build in this process on SmolLM2-135M (float32), with or without kvport's
+"""Run vLLM's CPU build in this process on SmolLM2-135M (float32; or another builtin, `model`:
+tiny-gemma3, a hybrid model of three KV cache groups), with or without kvport's
 OffloadingConnector, for a few rounds of the same prompts (the engine's prefix cache dropped
 between rounds), and print one JSON object: per round the token ids, logprobs and cached token
 counts, and kvport's connector statistics. The end-to-end tests run it as a subprocess (one
@@ -55,13 +56,19 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     from kvport.model.builtin import builtin_model_dir
 
     kwargs: dict[str, Any] = {}
-    if cfg.get("connector"):
+    if cfg.get("example_dir"):  # kvport's ExampleConnector instead
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "ExampleConnector", "kv_connector_module_path": "kvport.vllm",
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"shared_storage_path": cfg["example_dir"]}}
+    elif cfg.get("connector"):
         kwargs["kv_transfer_config"] = offloading_config(
             cfg.get("disk_dir"), cfg.get("redis_url"), cfg.get("kv_role", "kv_both"))
     if cfg.get("num_gpu_blocks_override"):
         kwargs["num_gpu_blocks_override"] = cfg["num_gpu_blocks_override"]
-    llm = LLM(model=str(builtin_model_dir("smollm2-135m")), dtype="float32", enforce_eager=True,
-              max_model_len=1024, max_num_seqs=cfg.get("max_num_seqs", 4), seed=0, **kwargs)
+    llm = LLM(model=str(builtin_model_dir(cfg.get("model", "smollm2-135m"))), dtype="float32",
+              enforce_eager=True, max_model_len=cfg.get("max_model_len", 1024),
+              max_num_seqs=cfg.get("max_num_seqs", 4), seed=0, **kwargs)
     preemptions = 0
     if cfg.get("connector"):  # count the preemptions the scheduler reports to the connector
         connector = connector_of(llm)
@@ -76,6 +83,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(max_tokens=cfg.get("max_tokens", 8), temperature=0.0, logprobs=1,
                             ignore_eos=True)
     prompts = [PREFIX + q for q in QUESTIONS[:cfg.get("num_prompts", 3)]]
+    if cfg.get("short"):  # a sentence each: no prefix shared, long decodes grow them
+        prompts = [f"Prompt {i}.{q}" for i, q in enumerate(QUESTIONS[:cfg.get("num_prompts", 3)])]
     rounds = []
     for _ in range(cfg.get("rounds", 1)):
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -87,8 +96,12 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
             "num_cached_tokens": [o.num_cached_tokens for o in outs],
         })
         llm.reset_prefix_cache()
-    result: dict[str, Any] = {"rounds": rounds, "preemptions": preemptions}
-    if cfg.get("connector"):
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    result: dict[str, Any] = {
+        "rounds": rounds, "preemptions": preemptions,
+        "num_kv_groups": len(scheduler.kv_cache_config.kv_cache_groups),
+        "prompt_lens": [len(llm.get_tokenizer().encode(p)) for p in prompts]}
+    if cfg.get("connector") and not cfg.get("example_dir"):
         connector = connector_of(llm)
         result["stats"] = vars(connector.scheduler_half.stats).copy()
         result["metrics"] = plain_data(connector.scheduler_half.metrics())

@@ -32,12 +32,11 @@ DELIBERATELY_INHERITED = {
     "get_loaded_kv_cache_group_ids": "a hash-addressed store: the prefix-cacheable groups",
     "get_mem_pool_context": "the KV caches live in vLLM's own memory pool",
     "get_required_kvcache_layout": "any layout with blocks first (or K/V, then blocks) works",
-    "get_transfer_results": "the default wraps get_finished; failed loads are load errors",
     "has_pending_block_frees": "inside vLLM stores end in their step: no block is held",
     "register_finished_partial_tail": "only full blocks are offloaded",
     "requires_piecewise_for_cudagraph": "the per-layer hooks do nothing",
     "role": "the base's property",
-    "supports_divergent_local_hybrid_hits": "one KV cache group only",
+    "supports_divergent_local_hybrid_hits": "no recurrent (state-space) groups are offloaded",
     "unregister_kv_caches": "vLLM >= 0.33, sleep mode only, which kvport declines",
     "restore_kv_caches": "likewise",
 }

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from kvport.bench.hybrid import cli as hybrid_cli
 from kvport.bench.overhead import cli as overhead_cli
 from kvport.bench.soak import cli as soak_cli
 from kvport.bench.throughput import cli as throughput_cli
@@ -26,6 +27,7 @@ def add_bench_parser(subparsers: Any) -> None:
     transfer_cli.add_parser(commands)
     workload_cli.add_parsers(commands)
     soak_cli.add_parser(commands)
+    hybrid_cli.add_parser(commands)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,6 +113,10 @@ class EngineInfo:
     # A synchronous load whose blocks failed keeps them in the engine's prefix cache until the
     # request recomputes them (vLLM 0.32): such a load must not fail for being slow.
     caches_failed_sync_loads: bool = False
+    # A failed load is taken per request, not per block (vLLM 0.32 with several KV cache
+    # groups): the engine recomputes or fails the whole request, and cannot take the failure of
+    # a synchronous load (so every load must be asynchronous).
+    load_failures_per_request: bool = False
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,11 @@ class KVConnectorBase(ABC):
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Worker, every step after get_finished: pool blocks that a load failed to fill. For an
         async load, no later than the step that reports the request in finished_recving."""
+        return set()
+
+    def get_failed_load_req_ids(self) -> set[str]:
+        """Worker, with get_block_ids_with_load_errors: the requests of those blocks (for an
+        engine that takes load failures per request, EngineInfo.load_failures_per_request)."""
         return set()
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:

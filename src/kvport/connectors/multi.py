@@ -167,6 +167,10 @@ class MultiConnector(KVConnectorBase):
                              lambda i, c: c.get_block_ids_with_load_errors())
         return set().union(*results)
 
+    def get_failed_load_req_ids(self) -> set[str]:
+        return set().union(*self._each("get_failed_load_req_ids",
+                                       lambda i, c: c.get_failed_load_req_ids()))
+
     def build_connector_worker_meta(self) -> MultiConnectorWorkerMetadata | None:
         """One element per child (None where a child has nothing); None if no child has any."""
         results, error = self._call_all("build_connector_worker_meta",

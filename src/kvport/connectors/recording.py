@@ -146,6 +146,10 @@ class RecordingConnector(KVConnectorBase):
         return self._writer.call("get_block_ids_with_load_errors",
                                  self._inner.get_block_ids_with_load_errors, summary=sorted)
 
+    def get_failed_load_req_ids(self) -> set[str]:
+        # the requests of the blocks get_block_ids_with_load_errors reported: unrecorded
+        return self._inner.get_failed_load_req_ids()
+
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         return self._writer.call("build_connector_worker_meta",
                                  self._inner.build_connector_worker_meta)

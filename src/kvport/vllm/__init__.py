@@ -10,6 +10,7 @@ NoOpConnector, each with its kvport `kv_connector_extra_config`.
         "kv_connector_module_path": "kvport.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"record_trace": "trace.jsonl",
             "connector": {"kv_connector": "ExampleConnector"}}}'
+    # a SupportsHMA connector on a hybrid model, its KV cache groups kept: HMARecordingConnector
 
 vLLM imports this module and asks it for the class named in `kv_connector`. Importing it needs
 no vLLM; asking for a connector class imports vLLM lazily and checks its version (see compat).
@@ -21,7 +22,8 @@ from typing import Any
 
 # kvport's connectors (connector.py), and the recorder of any vLLM connector (recording.py)
 CONNECTORS = ("OffloadingConnector", "ExampleConnector", "MultiConnector", "NoOpConnector")
-__all__ = [*CONNECTORS, "RecordingConnector"]
+RECORDERS = ("RecordingConnector", "HMARecordingConnector")
+__all__ = [*CONNECTORS, *RECORDERS]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,9 +31,9 @@ def __getattr__(name: str) -> Any:
         from kvport.vllm import connector
 
         return getattr(connector, name)
-    if name == "RecordingConnector":
-        from kvport.vllm.recording import RecordingConnector
+    if name in RECORDERS:
+        from kvport.vllm import recording
 
-        return RecordingConnector
+        return getattr(recording, name)
     raise AttributeError(f"module 'kvport.vllm' has no attribute {name!r}; its connectors: "
                          f"{__all__}")

@@ -26,7 +26,7 @@ What is translated, and where:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -36,9 +36,11 @@ from kvport.connectors.factory import create_connector
 from kvport.vllm.compat import require_vllm
 from kvport.vllm.events import hit_sources, vllm_events
 from kvport.vllm.metadata import VllmMetadata, VllmWorkerMetadata, inner_metadata
+from kvport.connectors.hma import SupportsHMA as SupportsHMAKvport
+from kvport.connectors.hma import supports_hma
+from kvport.vllm.groups import vllm_groups
 from kvport.vllm.objects import (
-    RequestAdapter, adapt_scheduler_output, group0, hashes_are_stable, kvport_view,
-    layer_indices,
+    RequestAdapter, adapt_scheduler_output, hashes_are_stable, kvport_view, tables,
 )
 from kvport.vllm.stats import (
     KvportPromMetrics, KvportStats, StatsDelta, flatten, offloading_metrics,
@@ -48,7 +50,8 @@ from kvport.vllm.storage import kvport_spec, recompute_failed_loads
 require_vllm()
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 
@@ -96,17 +99,18 @@ class KvportConnector(KVConnectorBase_V1):
             raise ValueError(f"{where}: pipeline parallelism (pipeline_parallel_size="
                              f"{parallel.pipeline_parallel_size}) is not supported; use tensor "
                              f"parallelism")
-        groups = kv_cache_config.kv_cache_groups
-        if len(groups) != 1:
-            raise ValueError(f"{where}: the model has {len(groups)} KV cache groups (a hybrid "
-                             f"model); kvport's connectors inside vLLM handle one")
-        self._group = groups[0]
-        self._block_size = self._group.kv_cache_spec.block_size
         is_scheduler = role == KVConnectorRole.SCHEDULER
         self.inner = create_connector(
             KVTransferConfig(self.kvport_name, kv_role=ktc.kv_role,
                              kv_connector_extra_config=extra),
             base.KVConnectorRole.SCHEDULER if is_scheduler else base.KVConnectorRole.WORKER)
+        num_groups = len(kv_cache_config.kv_cache_groups)
+        if num_groups != 1 and not (isinstance(self, SupportsHMA) and supports_hma(self.inner)):
+            raise ValueError(f"{where}: the model has {num_groups} KV cache groups (a hybrid "
+                             f"model) and this connector handles one; run vLLM with "
+                             f"--disable-hybrid-kv-cache-manager")
+        self._groups = vllm_groups(kv_cache_config, where)
+        self._block_size = self._groups.block_size
         shares = self.inner.shares_storage()
         if shares:
             algo = vllm_config.cache_config.prefix_caching_hash_algo
@@ -118,12 +122,12 @@ class KvportConnector(KVConnectorBase_V1):
                     f"--prefix-caching-hash-algo sha256 (vLLM's default) or set PYTHONHASHSEED")
             if is_scheduler:  # vLLM reads the policy right after this
                 recompute_failed_loads(ktc, where)
-        self._spec = kvport_spec(vllm_config, kv_cache_config, self._group,
+        self._spec = kvport_spec(vllm_config, kv_cache_config, self._groups,
                                  0 if is_scheduler else _tp_rank(),
                                  self.inner.storage_namespace(), shares, where)
         if is_scheduler:
             self.inner.set_kv_cache_spec(self._spec)
-        self._layers = layer_indices(self._group.layer_names)
+        self._layers = self._groups.layer_index
         self._kv_view: torch.Tensor | None = None  # set by register_kv_caches
         self._layer_views: list[torch.Tensor] = []
         self._ctx: base.ForwardContext | None = None  # the bound step's
@@ -155,8 +159,9 @@ class KvportConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
-        self.inner.update_state_after_alloc(self._view(request), group0(blocks.get_block_ids()),
-                                            num_external_tokens)
+        self.inner.update_state_after_alloc(
+            self._view(request), tables(blocks.get_block_ids(), self._groups.num_groups),
+            num_external_tokens)
 
     def get_external_cache_hit_sources(self, request: Request,
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
@@ -169,7 +174,7 @@ class KvportConnector(KVConnectorBase_V1):
         return sources
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> VllmMetadata:
-        view = adapt_scheduler_output(scheduler_output, self._step)
+        view = adapt_scheduler_output(scheduler_output, self._step, self._groups.num_groups)
         self._step += 1
         return VllmMetadata(self.inner.build_connector_meta(view), view.step,
                             view.num_scheduled_tokens)
@@ -187,6 +192,15 @@ class KvportConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.inner.request_finished(self._view(request), list(block_ids))
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """vLLM's call for a SupportsHMA connector (a subclass declares it where its kvport
+        connector does)."""
+        inner = cast(SupportsHMAKvport, self.inner)
+        return inner.request_finished_all_groups(self._view(request),
+                                                 tuple(list(ids) for ids in block_ids))
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         return vllm_events(self.inner.take_events(), self._block_size)
@@ -225,9 +239,10 @@ class KvportConnector(KVConnectorBase_V1):
     # ---- worker side -----------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        view = kvport_view(kv_caches, self._group.layer_names, self._spec.num_blocks)
+        view = kvport_view(kv_caches, self._groups.slot_layers, self._spec.num_blocks)
         self._kv_view = view
-        self._layer_views = [view[:, i] for i in range(view.shape[1])]
+        self._layer_views = [view[:, self._spec.layer_slot(i)]
+                             for i in range(self._spec.num_layers)]
         self.inner.register_kv_caches(view, self._spec)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
@@ -263,8 +278,20 @@ class KvportConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self.inner.get_finished(finished_req_ids)
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """get_finished, and with several KV cache groups the requests whose load failed
+        (vLLM 0.32 takes those per request only: it recomputes or fails the whole request)."""
+        sending, recving = self.inner.get_finished(finished_req_ids)
+        per_request = self._spec.engine.load_failures_per_request
+        failed = self.inner.get_failed_load_req_ids() if per_request else set()
+        return KVConnectorTransferResults(finished_sending=set(sending or ()),
+                                          finished_recving=set(recving or ()),
+                                          failed_recving=failed)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self.inner.get_block_ids_with_load_errors()
+        errors = self.inner.get_block_ids_with_load_errors()
+        # With several groups the failures went out per request (get_transfer_results).
+        return set() if self._spec.engine.load_failures_per_request else errors
 
     def build_connector_worker_meta(self) -> VllmWorkerMetadata | None:
         meta = self.inner.build_connector_worker_meta()
@@ -278,8 +305,9 @@ class KvportConnector(KVConnectorBase_V1):
         return self._ctx
 
 
-class OffloadingConnector(KvportConnector):
-    """kvport's OffloadingConnector (docs/offloading.md)."""
+class OffloadingConnector(KvportConnector, SupportsHMA):
+    """kvport's OffloadingConnector (docs/offloading.md). SupportsHMA: vLLM keeps a hybrid
+    model's KV cache groups, and each is offloaded (docs/offloading.md, "KV cache groups")."""
 
     kvport_name = "OffloadingConnector"
 
@@ -292,8 +320,9 @@ class OffloadingConnector(KvportConnector):
         return self.inner.worker_half  # type: ignore[attr-defined]
 
 
-class ExampleConnector(KvportConnector):
-    """kvport's ExampleConnector: each prompt's KV in files (docs/connectors.md)."""
+class ExampleConnector(KvportConnector, SupportsHMA):
+    """kvport's ExampleConnector: each prompt's KV in files (docs/connectors.md). SupportsHMA:
+    a sliding layer's file holds its window (connectors/example_layout.py)."""
 
     kvport_name = "ExampleConnector"
 

@@ -7,7 +7,8 @@ hands a connector and what kvport's connector core reads (kvport.connectors.view
     Request (request_id, prompt_token_ids,      RequestView (the same, plus the engine's
       num_tokens, num_computed_tokens,            block_size)
       block_hashes)
-    KVCacheBlocks.get_block_ids() -> (ids,)     block_ids: list[int] (one KV cache group)
+    KVCacheBlocks.get_block_ids() -> (ids,)     block_ids: list[int] (one KV cache group), or
+      (a tuple per group)                         a tuple of lists (SupportsHMA: every group)
     SchedulerOutput: scheduled_new_reqs with    SchedulerOutputView: new requests (full block
       block_ids per group; scheduled_cached_       table), cached ones (new blocks only);
       reqs as parallel lists, resumed ones         a resumed request counts as new: vLLM
@@ -78,14 +79,27 @@ def group0(block_ids: Sequence[Sequence[int]] | None) -> list[int]:
     return list(block_ids[0])
 
 
-def adapt_scheduler_output(so: Any, step: int) -> SchedulerOutputRecord:
-    new = [NewRequestRecord(r.req_id, group0(r.block_ids), r.num_computed_tokens)
+def tables(block_ids: Sequence[Sequence[int]] | None, num_groups: int,
+           ) -> list[int] | tuple[list[int], ...]:
+    """What a kvport connector reads: one group's block ids, or with several groups (a
+    SupportsHMA connector) a list per group (vLLM passes None for "no new blocks")."""
+    if num_groups == 1:
+        return group0(block_ids)
+    if not block_ids:
+        return tuple([] for _ in range(num_groups))
+    assert len(block_ids) == num_groups, f"{len(block_ids)} tables for {num_groups} groups"
+    return tuple(list(ids) for ids in block_ids)
+
+
+def adapt_scheduler_output(so: Any, step: int, num_groups: int = 1) -> SchedulerOutputRecord:
+    new = [NewRequestRecord(r.req_id, tables(r.block_ids, num_groups),  # type: ignore[arg-type]
+                            r.num_computed_tokens)
            for r in so.scheduled_new_reqs]
     cached: list[CachedRequestRecord] = []
     c = so.scheduled_cached_reqs
     resumed = set(getattr(c, "resumed_req_ids", ()) or ())
     for i, rid in enumerate(c.req_ids):
-        ids = group0(c.new_block_ids[i])
+        ids: Any = tables(c.new_block_ids[i], num_groups)
         if rid in resumed:  # resumed after a preemption: its whole block table
             new.append(NewRequestRecord(rid, ids, c.num_computed_tokens[i]))
         else:

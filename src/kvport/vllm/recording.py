@@ -53,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 if TYPE_CHECKING:
@@ -352,3 +353,18 @@ class RecordingConnector(KVConnectorBase_V1):
 
     def reset_cache(self) -> bool | None:
         return self._rec.call("reset_cache", self._inner.reset_cache, summary=_as_is)
+
+
+class HMARecordingConnector(RecordingConnector, SupportsHMA):
+    """The recorder of a connector that declares SupportsHMA, for a hybrid model: vLLM decides
+    from the configured class, before any connector exists, whether it keeps the model's KV
+    cache groups, so recording such a connector with its groups takes a class that declares it
+    too. vLLM's factory then refuses a recorded connector that does not."""
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        finish = self._inner.request_finished_all_groups  # type: ignore[attr-defined]
+        return self._rec.call("request_finished_all_groups", finish, request, block_ids,
+                              fields=request_fields(request.request_id, block_ids=block_ids),
+                              summary=kept_result)

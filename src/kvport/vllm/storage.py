@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 from kvport.connectors.base import EngineInfo, KVCacheSpec
+from kvport.vllm.groups import VllmGroups
 from kvport.vllm.identity import identity_digest, model_identity
 from kvport.vllm.objects import hash_root
 
@@ -25,25 +26,29 @@ logger = logging.getLogger(__name__)
 LAYOUT = "vllm-pages"  # a block's bytes: each layer's page of vLLM's pool, in layer order
 
 
-def kvport_spec(vllm_config: Any, kv_cache_config: Any, group: Any, tp_rank: int,
+def kvport_spec(vllm_config: Any, kv_cache_config: Any, groups: VllmGroups, tp_rank: int,
                 namespace: str | None, shares_storage: bool, where: str) -> KVCacheSpec:
-    """The spec kvport's connector gets: vLLM's pool geometry; the hash root names the model
-    (identity.py) where stored KV is shared with other engines, as vLLM's block hashes do not."""
-    spec = group.kv_cache_spec
+    """The spec kvport's connector gets: vLLM's pool geometry and KV cache groups (groups.py);
+    the hash root names the model (identity.py) where stored KV is shared with other engines,
+    as vLLM's block hashes do not."""
+    spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
     dtype = str(spec.dtype).removeprefix("torch.")
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     layout = f"{LAYOUT}|tp{tp_rank}of{tp_size}"
+    # With several KV cache groups vLLM 0.32 takes failed loads per request only
+    # (KVConnectorTransferResults.failed_recving); block ids would stop the engine.
     engine = EngineInfo(tp_size=tp_size, tp_rank=tp_rank, stops_when_idle=True,
-                        caches_failed_sync_loads=True)
+                        caches_failed_sync_loads=True,
+                        load_failures_per_request=groups.num_groups > 1)
     kvport = KVCacheSpec(
         num_blocks=kv_cache_config.num_blocks, block_size=spec.block_size,
-        num_layers=len(group.layer_names), num_kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_size, dtype=dtype, layout=layout, engine=engine)
-    if spec.page_size_bytes * kvport.num_layers != kvport.block_bytes:
+        num_layers=len(groups.layer_index), num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_size, dtype=dtype, layout=layout, engine=engine,
+        groups=groups.groups)
+    if spec.page_size_bytes * kvport.num_slots != kvport.block_bytes:
         raise ValueError(f"{where}: vLLM's KV pages of {spec.page_size_bytes} bytes are not "
-                         f"{kvport.num_layers} layers' K and V "
-                         f"({kvport.block_bytes // kvport.num_layers} bytes); padded or "
-                         f"quantized KV pages are not supported")
+                         f"one layer's K and V ({kvport.block_bytes // kvport.num_slots} bytes); "
+                         f"padded or quantized KV pages are not supported")
     if not shares_storage:
         return kvport
     identity = namespace_identity(vllm_config, namespace, where)

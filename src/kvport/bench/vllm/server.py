@@ -11,7 +11,9 @@ owns the real stdout for the protocol and points file descriptor 1 at stderr bef
 imported, because vLLM and its libraries print logs on stdout.
 
 Protocol, one JSON object per line. First `{"event": "ready", "vllm_version", "torch_version",
-"torch_threads", "kv_block_size", "num_gpu_blocks"}`; then each request gets one reply:
+"torch_threads", "kv_block_size", "num_gpu_blocks", "num_kv_groups", "max_concurrency"}`
+(vLLM's own count of max_model_len requests its KV pool holds); then each request gets one
+reply:
 
 - `{"op": "run", "prompt_sets": {name: [[ids]]}, "tasks": [task]}`: each task (`{"key", "set",
   "batch", "max_tokens", "keep_output"}`) generates `max_tokens` tokens for the first `batch`
@@ -20,7 +22,8 @@ Protocol, one JSON object per line. First `{"event": "ready", "vllm_version", "t
 - `{"op": "phase", "prompts": [{"id", "token_ids"}], "concurrency", "max_tokens", "cold"}`: a
   closed loop (at most `concurrency` requests in the engine; the next prompt is added the moment
   one finishes); `cold` first drops vLLM's prefix cache and the connector's cache. Reply:
-  `{"records": [...], "busy_s", "reset"}` (records in finish order, see `_Flight.record`).
+  `{"records": [...], "busy_s", "reset", "max_running"}` (records in finish order, see
+  `_Flight.record`; `max_running`: the most requests the scheduler ran at once).
 - `{"op": "metrics"}`: `{"metrics": {"connector": ...}}`, kvport's connector counters (none for
   other connectors).
 - `{"op": "quit"}` or end of input: shut the engine core down (kvport drains its disk writes).
@@ -146,7 +149,10 @@ class EngineServer:
         cache = self.engine.vllm_config.cache_config
         self.info = {"event": "ready", "vllm_version": vllm.__version__,
                      "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
-                     "kv_block_size": cache.block_size, "num_gpu_blocks": cache.num_gpu_blocks}
+                     "kv_block_size": cache.block_size, "num_gpu_blocks": cache.num_gpu_blocks,
+                     "num_kv_groups": len(self.scheduler.kv_cache_config.kv_cache_groups),
+                     "max_concurrency": _max_concurrency(self.engine.vllm_config,
+                                                         self.scheduler.kv_cache_config)}
 
     def _params(self, max_tokens: int) -> Any:
         return self.sampling_cls(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -199,6 +205,7 @@ class EngineServer:
         in_flight: dict[str, _Flight] = {}
         records: list[dict[str, Any]] = []
         start = time.perf_counter()
+        max_running = 0
         while waiting or in_flight:
             while waiting and len(in_flight) < concurrency:
                 p = waiting.popleft()
@@ -208,6 +215,7 @@ class EngineServer:
                 in_flight[p["id"]] = _Flight(p["id"], internal, len(p["token_ids"]), added)
             outputs = self.engine.step()
             now = time.perf_counter()
+            max_running = max(max_running, len(self.scheduler.running))
             self._observe(in_flight)
             for out in outputs:
                 flight = in_flight.get(out.request_id)
@@ -219,7 +227,8 @@ class EngineServer:
                     records.append(flight.record(out, now))
                     del in_flight[out.request_id]
         self.drain()  # stores and writes still in flight are this configuration's cost
-        return {"records": records, "busy_s": time.perf_counter() - start, "reset": reset}
+        return {"records": records, "busy_s": time.perf_counter() - start, "reset": reset,
+                "max_running": max_running}
 
     def _observe(self, in_flight: dict[str, _Flight]) -> None:
         from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]
@@ -248,6 +257,17 @@ class EngineServer:
 
     def shutdown(self) -> None:
         self.engine.engine_core.shutdown()
+
+
+def _max_concurrency(vllm_config: Any, kv_cache_config: Any) -> float | None:
+    """vLLM's count of max_model_len requests the KV pool holds (None where vLLM lacks it)."""
+    try:
+        from vllm.v1.core.kv_cache_utils import (  # type: ignore[import-not-found]
+            get_max_concurrency_for_kv_cache_config,
+        )
+    except ImportError:
+        return None
+    return float(get_max_concurrency_for_kv_cache_config(vllm_config, kv_cache_config))
 
 
 def serve(server: EngineServer, proto: IO[str], lines: Iterable[str]) -> None:

@@ -21,6 +21,7 @@ worker keeps its shard in its own share of the budgets; an engine that stops ste
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,6 +83,9 @@ class OffloadingConnector(KVConnectorBase, SupportsHMA):
     def set_kv_cache_spec(self, spec: KVCacheSpec) -> None:
         role = self._config.kv_role  # kv_both, or only loads (consumer) or stores (producer)
         config = self._rank_config(spec)
+        if spec.engine.load_failures_per_request and config.sync_host_loads:
+            # The engine could not take a failed synchronous load (EngineInfo).
+            config = dataclasses.replace(config, sync_host_loads=False)
         self._scheduler = self.make_scheduler(config, OffloadGeometry.build(config, spec),
                                               load=role != "kv_producer",
                                               store=role != "kv_consumer", spec=spec)
@@ -176,6 +180,9 @@ class OffloadingConnector(KVConnectorBase, SupportsHMA):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker_half.get_block_ids_with_load_errors()
+
+    def get_failed_load_req_ids(self) -> set[str]:
+        return self.worker_half.get_failed_load_req_ids()
 
     def build_connector_worker_meta(self) -> OffloadingWorkerMetadata | None:
         return self.worker_half.build_worker_meta()

@@ -33,9 +33,10 @@ any group (groups have equal pages). A hit at boundary k (the first k blocks) ne
 
 So a sliding block is worth storing only if it lies in the window before a boundary a hit may use
 (`worth_storing`): the end of the request's prompt (a repeat, the next turn of a chat), every
-block after it (decode: the next turn may extend any of it), and every `sliding_interval` blocks
-(a shared prefix hits at the last one inside it). With an interval of one block every sliding
-block is stored.
+block after it (decode: the next turn may extend any of it), the junction where its prompt met a
+stored prefix (group_hits.py: the next prompt with that prefix hits there), and every
+`sliding_interval` blocks (a shared prefix hits at the last one inside it before it becomes a
+junction). With an interval of one block every sliding block is stored.
 """
 
 from __future__ import annotations
@@ -132,10 +133,12 @@ class OffloadGeometry:
         window = self.group_windows[group]
         return 0 if window is None else max(0, num_computed - window + 1) // self.block_size
 
-    def worth_storing(self, group: int, i: int, num_prompt_tokens: int) -> bool:
+    def worth_storing(self, group: int, i: int, num_prompt_tokens: int,
+                      junction: int | None = None) -> bool:
         """Whether block i of the group may serve a hit (module docstring): always for a full
         group; for a sliding one, if it is in the window before the prompt's last hit boundary,
-        any later boundary, or one every `sliding_interval` blocks."""
+        any later boundary, the `junction` where the prompt met a stored prefix, or one every
+        `sliding_interval` blocks."""
         need = self.window_blocks(group)
         if need is None:
             return True
@@ -143,6 +146,8 @@ class OffloadGeometry:
             return False  # a window of one token reads no earlier block
         last = i + need  # the last boundary whose window holds block i
         if last >= self.max_hit_blocks(num_prompt_tokens):
+            return True
+        if junction is not None and i < junction <= last:
             return True
         return last // self.sliding_interval * self.sliding_interval >= i + 1
 

@@ -11,6 +11,11 @@ host slots a promotion may take.
     blocks        start                                 end of the full groups' run
     full          [h  h  h  d  d  d  h  h  h  h  -]      h host, d disk, - missing
     sliding       [.  .  .  .  .  .  .  h  h  .  .]      k = 9: the window (n = 2) is held
+
+Where a sliding window cuts the hit short of the full groups' run (k = 9 < 10 above), this prompt
+shares the run's prefix with a stored prompt that went on past it: that boundary (the junction)
+is one later prompts will likely share too, so the request stores the window before it as it
+computes it (stores.py), and the next prompt with that prefix hits there.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class GroupHit:
     media: list[str] = field(default_factory=list)  # per hit block, the tier it counts for
     touched: list[bytes] = field(default_factory=list)  # host keys to mark recently used
     blocked: bool = False  # the full groups' run ended at a key being written to host memory
+    # Where the full groups' run ended, if a sliding group's window cut the hit short of it:
+    # this prompt shares that prefix with a stored one, so the request stores the window there.
+    junction: int | None = None
 
 
 def find_group_hit(g: OffloadGeometry, manager: PolicyManager, lower: LowerLookup,
@@ -70,8 +78,8 @@ def find_group_hit(g: OffloadGeometry, manager: PolicyManager, lower: LowerLooku
         return GroupHit(k, [(grp, i, key, m) for (grp, i, key), m in ordered],
                         _block_media(parts, media, start, k),
                         [key for (_, _, key), m in zip(parts, media) if m == HOST],
-                        blocked)
-    return GroupHit(start, blocked=blocked)
+                        blocked, end if end > k else None)
+    return GroupHit(start, blocked=blocked, junction=end if end > start else None)
 
 
 def _run_end(keys: tuple[list[bytes], ...], full: list[int], held: set[bytes], start: int,

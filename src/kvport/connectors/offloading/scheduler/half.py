@@ -113,7 +113,8 @@ class OffloadingScheduler:
         st = ReqState(request, as_tables(block_ids),
                       store_jobs=set(old.store_jobs) if old else set(),
                       load_failed=old is not None and old.load_failed,
-                      hashes_ok=hashes_ok(request, self.geometry.block_size))
+                      hashes_ok=hashes_ok(request, self.geometry.block_size),
+                      junction=match.junction if match is not None else None)
         self._reqs[rid] = st
         if num_external > 0:
             assert match is not None, f"{rid}: {num_external} external tokens without a match"

@@ -62,6 +62,7 @@ class Match:
     # block the tier its tokens count for. None with one group (the run is blocks start..end).
     dst: list[tuple[int, int]] | None = None
     media: list[str] | None = None
+    junction: int | None = None  # group_hits.GroupHit.junction
 
     @property
     def end(self) -> int:
@@ -145,11 +146,12 @@ class HitPlanner:
         local = [ks[i] for i in range(min(start, limit)) for grp, ks in enumerate(groups)
                  if g.group_windows[grp] is None]
         self.manager.touch(local + hit.touched)  # the prefix's first block most recent
+        match = self._matches[rid]
+        match.junction = hit.junction
         if hit.blocked and self.waits.should_wait(rid):
             return None, False  # ask again once that write reported
         if hit.end <= start:
             return 0, False
-        match = self._matches[rid]
         match.host_keys = [key for _, _, key, m in hit.parts if m == HOST]
         match.lower = [(key, m) for _, _, key, m in hit.parts if m != HOST]
         match.dst = [(grp, i) for grp, i, _, _ in hit.parts]

@@ -28,6 +28,9 @@ class ReqState:
     # the job reads). The engine frees such a block when the window moves past it, while the
     # request runs: the job is then flushed before anything can write the block.
     sliding_reads: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # A boundary (in blocks) where this prompt met a stored prefix (group_hits.py, junction):
+    # its sliding windows are stored there too.
+    junction: int | None = None
 
     def engine_jobs(self) -> set[int]:
         """Jobs in flight that read or write the request's engine blocks: its stores until their

@@ -102,7 +102,8 @@ class StorePlanner:
         where: dict[bytes, tuple[int, int]] = {}
         for i in range(first, end):
             block = [(group, keys[group][i]) for group in range(g.num_groups)
-                     if i >= held[group] and g.worth_storing(group, i, req.num_prompt_tokens)]
+                     if i >= held[group]
+                     and g.worth_storing(group, i, req.num_prompt_tokens, st.junction)]
             if len(wanted) + len(block) > room:
                 return wanted, where, i
             for group, key in block:

@@ -205,6 +205,9 @@ class OffloadingConnectorWorker:
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._parts()[1].take_errors()
 
+    def get_failed_load_req_ids(self) -> set[str]:
+        return self._parts()[1].take_failed_requests()
+
     def build_worker_meta(self) -> OffloadingWorkerMetadata | None:
         submitter = self._submitter
         if submitter is None or (not submitter.results and not self._late):

@@ -47,6 +47,7 @@ class LoadRunner:
         self._ready: list[Load] = []  # loads done, to report in this step's get_finished
         self._errors: set[int] = set()  # engine blocks without valid KV, for this step
         self._tainted: set[str] = set()  # a sync load failed this step: its forward read them
+        self._failed_reqs: set[str] = set()  # requests of this step's load errors
 
     def start(self, jobs: Iterable[LoadJob]) -> list[Load]:
         """start_load_kv: submits the step's loads; returns the synchronous ones, which the
@@ -99,7 +100,7 @@ class LoadRunner:
             if load.parts:  # still running: this step's forward cannot wait for it
                 load.engine_failed += [b for blocks in load.parts.values() for b in blocks]
                 load.reported = True
-                self._errors.update(load.engine_failed)
+                self._report(load)
             else:
                 self._finish_sync(load)
             if load.engine_failed:
@@ -134,7 +135,7 @@ class LoadRunner:
         recomputes them); a synchronous load reports no finished_recving."""
         job = load.job
         del self.loads[job.job_id]
-        self._errors.update(load.engine_failed)
+        self._report(load)
         self.submitter.results.append(JobResult(job.job_id, not load.engine_failed,
                                                 sorted(load.engine_failed)))
 
@@ -192,7 +193,7 @@ class LoadRunner:
         load = self.loads[job_id]
         load.late = True
         load.engine_failed = sorted(set(load.engine_failed) | set(load.job.dst.block_ids))
-        self._errors.update(load.engine_failed)
+        self._report(load)
         logger.warning("OffloadingConnector: a load from a lower tier is late (%.1f s, "
                        "load_timeout_s): recomputed", self.config.load_timeout_s)
         return load.job.req_id
@@ -223,7 +224,7 @@ class LoadRunner:
     def _finish(self, load: Load) -> str:
         job = load.job
         del self.loads[job.job_id]
-        self._errors.update(load.engine_failed)
+        self._report(load)
         self.submitter.results.append(JobResult(job.job_id, not load.engine_failed,
                                                 sorted(load.engine_failed), load.promote_failed))
         return job.req_id
@@ -232,6 +233,18 @@ class LoadRunner:
         """Requests whose synchronous load failed in this step (their forward read bad KV)."""
         tainted, self._tainted = self._tainted, set()
         return tainted
+
+    def _report(self, load: Load) -> None:
+        """The load's failed engine blocks are this step's load errors."""
+        self._errors.update(load.engine_failed)
+        if load.engine_failed:
+            self._failed_reqs.add(load.job.req_id)
+
+    def take_failed_requests(self) -> set[str]:
+        """The requests of this step's load errors (for an engine that takes them per
+        request)."""
+        failed, self._failed_reqs = self._failed_reqs, set()
+        return failed
 
     def take_errors(self) -> set[int]:
         errors, self._errors = self._errors, set()
