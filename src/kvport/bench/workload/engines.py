@@ -9,7 +9,7 @@ from typing import Any
 from kvport.bench.common.command import JsonObject
 from kvport.bench.common.models import resolve_model_dir
 from kvport.bench.workload.config import WorkloadBenchConfig
-from kvport.bench.workload.plan import ConfigSpec, EnginePlan
+from kvport.bench.workload.plan import ConfigSpec, EnginePlan, max_step_tokens
 from kvport.bench.workload.serving import ConfigRunner, Outcome, PhaseRunner
 from kvport.bench.workload.workloads import Workload
 from kvport.connectors.offloading.config import redacted_url
@@ -59,7 +59,7 @@ def _start_vllm(cfg: WorkloadBenchConfig, plan: EnginePlan, spec: ConfigSpec,
         # every prompt of a step prefills whole, never in chunks: vLLM 0.32's ExampleConnector
         # saves a chunked prompt's first chunk under the whole prompt's name, and loading it
         # later fails (a shape mismatch that stops the engine)
-        "max_num_batched_tokens": max(2048, cfg.concurrency * plan.max_model_len),
+        "max_num_batched_tokens": max_step_tokens(cfg, plan.max_model_len),
         "num_gpu_blocks_override": blocks + 1,  # vLLM holds block 0 back (its null block)
     }
     if spec.kv_transfer_config is not None:

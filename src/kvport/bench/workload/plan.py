@@ -15,11 +15,13 @@ that feed them, cost nothing.
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvport.bench.common.command import JsonObject
+from kvport.config import EngineConfig
 from kvport.bench.common.models import resolve_model_dir
 from kvport.bench.workload.config import (
     BASELINE,
@@ -41,6 +43,9 @@ from kvport.bench.workload.workloads import (
 MIN_HOST_BYTES = 64 << 20
 BENCH_SALT_PREFIX = "kvport-bench-"  # + 16 random hex digits: a run's own tenant salt
 
+
+# vLLM's step budget in these benchmarks: at least this, and every prompt of a step whole.
+VLLM_MIN_STEP_TOKENS = 2048
 
 @dataclass(frozen=True)
 class EnginePlan:
@@ -69,7 +74,9 @@ class ConfigSpec:
 def plan_engine(cfg: WorkloadBenchConfig) -> EnginePlan:
     import torch
 
+    from kvport.engine.core import blocks_per_request
     from kvport.model.attention import kv_block_bytes
+    from kvport.model.kv_groups import kv_cache_groups
     from kvport.model.loader import read_config
 
     bs = cfg.block_size
@@ -77,17 +84,33 @@ def plan_engine(cfg: WorkloadBenchConfig) -> EnginePlan:
     per_token = kv_block_bytes(mc, bs, getattr(torch, cfg.dtype)) // bs
     ws = cfg.spec.working_set_tokens
     max_len = cfg.spec.max_seq_len  # longest prompt + its answer: no more than needed
-    per_seq = -(-max_len // bs)
+    # A hybrid model's pool blocks hold one KV cache group's layers each: a request takes a
+    # block per group (a sliding group its window and a step's tokens), and the working set's
+    # bytes are `per_group` times as many blocks (1 for every other model).
+    groups = kv_cache_groups(mc)
+    per_group = mc.num_hidden_layers / max(len(g.layer_ids) for g in groups)
+    per_seq = blocks_per_request(groups, max_len, bs, max_step_tokens(cfg, max_len))
+    if cfg.engine == "vllm":  # vLLM counts a sliding group one block more than its span
+        per_seq += sum(g.sliding_window is not None for g in groups)
     # Room for `concurrency` requests of the longest kind at once: requests in flight never
     # queue for pool space or get preempted (a request computes at most max_len - 1 tokens, and
     # the closed loop never has more than `concurrency` requests in the engine).
-    pool = max(-(-int(ws * cfg.pool_fraction) // bs), cfg.concurrency * per_seq)
+    pool = max(math.ceil(ws * cfg.pool_fraction / bs * per_group), cfg.concurrency * per_seq)
     # The working set, each session's longest request once more (blocks that straddle its
     # shared and own tokens, a long-doc query's own blocks), and the cap's worth for requests
     # in flight: the LRU free queue hands out never-used blocks before it evicts anything.
-    ideal = -(-ws // bs) + (_num_sessions(cfg.spec) + 1) * per_seq + pool
+    ideal = (math.ceil(ws / bs * per_group) + (_num_sessions(cfg.spec) + 1) * per_seq
+             + pool)
     host = max(MIN_HOST_BYTES, ws * per_token * 3 // 2)
     return EnginePlan(per_token, ws, max_len, pool, ideal, host, 2 * host, pool * bs / ws)
+
+
+def max_step_tokens(cfg: WorkloadBenchConfig, max_model_len: int) -> int:
+    """Tokens one engine step computes at most: kvport's engine's default budget; vLLM's is
+    set so that every prompt of a step prefills whole (engines.py)."""
+    if cfg.engine == "vllm":
+        return max(VLLM_MIN_STEP_TOKENS, cfg.concurrency * max_model_len)
+    return int(EngineConfig.__dataclass_fields__["max_num_batched_tokens"].default)
 
 
 def _num_sessions(spec: WorkloadSpec) -> int:

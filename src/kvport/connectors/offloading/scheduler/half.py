@@ -121,6 +121,10 @@ class OffloadingScheduler:
             load = self.hits.plan_load(st, match, num_external)
             st.load_job, st.load_sync = load.job_id, load.sync
             self._loads.append(load)
+            if not load.unloadable:
+                # The hit's blocks are in the host tier (or promoted into it): not offered to
+                # it again (vLLM's rule; a long prompt's hit would cost a lookup per key)
+                st.next_store_idx = match.end
 
     def take_hit_split(self, req_id: str) -> dict[str, int]:
         """Tokens of the request's latest hit per tier (HOST, DISK, REDIS): for engines that

@@ -1,0 +1,98 @@
+"""Hypothesis-generated schedules for the OffloadingConnector on a hybrid model (tiny-gemma3:
+two sliding-window groups, window 48, and one full-attention group; blocks of 16 tokens):
+prompts sharing prefixes of a family, aborts, small pools (preemption), small host tiers
+(eviction), a disk tier, prefill chunks, async scheduling, and the sliding groups' store
+interval. Every run passes the trace checker (G1, G2 among its rules), non-aborted requests
+match the output of no connector, and nothing leaks."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvport import LLM, SamplingParams
+from kvport.trace.checker import check_file
+from offload_utils import assert_nothing_leaked
+
+PARAMS = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+FAMILY = [(t * 29 + 5) % 250 + 3 for t in range(200)]  # prompts are prefixes of it, plus tails
+
+MIN_BLOCKS = {32: 29, 64: 33, 2048: 48}  # per prefill chunk
+
+prompt_st = st.builds(lambda n, tail: FAMILY[:n] + tail,
+                      st.integers(1, 190), st.lists(st.integers(3, 250), max_size=20))
+
+
+def gemma(ktc: dict[str, Any] | None = None, **kwargs: Any) -> LLM:
+    kwargs.setdefault("num_kv_blocks", 120)
+    return LLM("builtin:tiny-gemma3", block_size=16, max_model_len=256, kv_transfer_config=ktc,
+               **kwargs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    waves=st.lists(st.lists(prompt_st, min_size=1, max_size=4), min_size=1, max_size=3),
+    aborts=st.sets(st.integers(0, 11), max_size=3),
+    extra_blocks=st.integers(0, 40),  # above one max_model_len request in three groups
+    host_blocks=st.integers(4, 60),
+    disk=st.booleans(),
+    chunk=st.sampled_from([32, 64, 2048]),
+    async_scheduling=st.booleans(),
+    interval=st.sampled_from([None, 0, 32]),
+)
+def test_random_hybrid_schedules(waves: list[list[list[int]]], aborts: set[int],
+                                 extra_blocks: int, host_blocks: int, disk: bool, chunk: int,
+                                 async_scheduling: bool, interval: int | None) -> None:
+    # One request of 256 tokens: 16 blocks of the full group, and of each sliding one its
+    # window and a prefill chunk's blocks (the engine's own count: core.plan_kv_pool)
+    num_kv_blocks = MIN_BLOCKS[chunk] + extra_blocks
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.jsonl"
+        extra: dict[str, Any] = {"cpu_bytes_to_use": host_blocks * 16384,
+                                 "record_trace": str(trace)}
+        if interval is not None:
+            extra["sliding_store_interval"] = interval
+        if disk:
+            extra["secondary_tiers"] = [{"type": "disk", "root_dir": tmp, "max_bytes": 1 << 26}]
+        llm = gemma({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                     "kv_connector_extra_config": extra}, num_kv_blocks=num_kv_blocks,
+                    max_num_batched_tokens=chunk, async_scheduling=async_scheduling)
+        assert llm.engine.kv_cache_manager.group_windows == (48, 48, None)
+        engine = llm.engine
+        requests, n = {}, 0
+        for wave in waves:
+            for prompt in wave:
+                requests[str(n)] = (prompt, engine.add_request(str(n), prompt, PARAMS))
+                n += 1
+            for step in range(6):
+                engine.step()
+                engine.abort_requests([rid for rid in requests if int(rid) in aborts
+                                       and step == 2])
+        for _ in range(3000):
+            if not engine.has_pending_work():
+                break
+            engine.step()
+        assert not engine.has_pending_work()
+        assert_nothing_leaked(llm)
+        llm.shutdown()
+        assert check_file(str(trace)) == []
+        for rid, (prompt, req) in requests.items():
+            if req.status.name != "FINISHED_ABORTED":
+                assert req.output_token_ids == reference(prompt), rid
+
+
+_REFERENCE: dict[tuple[int, ...], list[int]] = {}
+_REFERENCE_LLM: dict[str, LLM] = {}
+
+
+def reference(prompt: list[int]) -> list[int]:
+    if tuple(prompt) not in _REFERENCE:
+        if "llm" not in _REFERENCE_LLM:
+            _REFERENCE_LLM["llm"] = gemma(enable_prefix_caching=False)
+        out = _REFERENCE_LLM["llm"].generate([prompt], PARAMS, use_tqdm=False)
+        _REFERENCE[tuple(prompt)] = out[0].outputs[0].token_ids
+    return _REFERENCE[tuple(prompt)]
