@@ -139,3 +139,29 @@ def offload_block_bytes() -> int:
 
 def host_metrics(llm: LLM) -> dict[str, Any]:
     return llm.get_metrics()["connector"]["requests"]
+
+
+def run_waves(llm: LLM, waves: list[list[list[int]]], aborts: set[int],
+              params: SamplingParams, trace: Path,
+              reference: Callable[[list[int]], list[int]]) -> None:
+    """A generated schedule: each wave's prompts added, six steps, requests named in `aborts`
+    aborted at the third; then every request drained. Nothing leaks, the trace is clean, and
+    every request not aborted gives `reference(prompt)`."""
+    from kvport.trace.checker import check_file
+
+    engine = llm.engine
+    requests, n = {}, 0
+    for wave in waves:
+        for prompt in wave:
+            requests[str(n)] = (prompt, engine.add_request(str(n), prompt, params))
+            n += 1
+        for step in range(6):
+            engine.step()
+            engine.abort_requests([rid for rid in requests if int(rid) in aborts and step == 2])
+    step_until(llm, lambda: not engine.has_pending_work(), max_steps=3000)
+    assert_nothing_leaked(llm)
+    llm.shutdown()
+    assert check_file(str(trace)) == []
+    for rid, (prompt, req) in requests.items():
+        if req.status.name != "FINISHED_ABORTED":
+            assert req.output_token_ids == reference(prompt), rid

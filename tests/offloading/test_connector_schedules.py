@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from redis_fixtures import RedisServer
 
 from kvport import SamplingParams
-from kvport.trace.checker import check_file
-from offload_utils import assert_nothing_leaked, make_llm, offload_config
+from offload_utils import make_llm, offload_config, run_waves
 
 PARAMS = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 FAMILY = [(t * 29 + 5) % 250 + 3 for t in range(80)]  # prompts are prefixes of it, plus tails
@@ -61,7 +60,7 @@ def test_random_schedules(redis_url: str, waves: list[list[list[int]]], aborts: 
                              redis={"url": redis_url, "tenant_salt": f"example-{next(_SALTS)}"}
                              if redis else None)
         llm = make_llm(ktc, num_kv_blocks=num_kv_blocks, async_scheduling=async_scheduling)
-        engine, sched = llm.engine, llm.engine.scheduler
+        sched = llm.engine.scheduler
         budget = sched.config.max_num_batched_tokens
         schedule = sched.schedule
 
@@ -74,26 +73,7 @@ def test_random_schedules(redis_url: str, waves: list[list[list[int]]], aborts: 
                 object.__setattr__(sched.config, "max_num_batched_tokens", budget)
 
         sched.schedule = maybe_empty  # type: ignore[method-assign]
-        requests, n = {}, 0
-        for wave in waves:
-            for prompt in wave:
-                requests[str(n)] = (prompt, engine.add_request(str(n), prompt, PARAMS))
-                n += 1
-            for step in range(6):
-                engine.step()
-                doomed = [rid for rid in requests if int(rid) in aborts and step == 2]
-                engine.abort_requests(doomed)
-        for _ in range(2000):
-            if not engine.has_pending_work():
-                break
-            engine.step()
-        assert not engine.has_pending_work()
-        assert_nothing_leaked(llm)
-        llm.shutdown()
-        assert check_file(str(trace)) == []
-        for rid, (prompt, req) in requests.items():
-            if req.status.name != "FINISHED_ABORTED":
-                assert req.output_token_ids == reference(prompt), rid
+        run_waves(llm, waves, aborts, PARAMS, trace, reference)
 
 
 _REFERENCE: dict[tuple[int, ...], list[int]] = {}

@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvport import LLM, SamplingParams
-from kvport.trace.checker import check_file
-from offload_utils import assert_nothing_leaked
+from offload_utils import run_waves
 
 PARAMS = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 FAMILY = [(t * 29 + 5) % 250 + 3 for t in range(200)]  # prompts are prefixes of it, plus tails
@@ -62,27 +61,7 @@ def test_random_hybrid_schedules(waves: list[list[list[int]]], aborts: set[int],
                      "kv_connector_extra_config": extra}, num_kv_blocks=num_kv_blocks,
                     max_num_batched_tokens=chunk, async_scheduling=async_scheduling)
         assert llm.engine.kv_cache_manager.group_windows == (48, 48, None)
-        engine = llm.engine
-        requests, n = {}, 0
-        for wave in waves:
-            for prompt in wave:
-                requests[str(n)] = (prompt, engine.add_request(str(n), prompt, PARAMS))
-                n += 1
-            for step in range(6):
-                engine.step()
-                engine.abort_requests([rid for rid in requests if int(rid) in aborts
-                                       and step == 2])
-        for _ in range(3000):
-            if not engine.has_pending_work():
-                break
-            engine.step()
-        assert not engine.has_pending_work()
-        assert_nothing_leaked(llm)
-        llm.shutdown()
-        assert check_file(str(trace)) == []
-        for rid, (prompt, req) in requests.items():
-            if req.status.name != "FINISHED_ABORTED":
-                assert req.output_token_ids == reference(prompt), rid
+        run_waves(llm, waves, aborts, PARAMS, trace, reference)
 
 
 _REFERENCE: dict[tuple[int, ...], list[int]] = {}
