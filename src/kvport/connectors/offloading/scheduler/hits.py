@@ -9,6 +9,9 @@ it); any other run is async (the request waits in WAITING_FOR_REMOTE_KVS). Keys 
 memory are promoted through host slots reserved with prepare_store (bypassing admission
 control: they are hits), in the same job as the host-to-engine copy.
 
+A hybrid model (several KV cache groups) takes its hit from group_hits.py: the largest boundary
+at which every group holds what a hit there reads (a sliding group only its window).
+
 `match` may run several times for one request before it is admitted; what it found is kept for
 `admit` (update_state_after_alloc), which counts the lookups once per admission and plans the
 load.

@@ -9,6 +9,10 @@ every worker reported the write (jobs.py has the stages). Behind a slow lower ti
 would grow until no slot is left for new stores: at most WRITE_THROUGH_SHARE of the host slots
 are planned for write-throughs at once; a store beyond that stays in host memory only (counted:
 num_skipped_write_throughs).
+
+A hybrid model (several KV cache groups) stores every block of a full group, and of a sliding
+group only the blocks a hit can use (geometry.worth_storing) that the engine still holds: a block
+its window left may already hold another request's KV.
 """
 
 from __future__ import annotations
