@@ -22,7 +22,8 @@ Scheduler side, in the order the scheduler calls them:
     reset_cache(), shutdown()
     shares_storage(), storage_namespace()    whether stored KV is shared with other engines
 
-The pool a worker gets is `(num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)`:
+The pool a worker gets is `(num_blocks, num_slots, 2, block_size, num_kv_heads, head_dim)`
+(`KVCacheSpec`, spec.py: a slot per layer, or with several KV cache groups per layer of a group):
 kvport's own pool, contiguous, or inside vLLM a strided view of vLLM's pages (kvport.vllm);
 `KVCacheSpec.layout` names the bytes' order within a block.
 
@@ -52,9 +53,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+# The pool's description, in a module of its own; named here too, where the API's users find it.
+from kvport.connectors.spec import EngineInfo, KVCacheGroupSpec, KVCacheSpec
 from kvport.connectors.views import RequestView, SchedulerOutputView
+
 if TYPE_CHECKING:
     from kvport.config import KVTransferConfig
+
+__all__ = [
+    "EngineInfo", "ForwardContext", "KVCacheEvent", "KVCacheGroupSpec", "KVCacheSpec",
+    "KVConnectorBase", "KVConnectorMetadata", "KVConnectorOutput", "KVConnectorRequestError",
+    "KVConnectorRole", "KVConnectorWorkerMetadata", "layer_name", "plain_data",
+]
 
 
 class KVConnectorRequestError(Exception):
@@ -98,80 +108,11 @@ class KVConnectorOutput:
     error_req_ids: set[str] | None = field(default_factory=set)  # None: the whole step
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    """What a connector needs to know of the engine that drives it, beyond the calls it gets.
-    kvport's engine: the defaults. vLLM: what kvport.vllm reads from its configuration."""
-
-    # Tensor parallelism: every worker holds its shard of every block (its heads), and the
-    # scheduler half gets each worker's answer (worker metadata) for every step.
-    tp_size: int = 1
-    tp_rank: int = 0
-    # The engine may stop stepping as soon as no request is unfinished (vLLM's in-process LLM):
-    # work a step plans must be done within that step, no later step is promised.
-    stops_when_idle: bool = False
-    # A synchronous load whose blocks failed keeps them in the engine's prefix cache until the
-    # request recomputes them (vLLM 0.32): such a load must not fail for being slow.
-    caches_failed_sync_loads: bool = False
-    # A failed load is taken per request, not per block (vLLM 0.32 with several KV cache
-    # groups): the engine recomputes or fails the whole request, and cannot take the failure of
-    # a synchronous load (so every load must be asynchronous).
-    load_failures_per_request: bool = False
-
-
-@dataclass(frozen=True)
-class KVCacheGroupSpec:
-    """One KV cache group (kvport.model.kv_groups): slot i of its blocks holds layer_ids[i]."""
-
-    layer_ids: tuple[int, ...]
-    sliding_window: int | None = None  # None: full attention
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    """What a worker needs to know about the engine's pool (see kvport.model.attention)."""
-
-    num_blocks: int
-    block_size: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    layout: str  # "blocks-layers-kv-tokens-heads-dim": one block is one contiguous run of bytes
-    # The engine's block-hash root (model identity, dtype, block size, layout): block hashes
-    # are chained from it, and a connector's persistent store is namespaced by it.
-    hash_root: bytes = b""
-    engine: EngineInfo = field(default_factory=EngineInfo)
-    # The KV cache groups, each with its own block tables (a SupportsHMA connector's view of a
-    # hybrid model); empty: one group of every layer, layer i in slot i.
-    groups: tuple[KVCacheGroupSpec, ...] = ()
-
-    @property
-    def num_slots(self) -> int:
-        """Layers one pool block holds: every layer with one group, a group's with several."""
-        return max((len(g.layer_ids) for g in self.groups), default=self.num_layers)
-
-    def layer_slot(self, layer_idx: int) -> int:
-        """The slot of the pool's blocks that holds this layer's K and V."""
-        for group in self.groups:
-            if layer_idx in group.layer_ids:
-                return group.layer_ids.index(layer_idx)
-        assert not self.groups, f"layer {layer_idx} is in no KV cache group"
-        return layer_idx
-
-    @property
-    def block_bytes(self) -> int:
-        """Bytes of one engine block: K and V of every layer it holds."""
-        itemsize = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
-        return (self.num_slots * 2 * self.block_size * self.num_kv_heads * self.head_dim
-                * itemsize)
-
-
 @dataclass
 class ForwardContext:
     """Handed to start_load_kv and save_kv_layer: the pool and this step's token placement."""
 
-    kv_cache: torch.Tensor  # (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)
+    kv_cache: torch.Tensor  # (num_blocks, num_slots, 2, block_size, num_kv_heads, head_dim)
     num_scheduled_tokens: dict[str, int]
     step: int
 
@@ -386,4 +327,3 @@ def plain_data(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain_data(v) for v in value]
     return value
-
