@@ -38,6 +38,12 @@ MUTANTS: list[Mutant] = [
         (f"{SCHED}::test_a_deferred_store_skips_blocks_the_window_left",),
         "a store never reads a sliding block the engine freed (it may hold another request's KV)"),
     Mutant(
+        "groups-take-engine-blocks", "src/kvport/connectors/offloading/geometry.py",
+        "        if len(windows) > 1 and f != 1:\n",
+        "        if False:\n",
+        (f"{SCHED}::test_several_groups_refuse_a_larger_offload_block",),
+        "several groups offload engine blocks (a larger one would split windows)"),
+    Mutant(
         "hit-needs-every-sliding-window", "src/kvport/connectors/offloading/scheduler/group_hits.py",
         "        if any(counts[w.stop - start] != counts[w.start - start]\n",
         "        if False and any(counts[w.stop - start] != counts[w.start - start]\n",
@@ -46,8 +52,8 @@ MUTANTS: list[Mutant] = [
         "a hit ends where every sliding group holds the window before it"),
     Mutant(
         "keys-per-group", "src/kvport/connectors/offloading/geometry.py",
-        "        return tuple([k + g.to_bytes(4, \"little\") for k in keys]\n",
-        "        return tuple([k for k in keys]\n",
+        "    return key + group.to_bytes(4, \"little\")\n",
+        "    return key\n",
         (f"{HYBRID}::test_every_group_comes_back_after_a_reset",),
         "each group's blocks have keys of their own (one group's KV never loads into another)"),
     Mutant(

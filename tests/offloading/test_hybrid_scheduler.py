@@ -5,6 +5,8 @@ sliding group keeps, and the flush of a store whose blocks left the window."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvport import SamplingParams
 from kvport.connectors.base import KVCacheGroupSpec, KVCacheSpec, KVConnectorOutput
 from kvport.connectors.offloading.config import OffloadingConfig
@@ -125,3 +127,9 @@ def test_a_deferred_store_skips_blocks_the_window_left() -> None:
         set(), set(), 1))
     (later,) = meta.stores
     assert later.src.block_ids == [102, 103, 104]
+
+
+def test_several_groups_refuse_a_larger_offload_block() -> None:
+    cfg = OffloadingConfig(cpu_bytes_to_use=1 << 20, block_size=2 * BLOCK)
+    with pytest.raises(ValueError, match="block_size=8 with 2 KV cache groups"):
+        OffloadGeometry.build(cfg, SPEC)

@@ -112,8 +112,7 @@ class OffloadGeometry:
         keys = self.keys(block_hashes)
         if len(self.group_windows) == 1:
             return (keys,)
-        return tuple([k + g.to_bytes(4, "little") for k in keys]
-                     for g in range(len(self.group_windows)))
+        return tuple([group_key(k, g) for k in keys] for g in range(len(self.group_windows)))
 
     def window_blocks(self, group: int) -> int | None:
         """Blocks of a sliding group a hit needs before its boundary (those holding the W - 1
@@ -190,6 +189,11 @@ class OffloadGeometry:
         """The engine blocks of offload blocks j .. j+n-1 of a load's destination (`block_ids`,
         whose first offload block skips its first `skip` engine blocks)."""
         return blocks_of(block_ids, j, self.block_factor, skip, n)
+
+
+def group_key(key: bytes, group: int) -> bytes:
+    """The key of a block of `group` (several groups): its hash and the group's index."""
+    return key + group.to_bytes(4, "little")
 
 
 def offload_keys(block_hashes: Sequence[bytes], f: int) -> list[bytes]:

@@ -17,7 +17,7 @@ its window left may already hold another request's KV.
 
 from __future__ import annotations
 
-from kvport.connectors.offloading.geometry import OffloadGeometry
+from kvport.connectors.offloading.geometry import OffloadGeometry, group_key
 from kvport.connectors.offloading.manager.policy import PolicyManager
 from kvport.connectors.offloading.mediums import KEYED_BLOCKS, EngineBlocks, HostBlocks
 from kvport.connectors.offloading.metadata import StoreJob
@@ -100,12 +100,12 @@ class StorePlanner:
         lies (group, block), and the block the offer ends at (at most `room` keys)."""
         req, g = st.request, self.geometry
         assert req is not None, "stores of a finished request"
-        keys = g.group_keys(req.block_hashes)
+        hashes = req.block_hashes  # with several groups an offload block is one engine block
         held = [g.first_held(group, num_computed) for group in range(g.num_groups)]
         wanted: list[bytes] = []
         where: dict[bytes, tuple[int, int]] = {}
         for i in range(first, end):
-            block = [(group, keys[group][i]) for group in range(g.num_groups)
+            block = [(group, group_key(hashes[i], group)) for group in range(g.num_groups)
                      if i >= held[group]
                      and g.worth_storing(group, i, req.num_prompt_tokens, st.junction)]
             if len(wanted) + len(block) > room:
