@@ -36,7 +36,16 @@ class KVCacheGroupSpec:
     """One KV cache group (kvport.model.kv_groups): slot i of its blocks holds layer_ids[i]."""
 
     layer_ids: tuple[int, ...]
-    sliding_window: int | None = None  # None: full attention
+    sliding_window: int | None = None  # None: full attention (or a state group)
+    # State-space layers: a block holds each layer's recurrent state after the block's last
+    # computed token (the state at the boundary after a full block), not K/V per token.
+    state: bool = False
+
+    @property
+    def held_window(self) -> int | None:
+        """Tokens, ending with the next one to compute, whose blocks the group reads: a sliding
+        group's window, 2 for a state group (the previous token's block), None for full."""
+        return 2 if self.state else self.sliding_window
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import kv_block_bytes
 from kvport.model.kv_groups import KVCacheGroup, slots_per_block
 from kvport.model.loader import LoadedModel, load_model, resolve_dtype
+from kvport.model.state_cache import check_state_fits
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -82,12 +83,12 @@ def blocks_per_request(groups: tuple[KVCacheGroup, ...], num_tokens: int, block_
     whole = -(-num_tokens // block_size)
     total = 0
     for group in groups or (KVCacheGroup((0,), None),):
-        if group.sliding_window is None:
+        if group.held_window is None:
             total += whole
         else:
-            span = group.sliding_window - 1 + max_step_tokens
+            span = group.held_window - 1 + max_step_tokens
             total += min(whole, -(-span // block_size) + 1)
-    return total + any(g.sliding_window is not None for g in groups)
+    return total + any(g.held_window is not None for g in groups)
 
 
 class EngineCore:
@@ -105,13 +106,14 @@ class EngineCore:
         self.loaded = loaded
         mc = self.loaded.config
         self.groups = engine_kv_groups(config, mc)
+        check_state_fits(mc, config.block_size)
         block_bytes = kv_block_bytes(mc, config.block_size, dtype, slots_per_block(self.groups))
         self.num_kv_blocks, max_model_len = plan_kv_pool(config, mc.max_position_embeddings,
                                                          block_bytes, self.groups)
         # From here on the config holds a number (the scheduler and the worker read it).
         self.config = config = dataclasses.replace(config, max_model_len=max_model_len)
         self.max_model_len = max_model_len
-        windows = tuple(g.sliding_window for g in self.groups)
+        windows = tuple(g.held_window for g in self.groups)
         pool = BlockPool(self.num_kv_blocks, enable_caching=config.enable_prefix_caching,
                          reserve_null_block=any(w is not None for w in windows))
         self.kv_cache_manager = KVCacheManager(pool, config.block_size, group_windows=windows)

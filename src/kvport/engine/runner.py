@@ -29,6 +29,7 @@ from kvport.model.attention import (
 from kvport.model.config import ModelConfig
 from kvport.model.kv_groups import KVCacheGroup, layer_slots, slots_per_block
 from kvport.model.sampler import sample
+from kvport.model.state_cache import PagedStateAttention, check_state_fits
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def kv_cache_spec(model_config: ModelConfig, num_blocks: int, block_size: int,
                   dtype: torch.dtype, hash_root: bytes = b"",
                   groups: tuple[KVCacheGroup, ...] = ()) -> KVCacheSpec:
     """The pool as a connector sees it; several groups are named, one group is the default."""
-    group_specs = (tuple(KVCacheGroupSpec(g.layer_ids, g.sliding_window) for g in groups)
+    group_specs = (tuple(KVCacheGroupSpec(g.layer_ids, g.sliding_window, g.state) for g in groups)
                    if len(groups) > 1 else ())
     return KVCacheSpec(
         num_blocks=num_blocks, block_size=block_size, num_layers=model_config.num_hidden_layers,
@@ -77,6 +78,7 @@ class ModelRunner:
         """`driver_cls` drives `connector` through each step: KVConnectorDriver, or a subclass
         that changes how (a test puts a defect back with one). `groups`: the KV cache groups
         (default: one group of every layer)."""
+        check_state_fits(model_config, block_size)
         self.model = model
         self.hash_root = hash_root
         self.model_config = model_config
@@ -120,8 +122,12 @@ class ModelRunner:
 
     def _forward_and_sample(self, sched_out: SchedulerOutput, out: ModelRunnerOutput) -> None:
         batch = self._prepare_inputs(sched_out)
-        attn = PagedAttention(self.kv_cache, batch.attn_metadata, self.model.attention_scale,
-                              self.driver, self.places)
+        attn = (PagedStateAttention(self.kv_cache, batch.attn_metadata,
+                                    self.model.attention_scale, self.block_size, self.driver,
+                                    self.places)
+                if self.model_config.mamba is not None else
+                PagedAttention(self.kv_cache, batch.attn_metadata, self.model.attention_scale,
+                               self.driver, self.places))
         with torch.inference_mode():
             hidden = self.model(batch.input_ids, batch.positions, attn, batch.logits_indices)
             logits = self.model.compute_logits(hidden)

@@ -10,6 +10,10 @@ tokenizer.
 - `tiny-gemma3`: Gemma 3's text model (`Gemma3ForCausalLM`), 6 layers in Gemma 3's pattern
   shrunk: two sliding-window layers then one full-attention layer, twice. The window (48 tokens)
   is smaller than the prompts tests use, so a sliding-window layer really forgets.
+- `tiny-granite4`: Granite 4's hybrid (`GraniteMoeHybridForCausalLM`, dense: no experts), 4 layers:
+  Mamba2 state-space layers next to full-attention layers without positions (Granite 4's "nope"),
+  with Granite's embedding, residual, attention and logits multipliers set away from 1 so that
+  each is exercised.
 """
 
 from __future__ import annotations
@@ -85,14 +89,96 @@ def gemma3_weights(config: Any, seed: int = GEMMA3_SEED) -> dict[str, torch.Tens
     return out
 
 
+GRANITE4_SEED = 8765
+GRANITE4_DIMS: dict[str, Any] = {
+    "vocab_size": 320, "hidden_size": 128, "intermediate_size": 256,
+    "shared_intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 4096,
+    "layer_types": ["mamba", "attention"] * 2,
+    # One Mamba2 layer's state (conv 3 x 144 + ssm 4 x 32 x 8 = 1456 values) fits one layer slot
+    # of a 16-token block (2 x 16 x 2 x 32 = 2048 values): the smallest block kvport runs it with.
+    "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_expand": 1, "mamba_d_state": 8,
+    "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_chunk_size": 64,
+    "embedding_multiplier": 4.0, "residual_multiplier": 0.5, "attention_multiplier": 0.25,
+    "logits_scaling": 2.0,
+}
+# Mamba2 parameters: dt = softplus(raw + dt_bias) around 0.3-0.7 and A = -exp(A_log) in -1..-4, so
+# a head's state decays over a few to a few dozen tokens: long enough that outputs depend on the
+# state carried across blocks (what a state hit must restore), short enough to stay bounded.
+_GRANITE_PROJ_BOUND = {"q_proj": 3.0, "k_proj": 3.0, "v_proj": 2.0, "o_proj": 2.0,
+                       "in_proj": 1.7, "out_proj": 1.7, "input_linear": 1.7,
+                       "output_linear": 1.7, "lm_head": 4.0}
+
+
+def granite4_config() -> Any:
+    from transformers import GraniteMoeHybridConfig
+
+    return GraniteMoeHybridConfig(
+        **GRANITE4_DIMS, hidden_act="silu", rms_norm_eps=1e-6, num_local_experts=0,
+        tie_word_embeddings=False, attention_bias=False, position_embedding_type=None,
+        bos_token_id=BYTE_BOS_ID, eos_token_id=BYTE_EOS_ID, pad_token_id=BYTE_PAD_ID,
+        architectures=["GraniteMoeHybridForCausalLM"], dtype="float32",
+    )
+
+
+def granite4_weights(config: Any, seed: int = GRANITE4_SEED) -> dict[str, torch.Tensor]:
+    """Every tensor of `GraniteMoeHybridForCausalLM(config)`."""
+    from transformers import GraniteMoeHybridForCausalLM
+
+    with torch.device("meta"):
+        model = GraniteMoeHybridForCausalLM(config)
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    for name in sorted(shapes):
+        shape = shapes[name]
+        leaf, kind = name.split(".")[-2], name.split(".")[-1]
+        if name.endswith("embed_tokens.weight"):
+            out[name] = _embedding(gen, shape)
+        elif kind == "dt_bias":
+            out[name] = -0.5 + uniform(gen, shape, 0.3)
+        elif kind == "A_log":
+            out[name] = 0.7 + uniform(gen, shape, 0.7)
+        elif kind == "D":
+            out[name] = 1.0 + uniform(gen, shape, 0.2)
+        elif leaf == "conv1d":
+            out[name] = uniform(gen, shape, 0.5 if kind == "weight" else 0.1)
+        elif "norm" in leaf:
+            out[name] = 1.0 + uniform(gen, shape, _NORM_BOUND)
+        elif leaf in _GRANITE_PROJ_BOUND:
+            out[name] = uniform(gen, shape, _GRANITE_PROJ_BOUND[leaf] / shape[1] ** 0.5)
+            if leaf == "lm_head":  # decoded outputs read as (random) text, as tiny-gemma3's
+                out[name][~_printable(shape[0])] *= _OTHER_ROW_SCALE
+        else:
+            raise AssertionError(f"no init rule for Granite 4 tensor {name!r}")
+    return out
+
+
+def write_tiny_granite4(out_dir: Path) -> None:
+    config = granite4_config()
+    fields = {k: v for k, v in config.to_dict().items() if k != "transformers_version"}
+    _write_json(out_dir / "config.json", fields)
+    _write_json(out_dir / "generation_config.json", {
+        "bos_token_id": BYTE_BOS_ID, "eos_token_id": BYTE_EOS_ID, "pad_token_id": BYTE_PAD_ID})
+    save_file(granite4_weights(config), str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    write_byte_tokenizer(out_dir, GRANITE4_DIMS["vocab_size"], add_bos=True,
+                         model_max_length=GRANITE4_DIMS["max_position_embeddings"])
+
+
 def _embedding(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
     vocab, hidden = shape
     table = uniform(gen, shape, hidden ** -0.5)
+    table[~_printable(vocab)] *= _OTHER_ROW_SCALE
+    return table
+
+
+def _printable(vocab: int) -> torch.Tensor:
+    """(vocab,) bool: the byte tokens of printable ASCII and newline."""
     printable = torch.zeros(vocab, dtype=torch.bool)
     printable[0x20:0x7F] = True
     printable[0x0A] = True
-    table[~printable] *= _OTHER_ROW_SCALE
-    return table
+    return printable
 
 
 def write_tiny_gemma3(out_dir: Path) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3_text")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3_text", "granitemoehybrid")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}  # the rest: silu only
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
+MAMBA = "mamba"  # a Mamba2 state-space layer (Granite 4); transformers 5 says "linear_attention"
+_LAYER_TYPE_ALIASES = {"attention": FULL_ATTENTION, "linear_attention": MAMBA}
 
 # `architectures[0]` -> architecture, for configs without `model_type`.
 _ARCH_BY_CLASS = {
@@ -23,6 +25,7 @@ _ARCH_BY_CLASS = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3_text",
+    "GraniteMoeHybridForCausalLM": "granitemoehybrid",
 }
 
 # architecture -> defaults of its transformers config class for keys a config.json may omit.
@@ -50,7 +53,45 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "sliding_window": 4096, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
         "sliding_window_pattern": 6, "tie_word_embeddings": True,
     },
+    "granitemoehybrid": {
+        "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+        "head_dim": None, "bos_token_id": 1, "eos_token_id": 2, "shared_intermediate_size": 1024,
+        "num_local_experts": 8, "mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
+        "mamba_d_head": "auto", "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
+        "mamba_proj_bias": False, "time_step_limit": (0.0, float("inf")),
+    },
 }
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    """A Mamba2 layer's shape (Granite 4's `mamba_*` keys). Its state per request: the last
+    `d_conv - 1` inputs of the convolution and an (n_heads, d_head, d_state) SSM state."""
+
+    n_heads: int
+    d_head: int
+    d_state: int
+    n_groups: int
+    d_conv: int
+    conv_bias: bool
+    proj_bias: bool
+    dt_min: float  # softplus(dt) is clamped to [dt_min, dt_max] (`time_step_limit`)
+    dt_max: float
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.n_heads * self.d_head
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: x, B and C."""
+        return self.intermediate_size + 2 * self.n_groups * self.d_state
+
+    @property
+    def state_numel(self) -> int:
+        """Values of one layer's state: the convolution's window, then the SSM state."""
+        return (self.d_conv - 1) * self.conv_dim + self.n_heads * self.d_head * self.d_state
 
 
 @dataclass(frozen=True)
@@ -97,6 +138,14 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (Gemma)
     local_rope_theta: float | None = None  # RoPE base of sliding layers (Gemma 3), plain RoPE
     final_logit_softcapping: float | None = None  # logits = c * tanh(logits / c)
+    # Granite 4: no RoPE ("nope"), multipliers on the embedding, each residual branch, the
+    # attention scores (instead of head_dim^-1/2) and the logits (divided), Mamba2 layers.
+    use_rope: bool = True
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
+    mamba: MambaConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -107,10 +156,13 @@ class ModelConfig:
         if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types names {len(self.layer_types)} layers, the model has "
                              f"{self.num_hidden_layers}")
-        unknown = set(self.layer_types) - {FULL_ATTENTION, SLIDING_ATTENTION}
+        unknown = set(self.layer_types) - {FULL_ATTENTION, SLIDING_ATTENTION, MAMBA}
         if unknown:
             raise ValueError(f"unsupported layer types {sorted(unknown)}; supported: "
-                             f"{FULL_ATTENTION!r}, {SLIDING_ATTENTION!r}")
+                             f"{FULL_ATTENTION!r}, {SLIDING_ATTENTION!r}, {MAMBA!r}")
+        if (MAMBA in self.layer_types) != (self.mamba is not None):
+            raise ValueError("Mamba layers and a Mamba config come together; got layer types "
+                             f"{sorted(set(self.layer_types))} and mamba={self.mamba}")
         if SLIDING_ATTENTION in self.layer_types and (self.sliding_window or 0) < 1:
             raise ValueError(f"sliding-window layers need sliding_window >= 1, got "
                              f"{self.sliding_window}")
@@ -120,6 +172,10 @@ class ModelConfig:
         if self.layer_types and self.layer_types[layer_idx] == SLIDING_ATTENTION:
             return self.sliding_window
         return None
+
+    def is_state_layer(self, layer_idx: int) -> bool:
+        """A state-space layer: it keeps a recurrent state per request, not K/V per token."""
+        return bool(self.layer_types) and self.layer_types[layer_idx] == MAMBA
 
     @property
     def is_hybrid(self) -> bool:
@@ -152,7 +208,9 @@ class ModelConfig:
                              f"{SUPPORTED_ACTIVATIONS.get(arch, ('silu',))}")
         num_heads = int(d["num_attention_heads"])
         max_pos = int(d["max_position_embeddings"])
-        gemma = arch == "gemma3_text"
+        gemma, granite = arch == "gemma3_text", arch == "granitemoehybrid"
+        if granite:
+            d["intermediate_size"] = d["shared_intermediate_size"]  # the dense (shared) MLP
         rope_theta, rope_scaling, local_theta = _parse_rope(config, max_pos, gemma)
         gen = generation_config or {}
         bos = d.get("bos_token_id")
@@ -184,6 +242,7 @@ class ModelConfig:
             local_rope_theta=local_theta,
             final_logit_softcapping=(None if d.get("final_logit_softcapping") is None
                                      else float(d["final_logit_softcapping"])),
+            **(_granite_fields(d) if granite else {}),
         )
 
 
@@ -197,11 +256,40 @@ def _architecture(config: dict[str, Any]) -> str:
     return str(arch)
 
 
+def _granite_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """Granite 4's fields beyond the Llama family's (dense models: no experts)."""
+    if int(d["num_local_experts"] or 0):
+        raise ValueError(f"Granite 4 with experts (num_local_experts={d['num_local_experts']}) "
+                         "is not supported; dense models (0 experts) are")
+    rope = d.get("position_embedding_type")
+    if rope not in (None, "nope", "rope"):
+        raise ValueError(f"unsupported position_embedding_type {rope!r}; supported: None, 'rope'")
+    heads = int(d["mamba_n_heads"])
+    d_head = d["mamba_d_head"]
+    d_head = int(d["mamba_expand"]) * int(d["hidden_size"]) // heads if d_head == "auto" else d_head
+    lo, hi = d.get("time_step_limit") or (0.0, float("inf"))
+    mamba = MambaConfig(
+        n_heads=heads, d_head=int(d_head), d_state=int(d["mamba_d_state"]),
+        n_groups=int(d["mamba_n_groups"]), d_conv=int(d["mamba_d_conv"]),
+        conv_bias=bool(d["mamba_conv_bias"]), proj_bias=bool(d["mamba_proj_bias"]),
+        dt_min=float(lo), dt_max=float(hi))
+    if mamba.n_heads % mamba.n_groups:
+        raise ValueError(f"mamba_n_heads={heads} is not a multiple of mamba_n_groups="
+                         f"{mamba.n_groups}")
+    return {"use_rope": rope == "rope", "mamba": mamba,
+            "embedding_multiplier": float(d.get("embedding_multiplier", 1.0)),
+            "residual_multiplier": float(d.get("residual_multiplier", 1.0)),
+            "attention_multiplier": float(d.get("attention_multiplier", 1.0)),
+            "logits_scaling": float(d.get("logits_scaling", 1.0))}
+
+
 def _layer_types(arch: str, d: dict[str, Any]) -> tuple[str, ...]:
     """Each layer's attention type. Gemma 3 configs written before `layer_types` existed give a
     pattern instead: every `sliding_window_pattern`-th layer is full attention."""
     n = int(d["num_hidden_layers"])
-    types = tuple(d.get("layer_types") or ())
+    types = tuple(_LAYER_TYPE_ALIASES.get(t, t) for t in d.get("layer_types") or ())
+    if arch == "granitemoehybrid":
+        return types or (MAMBA,) * n
     if arch == "gemma3_text":
         if d.get("attn_logit_softcapping") is not None:
             raise ValueError("attn_logit_softcapping is not supported (Gemma 3 does not set it)")

@@ -66,8 +66,8 @@ class Attention(nn.Module):
         self.k_norm = norm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext,
-        rows: torch.Tensor | None = None,
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+        attn: AttentionContext, rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
@@ -79,7 +79,9 @@ class Attention(nn.Module):
             k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         else:  # one rotation over q and k heads together: half the small ops of two
-            qk = rotate(qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+            qk = qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+            if cos is not None and sin is not None:  # None: no positions (Granite 4's "nope")
+                qk = rotate(qk, cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         if rows is None:
             o = attn.attend(self.layer_idx, q, k, v)  # (T, num_heads, head_dim)

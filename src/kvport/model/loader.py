@@ -59,6 +59,10 @@ def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
         from kvport.model.gemma3 import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
+    if config.architecture == "granitemoehybrid":
+        from kvport.model.granite4 import Granite4ForCausalLM
+
+        return Granite4ForCausalLM
     return LlamaForCausalLM
 
 
