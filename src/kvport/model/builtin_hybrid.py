@@ -96,7 +96,7 @@ GRANITE4_DIMS: dict[str, Any] = {
     "num_key_value_heads": 2, "max_position_embeddings": 4096,
     "layer_types": ["mamba", "attention"] * 2,
     # One Mamba2 layer's state (conv 3 x 144 + ssm 4 x 32 x 8 = 1456 values) fits one layer slot
-    # of a 16-token block (2 x 16 x 2 x 32 = 2048 values): the smallest block kvport runs it with.
+    # of a block of 12 tokens or more (2 x 2 x 32 = 128 values per token).
     "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_expand": 1, "mamba_d_state": 8,
     "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_chunk_size": 64,
     "embedding_multiplier": 4.0, "residual_multiplier": 0.5, "attention_multiplier": 0.25,
