@@ -26,6 +26,8 @@ any group (groups have equal pages). A hit at boundary k (the first k blocks) ne
 
     full attention    blocks 0 .. k-1                     (all of them)
     sliding window W  blocks k-n .. k-1, n = ceil((W-1)/b) (those the window reads; `window_range`)
+    state             block k-1                           (the state at the boundary; a window
+                                                           of W = 2 in all that follows)
 
             0    1    2    3    4    5    6    7         k = 6, W = 33, b = 16: n = 2
     full    k0   k1   k2   k3   k4   k5 | k6   k7
@@ -36,7 +38,8 @@ So a sliding block is worth storing only if it lies in the window before a bound
 block after it (decode: the next turn may extend any of it), the junction where its prompt met a
 stored prefix (group_hits.py: the next prompt with that prefix hits there), and every
 `sliding_interval` blocks (a shared prefix hits at the last one inside it before it becomes a
-junction). With an interval of one block every sliding block is stored.
+junction). With an interval of one block every sliding block is stored. A state group is stored
+by the same rule, with its own default interval (`STATE_STORE_INTERVAL`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvport.connectors.base import KVCacheSpec
+from kvport.connectors.base import KVCacheGroupSpec, KVCacheSpec
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.mediums import DISK, REDIS
 
@@ -68,7 +71,8 @@ class OffloadGeometry:
     @classmethod
     def build(cls, config: OffloadingConfig, spec: KVCacheSpec) -> OffloadGeometry:
         f = block_factor(config, spec.block_size)
-        windows = tuple(g.sliding_window for g in spec.groups) or (None,)
+        # A state group needs the block before a boundary, as a 2-token window would.
+        windows = tuple(g.held_window for g in spec.groups) or (None,)
         if len(windows) > 1 and f != 1:
             raise ValueError(f"OffloadingConnector: block_size={config.block_size} with "
                              f"{len(windows)} KV cache groups; a hybrid model offloads blocks "
@@ -81,14 +85,15 @@ class OffloadGeometry:
         namespace = tier_namespace(spec.hash_root, spec, f * spec.block_size)
         if len(windows) > 1:  # which layers a group's block holds fixes its bytes
             namespace += b"|groups=" + ";".join(
-                f"{g.sliding_window or 'full'}:{','.join(map(str, g.layer_ids))}"
+                f"{'state' if g.state else g.sliding_window or 'full'}:"
+                f"{','.join(map(str, g.layer_ids))}"
                 for g in spec.groups).encode()
         if config.namespace is not None:  # the user's name for what may share entries
             namespace += b"|namespace=" + config.namespace.encode()
         media = tuple(m for m, tier in ((DISK, config.disk_tier), (REDIS, config.redis_tier))
                       if tier is not None)
         return cls(spec.block_size, f, slot_bytes, num_slots, namespace, media, windows,
-                   sliding_interval(config.sliding_store_interval, windows, spec.block_size))
+                   sliding_interval(config.sliding_store_interval, spec.groups, spec.block_size))
 
     @property
     def offload_tokens(self) -> int:
@@ -225,14 +230,22 @@ def block_factor(config: OffloadingConfig, engine_block_size: int) -> int:
     return config.block_size // engine_block_size
 
 
-def sliding_interval(tokens: int | None, windows: tuple[int | None, ...],
+def sliding_interval(tokens: int | None, groups: Sequence[KVCacheGroupSpec],
                      block_size: int) -> int:
-    """`sliding_store_interval` in offload blocks: None is four of the largest window, 0 is
-    every block; rounded up to whole blocks."""
-    largest = max((w for w in windows if w is not None), default=0)
+    """`sliding_store_interval` in offload blocks: None is four of the largest window, or
+    `STATE_STORE_INTERVAL` tokens where a group holds states if that is more; 0 is every block;
+    rounded up to whole blocks."""
     if tokens is None:
-        tokens = 4 * largest
+        largest = max((g.sliding_window or 0 for g in groups), default=0)
+        tokens = max(4 * largest, STATE_STORE_INTERVAL if any(g.state for g in groups) else 0)
     return max(1, -(-tokens // block_size))
+
+
+# A state group's block is as many bytes as any group's, and one boundary's state serves only a
+# hit at that boundary: stored every block, a state group would store as much as a full group;
+# every 256 tokens it stores 1/16 of that at 16-token blocks, and a shared prefix recomputes at
+# most 256 tokens (the request that meets a stored prefix stores the state there, the junction).
+STATE_STORE_INTERVAL = 256
 
 
 def tier_namespace(root_hash: bytes, spec: KVCacheSpec, offload_block_size: int) -> bytes:
