@@ -160,9 +160,10 @@ def test_disk_hits_in_a_new_engine(tmp_path: Path, reference: list[list[int]]) -
     finish(fresh)
 
 
-def test_a_state_entry_is_not_served_to_the_attention_only_layout(tmp_path: Path) -> None:
-    # The same checkpoint under a connector that is not SupportsHMA keeps one group of every
-    # layer; its disk entries are another layout (the namespace names the groups), never mixed.
+def test_the_tiers_namespace_names_the_state_group(tmp_path: Path) -> None:
+    # The same checkpoint in one group of every layer (a connector that is not SupportsHMA), or
+    # with its state layers grouped otherwise, lays blocks out differently: the disk and Redis
+    # namespace names each group's kind and layers, so such entries never meet.
     tiers = {"secondary_tiers": [{"type": "disk", "root_dir": str(tmp_path),
                                   "max_bytes": 256 << 20}]}
     prompts = state_prompts()[:1]

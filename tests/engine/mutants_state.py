@@ -1,0 +1,63 @@
+"""Mutants of state-space hybrids (Granite 4) in kvport's engine: the model config's refusals,
+where a step reads a state from, how many blocks a state group holds, and that a state fits a
+block: each removes one guard, and the tests named with it must then fail."""
+
+from __future__ import annotations
+
+from tools.mutation import Mutant
+
+ENGINE = "tests/engine/test_state_hybrid_engine.py"
+MODEL = "tests/model/test_tiny_granite4.py"
+OFFLOAD = "tests/offloading/test_state_offloading.py"
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        "granite-refuses-experts", "src/kvport/model/config.py",
+        "    if int(d[\"num_local_experts\"] or 0):\n",
+        "    if False:\n",
+        (f"{MODEL}::test_configs_kvport_cannot_run_are_refused_by_name",),
+        "a Granite 4 config with experts is refused by name (kvport runs the dense ones)"),
+    Mutant(
+        "granite-refuses-unknown-positions", "src/kvport/model/config.py",
+        "    if rope not in (None, \"nope\", \"rope\"):\n",
+        "    if False:\n",
+        (f"{MODEL}::test_configs_kvport_cannot_run_are_refused_by_name",),
+        "a position embedding kvport does not compute is refused by name"),
+    Mutant(
+        "state-fits-a-block", "src/kvport/model/state_cache.py",
+        "    if config.mamba.state_numel > block_size * per_token:\n",
+        "    if False:\n",
+        (f"{MODEL}::test_a_block_too_small_for_the_state_names_the_smallest_that_fits",
+         f"{ENGINE}::test_a_block_too_small_for_the_state_is_refused_at_start"),
+        "a block whose layer slot cannot hold a layer's state is refused, naming the size that fits"),
+    Mutant(
+        "state-read-from-the-previous-token", "src/kvport/model/state_cache.py",
+        "        read = table[(start - 1) // block_size] if start else None\n",
+        "        read = table[start // block_size] if start else None\n",
+        (f"{ENGINE}::test_greedy_equals_transformers_with_prefix_hits",),
+        "a step starts from the state in the block of the token before its first"),
+    Mutant(
+        "state-group-holds-one-state", "src/kvport/model/kv_groups.py",
+        "        return STATE_WINDOW if self.state else self.sliding_window\n",
+        "        return self.sliding_window\n",
+        (f"{ENGINE}::test_a_state_group_holds_only_its_latest_state",),
+        "a state group frees every block but its latest state's"),
+    Mutant(
+        "offload-state-group-loads-one-block", "src/kvport/connectors/spec.py",
+        "        return 2 if self.state else self.sliding_window\n",
+        "        return self.sliding_window\n",
+        (f"{OFFLOAD}::test_every_group_comes_back_after_a_reset",),
+        "the OffloadingConnector stores a state group's blocks only where a hit can use them"),
+    Mutant(
+        "state-store-interval", "src/kvport/connectors/offloading/geometry.py",
+        "        tokens = max(4 * largest, STATE_STORE_INTERVAL if any(g.state for g in groups) else 0)\n",
+        "        tokens = 4 * largest\n",
+        (f"{OFFLOAD}::test_a_shared_prefix_hits_where_a_state_was_stored",),
+        "a state group stores every STATE_STORE_INTERVAL tokens by default, not every block"),
+    Mutant(
+        "state-namespace", "src/kvport/connectors/offloading/geometry.py",
+        "                f\"{'state' if g.state else g.sliding_window or 'full'}:\"\n",
+        "                f\"{g.sliding_window or 'full'}:\"\n",
+        (f"{OFFLOAD}::test_the_tiers_namespace_names_the_state_group",),
+        "the tiers' namespace names a state group, so its entries never meet another layout's"),
+]
