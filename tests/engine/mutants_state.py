@@ -9,6 +9,7 @@ from tools.mutation import Mutant
 ENGINE = "tests/engine/test_state_hybrid_engine.py"
 MODEL = "tests/model/test_tiny_granite4.py"
 OFFLOAD = "tests/offloading/test_state_offloading.py"
+EXAMPLE = "tests/connectors/test_example_state.py"
 
 MUTANTS: list[Mutant] = [
     Mutant(
@@ -48,6 +49,12 @@ MUTANTS: list[Mutant] = [
         "        return self.sliding_window\n",
         (f"{OFFLOAD}::test_every_group_comes_back_after_a_reset",),
         "the OffloadingConnector stores a state group's blocks only where a hit can use them"),
+    Mutant(
+        "example-state-layer-stores-one-block", "src/kvport/connectors/example_layout.py",
+        "        window = self.groups[group].held_window if self.groups else None\n",
+        "        window = self.groups[group].sliding_window if self.groups else None\n",
+        (f"{EXAMPLE}::test_state_layers_store_one_block",),
+        "the ExampleConnector stores a state layer's block before the aligned end, not every block"),
     Mutant(
         "state-store-interval", "src/kvport/connectors/offloading/geometry.py",
         "        tokens = max(4 * largest, STATE_STORE_INTERVAL if any(g.state for g in groups) else 0)\n",

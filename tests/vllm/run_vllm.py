@@ -64,6 +64,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     elif cfg.get("connector"):
         kwargs["kv_transfer_config"] = offloading_config(
             cfg.get("disk_dir"), cfg.get("redis_url"), cfg.get("kv_role", "kv_both"))
+    if "enable_prefix_caching" in cfg:
+        kwargs["enable_prefix_caching"] = cfg["enable_prefix_caching"]
     if cfg.get("num_gpu_blocks_override"):
         kwargs["num_gpu_blocks_override"] = cfg["num_gpu_blocks_override"]
     llm = LLM(model=str(builtin_model_dir(cfg.get("model", "smollm2-135m"))), dtype="float32",

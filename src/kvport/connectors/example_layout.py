@@ -7,7 +7,8 @@ SupportsHMA) every layer holds every aligned token, and a pool block holds layer
 With groups, a layer holds what its group's block table holds at the entry's aligned end
 (`num_tokens`): a full-attention group every aligned block; a sliding-window group only the
 blocks that the window of the token at `num_tokens` reads, since the engine has freed the blocks
-before them (and holds the null block there). A hit at that end reads exactly those blocks, so
+before them (and holds the null block there); a state group the block before `num_tokens`, whose
+layer slots hold the states there (moved whole: every token row of the slot). A hit at that end reads exactly those blocks, so
 an entry holds what a load needs, and never a block that a table could not supply.
 """
 
@@ -76,7 +77,7 @@ class EntryLayout:
         if not self.groups:
             return b""
         return b"|kv-cache-groups=" + ";".join(
-            f"{'full' if g.sliding_window is None else g.sliding_window}:"
+            f"{'state' if g.state else 'full' if g.sliding_window is None else g.sliding_window}:"
             f"{','.join(map(str, g.layer_ids))}" for g in self.groups).encode()
 
     def place(self, layer: int) -> tuple[int, int]:
@@ -90,9 +91,10 @@ class EntryLayout:
 
     def first_block(self, group: int, num_tokens: int, block_size: int) -> int:
         """The first block of `group` that the token at position `num_tokens` reads: 0 for full
-        attention; for a sliding window W, the block of token num_tokens - W + 1. The engine frees
-        the blocks before it (kvport: KVCacheManager.first_needed_block, the same formula)."""
-        window = self.groups[group].sliding_window if self.groups else None
+        attention; for a sliding window W, the block of token num_tokens - W + 1; for a state
+        group the block before (its state at the boundary: the whole block, as W = 2 reads it).
+        The engine frees the blocks before it (kvport: KVCacheManager.first_needed_block)."""
+        window = self.groups[group].held_window if self.groups else None
         if window is None:
             return 0
         return max(0, num_tokens - window + 1) // block_size

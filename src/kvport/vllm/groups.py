@@ -43,6 +43,16 @@ def vllm_groups(kv_cache_config: Any, where: str) -> VllmGroups:
     """kvport's view of vLLM's KV cache groups. ValueError for what kvport cannot offload: groups
     of different block sizes, state-space (Mamba) groups, layers not laid out one per tensor."""
     groups = kv_cache_config.kv_cache_groups
+    for g in groups:
+        if type(g.kv_cache_spec).__name__ == "MambaSpec":
+            # kvport's engine offloads state groups (docs/offloading.md); vLLM 0.32's CPU build
+            # keeps a Mamba state at block boundaries only with prefix caching on, which stops
+            # its engine for prompts longer than a block (docs/vllm.md).
+            raise ValueError(
+                f"{where}: KV cache group of MambaSpec (layers {list(g.layer_names)[:2]}...): "
+                f"state-space groups are not offloaded inside vLLM 0.32 (its CPU build keeps "
+                f"no state at block boundaries without prefix caching, and stops with it on "
+                f"prompts past one block); run the model without a kvport connector")
     block_sizes = sorted({g.kv_cache_spec.block_size for g in groups})
     if len(block_sizes) != 1:
         raise ValueError(f"{where}: KV cache groups with block sizes {block_sizes}; kvport "
