@@ -13,13 +13,13 @@ EXAMPLE = "tests/connectors/test_example_state.py"
 
 MUTANTS: list[Mutant] = [
     Mutant(
-        "granite-refuses-experts", "src/kvport/model/config.py",
+        "granite-refuses-experts", "src/kvport/model/granite_config.py",
         "    if int(d[\"num_local_experts\"] or 0):\n",
         "    if False:\n",
         (f"{MODEL}::test_configs_kvport_cannot_run_are_refused_by_name",),
         "a Granite 4 config with experts is refused by name (kvport runs the dense ones)"),
     Mutant(
-        "granite-refuses-unknown-positions", "src/kvport/model/config.py",
+        "granite-refuses-unknown-positions", "src/kvport/model/granite_config.py",
         "    if rope not in (None, \"nope\", \"rope\"):\n",
         "    if False:\n",
         (f"{MODEL}::test_configs_kvport_cannot_run_are_refused_by_name",),

@@ -76,13 +76,14 @@ def run_bounded(llm: LLM, ps: list[list[int]], params: SamplingParams = GREEDY,
     return [list(r.output_token_ids) for r in reqs]
 
 
-def run(llm: LLM, ps: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    outs = llm.generate(ps, GREEDY, use_tqdm=False)
+def run(llm: LLM, ps: list[list[int]], params: SamplingParams = GREEDY,
+        ) -> tuple[list[list[int]], list[int]]:
+    outs = llm.generate(ps, params, use_tqdm=False)
     assert all(o.error is None for o in outs), [o.error for o in outs]
     return [o.outputs[0].token_ids for o in outs], [o.num_cached_tokens for o in outs]
 
 
-def run_one_by_one(llm: LLM, ps: list[list[int]] | None = None,
+def run_one_by_one(llm: LLM, ps: list[list[int]] | None = None, params: SamplingParams = GREEDY,
                    ) -> tuple[list[list[int]], list[int]]:
     """Each prompt (default prompts()) in a generate() of its own. In a batch, a request whose
     prefix another request is promoting waits for that load and takes the blocks from the
@@ -90,7 +91,7 @@ def run_one_by_one(llm: LLM, ps: list[list[int]] | None = None,
     request loads every hit the tiers hold itself."""
     tokens, cached = [], []
     for p in ps if ps is not None else prompts():
-        t, c = run(llm, [p])
+        t, c = run(llm, [p], params)
         tokens += t
         cached += c
     return tokens, cached
@@ -109,6 +110,14 @@ def offloading_half(llm: LLM) -> OffloadingScheduler:
     connector = getattr(connector, "inner", connector)  # unwrap a trace recorder
     assert isinstance(connector, OffloadingConnector), connector
     return connector.scheduler_half
+
+
+def keys_per_group(llm: LLM, num_groups: int) -> list[int]:
+    """Host-tier keys per KV cache group (a key of several groups ends with its group's index)."""
+    counts = [0] * num_groups
+    for key, _ in offloading_half(llm).manager._blocks():
+        counts[int.from_bytes(key[-4:], "little")] += 1
+    return counts
 
 
 def worker_half(llm: LLM) -> OffloadingConnectorWorker:

@@ -9,13 +9,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import faulty_connector
+import pytest
+from offload_utils import (
+    MODES,
+    assert_nothing_leaked,
+    keys_per_group,
+    run,
+    run_one_by_one,
+)
+
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.mediums import ENGINE, HOST
 from kvport.trace.checker import check_file
-from offload_utils import MODES, assert_nothing_leaked, offloading_half
 
 BLOCK = 16
 WINDOW_BLOCKS = 3  # ceil((48 - 1) / 16)
@@ -49,32 +55,7 @@ def hybrid_reference() -> list[list[int]]:
     """Greedy tokens of hybrid_prompts() without a connector or a prefix cache."""
     llm = LLM("builtin:tiny-gemma3", block_size=BLOCK, num_kv_blocks=160,
               enable_prefix_caching=False)
-    return _tokens(llm, hybrid_prompts())
-
-
-def _tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
-    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert all(o.error is None for o in outs), [o.error for o in outs]
-    return [o.outputs[0].token_ids for o in outs]
-
-
-def _one_by_one(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    tokens, cached = [], []
-    for p in prompts:
-        out = llm.generate([p], GREEDY, use_tqdm=False)[0]
-        assert out.error is None, out.error
-        tokens.append(out.outputs[0].token_ids)
-        cached.append(out.num_cached_tokens)
-    return tokens, cached
-
-
-def _keys_per_group(llm: LLM) -> list[int]:
-    """Host keys per KV cache group (a key ends with its group's index)."""
-    manager = offloading_half(llm).manager
-    counts = [0, 0, 0]
-    for key, _ in manager._blocks():
-        counts[int.from_bytes(key[-4:], "little")] += 1
-    return counts
+    return run(llm, hybrid_prompts(), GREEDY)[0]
 
 
 def _full_hit(prompt: list[int]) -> int:
@@ -92,16 +73,16 @@ def test_every_group_comes_back_after_a_reset(hybrid_reference: list[list[int]],
     llm = gemma(**MODES[mode])
     assert llm.engine.kv_cache_manager.group_windows == (48, 48, None)  # HMA kept on
     prompts = hybrid_prompts()
-    assert _tokens(llm, prompts) == hybrid_reference
+    assert run(llm, prompts, GREEDY)[0] == hybrid_reference
     llm.reset_prefix_cache()
-    tokens, cached = _one_by_one(llm, prompts)
+    tokens, cached = run_one_by_one(llm, prompts, GREEDY)
     assert tokens == hybrid_reference
     assert cached == [_full_hit(p) for p in prompts]
     # The full group keeps every block: 14 and 13 of a pair's prompts (237 and 208 tokens
     # computed), 9 of them shared. A sliding group keeps the window (3 blocks) before each
     # boundary a hit may use: the prompt's last (14, 12), the decoded ones after it, and every
     # 12 blocks (the default interval, 4 windows): blocks 9-13 and 9-12 of a pair.
-    sliding_a, sliding_b, full = _keys_per_group(llm)
+    sliding_a, sliding_b, full = keys_per_group(llm, 3)
     # (Under async scheduling a finished request's last block may not be stored: a known loss,
     # single group too.)
     lost = 4 if mode == "async" else 0
@@ -122,14 +103,14 @@ def test_a_shared_prefix_hits_where_the_windows_were_stored(
     llm = gemma(extra)
     prompts = hybrid_prompts()
     third = prompts[0][:150] + [(t * 7 + 5) % 250 + 3 for t in range(40)]
-    first, _ = _one_by_one(llm, prompts[:1])
+    first, _ = run_one_by_one(llm, prompts[:1], GREEDY)
     llm.reset_prefix_cache()
-    second, cached = _one_by_one(llm, prompts[1:2])
+    second, cached = run_one_by_one(llm, prompts[1:2], GREEDY)
     assert first + second == hybrid_reference[:2]
     assert cached == [hit_blocks * BLOCK]
     llm.reset_prefix_cache()
-    expected, _ = _one_by_one(gemma(enable_prefix_caching=False), [third])
-    tokens, cached = _one_by_one(llm, [third])
+    expected, _ = run_one_by_one(gemma(enable_prefix_caching=False), [third], GREEDY)
+    tokens, cached = run_one_by_one(llm, [third], GREEDY)
     assert tokens == expected and cached == [9 * BLOCK]
     finish(llm)
 
@@ -145,7 +126,7 @@ def test_chunked_prefill_and_preemption(hybrid_reference: list[list[int]], mode:
     assert [o.outputs[0].token_ids for o in outs] == hybrid_reference
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     llm.reset_prefix_cache()
-    tokens, cached = _one_by_one(llm, prompts)
+    tokens, cached = run_one_by_one(llm, prompts, GREEDY)
     assert tokens == hybrid_reference and all(c > 0 for c in cached)
     finish(llm)
 
@@ -155,10 +136,10 @@ def test_disk_hits_in_a_new_engine(tmp_path: Path, hybrid_reference: list[list[i
                                   "max_bytes": 256 << 20}]}
     prompts = hybrid_prompts()
     llm = gemma(tiers)
-    assert _tokens(llm, prompts) == hybrid_reference
+    assert run(llm, prompts, GREEDY)[0] == hybrid_reference
     finish(llm)
     fresh = gemma(tiers)  # an empty host tier: every hit comes from disk
-    tokens, cached = _one_by_one(fresh, prompts)
+    tokens, cached = run_one_by_one(fresh, prompts, GREEDY)
     assert tokens == hybrid_reference
     assert cached == [_full_hit(p) for p in prompts]
     # The second prompt of a pair takes its shared 9 blocks from the host tier: the first
@@ -178,9 +159,9 @@ def test_failed_loads_recompute_every_group(tmp_path: Path, hybrid_reference: li
     llm = gemma({"sync_host_loads": sync, "record_trace": str(tmp_path / "trace.jsonl")},
                 connector="FaultyOffloadingConnector", max_num_batched_tokens=64)
     prompts = hybrid_prompts()
-    assert _tokens(llm, prompts) == hybrid_reference
+    assert run(llm, prompts, GREEDY)[0] == hybrid_reference
     llm.reset_prefix_cache()
-    tokens, _ = _one_by_one(llm, prompts)
+    tokens, _ = run_one_by_one(llm, prompts, GREEDY)
     assert tokens == hybrid_reference
     m = llm.get_metrics()
     assert m["kv_transfer"]["num_invalid_blocks"] > 0

@@ -10,13 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import faulty_connector
+import pytest
+from offload_utils import (
+    MODES,
+    assert_nothing_leaked,
+    keys_per_group,
+    offloading_half,
+    run,
+    run_one_by_one,
+)
+
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.mediums import ENGINE, HOST
 from kvport.trace.checker import check_file
-from offload_utils import MODES, assert_nothing_leaked, offloading_half
 
 BLOCK = 16
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -49,31 +56,7 @@ def reference() -> list[list[int]]:
     """Greedy tokens of state_prompts() without a connector or a prefix cache."""
     llm = LLM("builtin:tiny-granite4", block_size=BLOCK, num_kv_blocks=160,
               enable_prefix_caching=False)
-    return _tokens(llm, state_prompts())
-
-
-def _tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
-    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert all(o.error is None for o in outs), [o.error for o in outs]
-    return [o.outputs[0].token_ids for o in outs]
-
-
-def _one_by_one(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    tokens, cached = [], []
-    for p in prompts:
-        out = llm.generate([p], GREEDY, use_tqdm=False)[0]
-        assert out.error is None, out.error
-        tokens.append(out.outputs[0].token_ids)
-        cached.append(out.num_cached_tokens)
-    return tokens, cached
-
-
-def _keys_per_group(llm: LLM) -> list[int]:
-    """Host keys per KV cache group (a key ends with its group's index)."""
-    counts = [0, 0]
-    for key, _ in offloading_half(llm).manager._blocks():
-        counts[int.from_bytes(key[-4:], "little")] += 1
-    return counts
+    return run(llm, state_prompts(), GREEDY)[0]
 
 
 def _full_hit(prompt: list[int]) -> int:
@@ -90,16 +73,16 @@ def test_every_group_comes_back_after_a_reset(reference: list[list[int]], mode: 
     llm = granite(**MODES[mode])
     assert llm.engine.kv_cache_manager.group_windows == (2, None)  # HMA kept on
     prompts = state_prompts()
-    assert _tokens(llm, prompts) == reference
+    assert run(llm, prompts, GREEDY)[0] == reference
     llm.reset_prefix_cache()
-    tokens, cached = _one_by_one(llm, prompts)
+    tokens, cached = run_one_by_one(llm, prompts, GREEDY)
     assert tokens == reference
     assert cached == [_full_hit(p) for p in prompts]
     # The attention group keeps every block: 14 and 13 of a pair's prompts (237 and 208 tokens
     # computed), 9 of them shared. The state group keeps the state before each boundary a hit
     # may use, here the prompt's last (block 13 of 14; blocks 11-12 of 13: the prompt's last
     # boundary and the decoded block after it), the default interval (256 tokens) lying beyond.
-    states, full = _keys_per_group(llm)
+    states, full = keys_per_group(llm, 2)
     lost = 4 if mode == "async" else 0  # a finished request's last block under async scheduling
     assert 2 * (14 + 13 - 9) - lost <= full <= 2 * (14 + 13 - 9)
     assert 2 * (1 + 2) - lost <= states <= 2 * (1 + 2)
@@ -118,14 +101,14 @@ def test_a_shared_prefix_hits_where_a_state_was_stored(
     llm = granite(extra)
     prompts = state_prompts()
     third = prompts[0][:150] + [(t * 7 + 5) % 250 + 3 for t in range(40)]
-    first, _ = _one_by_one(llm, prompts[:1])
+    first, _ = run_one_by_one(llm, prompts[:1], GREEDY)
     llm.reset_prefix_cache()
-    second, cached = _one_by_one(llm, prompts[1:2])
+    second, cached = run_one_by_one(llm, prompts[1:2], GREEDY)
     assert first + second == reference[:2]
     assert cached == [hit_blocks * BLOCK]
     llm.reset_prefix_cache()
-    expected, _ = _one_by_one(granite(enable_prefix_caching=False), [third])
-    tokens, cached = _one_by_one(llm, [third])
+    expected, _ = run_one_by_one(granite(enable_prefix_caching=False), [third], GREEDY)
+    tokens, cached = run_one_by_one(llm, [third], GREEDY)
     assert tokens == expected and cached == [9 * BLOCK]
     finish(llm)
 
@@ -141,7 +124,7 @@ def test_chunked_prefill_and_preemption(reference: list[list[int]], mode: str) -
     assert [o.outputs[0].token_ids for o in outs] == reference
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     llm.reset_prefix_cache()
-    tokens, cached = _one_by_one(llm, prompts)
+    tokens, cached = run_one_by_one(llm, prompts, GREEDY)
     assert tokens == reference and all(c > 0 for c in cached)
     finish(llm)
 
@@ -151,10 +134,10 @@ def test_disk_hits_in_a_new_engine(tmp_path: Path, reference: list[list[int]]) -
                                   "max_bytes": 256 << 20}]}
     prompts = state_prompts()
     llm = granite(tiers)
-    assert _tokens(llm, prompts) == reference
+    assert run(llm, prompts, GREEDY)[0] == reference
     finish(llm)
     fresh = granite(tiers)  # an empty host tier: every hit comes from disk
-    tokens, cached = _one_by_one(fresh, prompts)
+    tokens, cached = run_one_by_one(fresh, prompts, GREEDY)
     assert tokens == reference
     assert cached == [_full_hit(p) for p in prompts]
     finish(fresh)
@@ -168,7 +151,7 @@ def test_the_tiers_namespace_names_the_state_group(tmp_path: Path) -> None:
                                   "max_bytes": 256 << 20}]}
     prompts = state_prompts()[:1]
     hybrid = granite(tiers)
-    _tokens(hybrid, prompts)
+    run(hybrid, prompts, GREEDY)
     spaces = {offloading_half(hybrid).geometry.namespace}
     finish(hybrid)
     assert b"|groups=state:0,2;full:1,3" in next(iter(spaces))
@@ -184,9 +167,9 @@ def test_failed_loads_recompute_every_group(tmp_path: Path, reference: list[list
     llm = granite({"sync_host_loads": sync, "record_trace": str(tmp_path / "trace.jsonl")},
                   connector="FaultyOffloadingConnector", max_num_batched_tokens=64)
     prompts = state_prompts()
-    assert _tokens(llm, prompts) == reference
+    assert run(llm, prompts, GREEDY)[0] == reference
     llm.reset_prefix_cache()
-    tokens, _ = _one_by_one(llm, prompts)
+    tokens, _ = run_one_by_one(llm, prompts, GREEDY)
     assert tokens == reference
     m = llm.get_metrics()
     assert m["kv_transfer"]["num_invalid_blocks"] > 0

@@ -156,14 +156,7 @@ def granite4_weights(config: Any, seed: int = GRANITE4_SEED) -> dict[str, torch.
 
 def write_tiny_granite4(out_dir: Path) -> None:
     config = granite4_config()
-    fields = {k: v for k, v in config.to_dict().items() if k != "transformers_version"}
-    _write_json(out_dir / "config.json", fields)
-    _write_json(out_dir / "generation_config.json", {
-        "bos_token_id": BYTE_BOS_ID, "eos_token_id": BYTE_EOS_ID, "pad_token_id": BYTE_PAD_ID})
-    save_file(granite4_weights(config), str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
-    write_byte_tokenizer(out_dir, GRANITE4_DIMS["vocab_size"], add_bos=True,
-                         model_max_length=GRANITE4_DIMS["max_position_embeddings"])
+    _write_checkpoint(out_dir, config, granite4_weights(config))
 
 
 def _embedding(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -183,16 +176,20 @@ def _printable(vocab: int) -> torch.Tensor:
 
 def write_tiny_gemma3(out_dir: Path) -> None:
     config = gemma3_config()
+    _write_checkpoint(out_dir, config, gemma3_weights(config))
+
+
+def _write_checkpoint(out_dir: Path, config: Any, weights: dict[str, torch.Tensor]) -> None:
+    """config.json, generation_config.json, model.safetensors and the byte tokenizer."""
     # The config as a plain dict without the writer's version, so the directory's bytes do not
     # depend on the transformers version that wrote it.
     fields = {k: v for k, v in config.to_dict().items() if k != "transformers_version"}
     _write_json(out_dir / "config.json", fields)
     _write_json(out_dir / "generation_config.json", {
         "bos_token_id": BYTE_BOS_ID, "eos_token_id": BYTE_EOS_ID, "pad_token_id": BYTE_PAD_ID})
-    save_file(gemma3_weights(config), str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
-    write_byte_tokenizer(out_dir, GEMMA3_DIMS["vocab_size"], add_bos=True,
-                         model_max_length=GEMMA3_DIMS["max_position_embeddings"])
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_byte_tokenizer(out_dir, config.vocab_size, add_bos=True,
+                         model_max_length=config.max_position_embeddings)
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

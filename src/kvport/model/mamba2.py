@@ -110,7 +110,7 @@ class Mamba2Mixer(nn.Module):
 
     def _decode(self, pool: torch.Tensor, runs: list[StateRun], xbc: torch.Tensor,
                 dt: torch.Tensor, y: torch.Tensor) -> None:
-        cfg, n = self.cfg, len(runs)
+        n = len(runs)
         conv, ssm = self._read(pool, [r.read_block for r in runs])
         window = torch.cat([conv, xbc[:n].float().unsqueeze(1)], dim=1)  # (n, d_conv, conv_dim)
         weight = self.conv1d.weight.float().squeeze(1).t()  # (d_conv, conv_dim)
