@@ -9,19 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import faulty_connector
 import pytest
-from offload_utils import (
-    MODES,
-    assert_nothing_leaked,
-    keys_per_group,
-    run,
-    run_one_by_one,
-)
 
+import faulty_connector
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.mediums import ENGINE, HOST
 from kvport.trace.checker import check_file
+from offload_utils import (
+    MODES, assert_nothing_leaked, keys_per_group, run, run_one_by_one,
+)
 
 BLOCK = 16
 WINDOW_BLOCKS = 3  # ceil((48 - 1) / 16)

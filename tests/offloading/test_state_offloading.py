@@ -10,20 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import faulty_connector
 import pytest
-from offload_utils import (
-    MODES,
-    assert_nothing_leaked,
-    keys_per_group,
-    offloading_half,
-    run,
-    run_one_by_one,
-)
 
+import faulty_connector
 from kvport import LLM, SamplingParams
 from kvport.connectors.offloading.mediums import ENGINE, HOST
 from kvport.trace.checker import check_file
+from offload_utils import (
+    MODES, assert_nothing_leaked, keys_per_group, offloading_half, run, run_one_by_one,
+)
 
 BLOCK = 16
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

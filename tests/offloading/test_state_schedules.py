@@ -13,9 +13,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from offload_utils import run_waves
 
 from kvport import LLM, SamplingParams
+from offload_utils import run_waves
 
 PARAMS = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 FAMILY = [(t * 29 + 5) % 250 + 3 for t in range(200)]  # prompts are prefixes of it, plus tails

@@ -7,9 +7,10 @@ SupportsHMA) every layer holds every aligned token, and a pool block holds layer
 With groups, a layer holds what its group's block table holds at the entry's aligned end
 (`num_tokens`): a full-attention group every aligned block; a sliding-window group only the
 blocks that the window of the token at `num_tokens` reads, since the engine has freed the blocks
-before them (and holds the null block there); a state group the block before `num_tokens`, whose
-layer slots hold the states there (moved whole: every token row of the slot). A hit at that end reads exactly those blocks, so
-an entry holds what a load needs, and never a block that a table could not supply.
+before them (and holds the null block there); a state group the block before `num_tokens`,
+whose layer slots hold the states there (moved whole: every token row of the slot). A hit at
+that end reads exactly those blocks, so an entry holds what a load needs, and never a block that
+a table could not supply.
 """
 
 from __future__ import annotations

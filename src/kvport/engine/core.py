@@ -18,11 +18,7 @@ from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.block_pool import BlockPool
 from kvport.engine.connector_setup import create_engine_connector
 from kvport.engine.executor import (
-    Executor,
-    InProcExecutor,
-    ProcessExecutor,
-    build_runner,
-    engine_kv_groups,
+    Executor, InProcExecutor, ProcessExecutor, build_runner, engine_kv_groups,
 )
 from kvport.engine.hashing import engine_hash_root
 from kvport.engine.kv_cache_manager import KVCacheManager

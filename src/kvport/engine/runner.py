@@ -23,12 +23,7 @@ from kvport.connectors.base import ForwardContext, KVCacheGroupSpec, KVCacheSpec
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import (
-    KV_LAYOUT,
-    AttentionMetadata,
-    DecodeRows,
-    LayerPlace,
-    PagedAttention,
-    PrefillSeq,
+    KV_LAYOUT, AttentionMetadata, DecodeRows, LayerPlace, PagedAttention, PrefillSeq,
     kv_cache_shape,
 )
 from kvport.model.config import ModelConfig

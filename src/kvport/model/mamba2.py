@@ -77,7 +77,8 @@ class Mamba2Mixer(nn.Module):
         dt = torch.clamp(F.softplus(dt.float() + self.dt_bias.float()), cfg.dt_min, cfg.dt_max)
         pool, runs = ctx.state_runs(self.layer_idx)
         y = torch.empty(x.shape[0], cfg.intermediate_size, dtype=torch.float32)
-        decodes = [r for i, r in enumerate(runs) if r.query_start == i and r.num_tokens == 1]
+        decodes = [r for r in runs if r.num_tokens == 1]  # the batch's first tokens, one each
+        assert all(r.query_start == i for i, r in enumerate(decodes)), "decodes come first"
         if decodes:
             self._decode(pool, decodes, xbc, dt, y)
         for run in runs[len(decodes):]:
