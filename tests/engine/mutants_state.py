@@ -25,6 +25,18 @@ MUTANTS: list[Mutant] = [
         (f"{MODEL}::test_configs_kvport_cannot_run_are_refused_by_name",),
         "a position embedding kvport does not compute is refused by name"),
     Mutant(
+        "granite-refuses-heads-across-groups", "src/kvport/model/granite_config.py",
+        "    if mamba.n_heads % mamba.n_groups:\n",
+        "    if False:\n",
+        (f"{MODEL}::test_configs_kvport_cannot_run_are_refused_by_name",),
+        "mamba_n_heads must be a multiple of mamba_n_groups (each group's B and C serve its heads)"),
+    Mutant(
+        "mamba-layers-need-a-mamba-config", "src/kvport/model/config.py",
+        "        if (MAMBA in self.layer_types) != (self.mamba is not None):\n",
+        "        if False:\n",
+        ("tests/model/test_model_config.py::test_unsupported_values_name_themselves",),
+        "Mamba layers come with a Mamba config (and only then)"),
+    Mutant(
         "state-fits-a-block", "src/kvport/model/state_cache.py",
         "    if config.mamba.state_numel > block_size * per_token:\n",
         "    if False:\n",

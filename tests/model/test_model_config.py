@@ -101,7 +101,9 @@ def test_gemma3_both_config_spellings_agree() -> None:
     ({"model_type": "gemma3_text", "hidden_activation": "silu"}, ["'silu'", "gelu_pytorch_tanh"]),
     ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, ["attn_logit_softcapping"]),
     ({"model_type": "gemma3_text", "layer_types": ["full_attention"]}, ["names 1 layers"]),
-    ({"model_type": "gemma3_text", "layer_types": ["mamba", "full_attention"]}, ["'mamba'"]),
+    ({"model_type": "gemma3_text", "layer_types": ["conv", "full_attention"]}, ["'conv'"]),
+    ({"model_type": "gemma3_text", "layer_types": ["mamba", "full_attention"]},
+     ["Mamba layers and a Mamba config"]),
     ({"model_type": "gemma3_text", "sliding_window": 0}, ["sliding_window >= 1"]),
     ({"model_type": "gemma3_text", "rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 1e6},
