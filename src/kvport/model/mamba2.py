@@ -114,11 +114,7 @@ class Mamba2Mixer(nn.Module):
         n = len(runs)
         conv, ssm = self._read(pool, [r.read_block for r in runs])
         window = torch.cat([conv, xbc[:n].float().unsqueeze(1)], dim=1)  # (n, d_conv, conv_dim)
-        weight = self.conv1d.weight.float().squeeze(1).t()  # (d_conv, conv_dim)
-        out = (window * weight).sum(1)
-        if self.conv1d.bias is not None:
-            out = out + self.conv1d.bias.float()
-        xs, b, c = self._split(F.silu(out))  # (n, H, P), (n, H, N), (n, H, N)
+        xs, b, c = self._split(F.silu(self._conv(window.transpose(1, 2))))  # (n, H, P|N|N)
         step = dt[:n]  # (n, H)
         decay = torch.exp(step * self._a())  # (n, H)
         ssm = ssm * decay[..., None, None] + (xs * step[..., None]).unsqueeze(-1) * b.unsqueeze(2)
@@ -133,16 +129,20 @@ class Mamba2Mixer(nn.Module):
         s, n, k = run.query_start, run.num_tokens, cfg.d_conv - 1
         conv, ssm = self._read(pool, [run.read_block])
         seq = torch.cat([conv[0], xbc[s:s + n].float()])  # (k + n, conv_dim)
-        out = F.conv1d(seq.t().unsqueeze(0), self.conv1d.weight.float(),
-                       None if self.conv1d.bias is None else self.conv1d.bias.float(),
-                       groups=cfg.conv_dim)[0].t()  # (n, conv_dim)
-        xs, b, c = self._split(F.silu(out))
+        xs, b, c = self._split(F.silu(self._conv(seq.unfold(0, cfg.d_conv, 1))))
         pad = run.start % block_size  # dt = 0 tokens before the first, so chunks are blocks
         ends = [min(n, (i + 1) * block_size - pad) for i in range(len(run.write_blocks))]
         ys, states = _scan(xs, dt[s:s + n], b, c, self._a(), ssm[0], pad, block_size)
         y[s:s + n] = (ys + self.D.float()[:, None] * xs).flatten(1)
         conv_states = torch.stack([seq[e:e + k] for e in ends])  # inputs before each chunk end
         self._write(pool, list(run.write_blocks), conv_states, states)
+
+    def _conv(self, windows: torch.Tensor) -> torch.Tensor:
+        """The causal depthwise convolution over windows (n, conv_dim, d_conv), each ending at
+        its token -> (n, conv_dim). A weighted sum: torch's conv1d costs 90 us per call at 16
+        rows on this CPU (oneDNN setup), the sum a few."""
+        out = (windows * self.conv1d.weight.float().squeeze(1)).sum(-1)
+        return out if self.conv1d.bias is None else out + self.conv1d.bias.float()
 
     def _split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(T, conv_dim) -> x (T, H, P), B and C (T, H, N), each group's B and C for its heads."""
