@@ -10,6 +10,10 @@ tokenizer.
 - `tiny-gemma3`: Gemma 3's text model (`Gemma3ForCausalLM`), 6 layers in Gemma 3's pattern
   shrunk: two sliding-window layers then one full-attention layer, twice. The window (48 tokens)
   is smaller than the prompts tests use, so a sliding-window layer really forgets.
+- `small-gemma3`: the same architecture in Gemma 3 270M's shape (18 layers of 640, five sliding
+  layers of window 512 to each full one, one 256-wide KV head) with the byte vocabulary: about
+  100M parameters, 400 MB in float32. For benchmarks, where a model's compute against the KV it
+  moves decides what a hit saves; tests use tiny-gemma3.
 - `tiny-granite4`: Granite 4's hybrid (`GraniteMoeHybridForCausalLM`, dense: no experts), 4 layers:
   Mamba2 state-space layers next to full-attention layers without positions (Granite 4's "nope"),
   with Granite's embedding, residual, attention and logits multipliers set away from 1 so that
@@ -51,11 +55,19 @@ _QK_NORM_CENTER, _NORM_BOUND = 2.0, 0.2
 _OTHER_ROW_SCALE = 0.5
 
 
-def gemma3_config() -> Any:
+SMALL_GEMMA3_DIMS: dict[str, Any] = {
+    **GEMMA3_DIMS, "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+    "query_pre_attn_scalar": 256, "sliding_window": 512,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
+}
+
+
+def gemma3_config(dims: dict[str, Any] = GEMMA3_DIMS) -> Any:
     from transformers import Gemma3TextConfig
 
     return Gemma3TextConfig(
-        **GEMMA3_DIMS, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+        **dims, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
         tie_word_embeddings=True, attention_bias=False,
         bos_token_id=BYTE_BOS_ID, eos_token_id=BYTE_EOS_ID, pad_token_id=BYTE_PAD_ID,
         architectures=["Gemma3ForCausalLM"], dtype="float32",
@@ -176,6 +188,11 @@ def _printable(vocab: int) -> torch.Tensor:
 
 def write_tiny_gemma3(out_dir: Path) -> None:
     config = gemma3_config()
+    _write_checkpoint(out_dir, config, gemma3_weights(config))
+
+
+def write_small_gemma3(out_dir: Path) -> None:
+    config = gemma3_config(SMALL_GEMMA3_DIMS)
     _write_checkpoint(out_dir, config, gemma3_weights(config))
 
 
