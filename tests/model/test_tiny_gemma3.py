@@ -86,3 +86,17 @@ def test_continuations_depend_on_context_beyond_the_window(tiny: LoadedModel) ->
     assert a != b
     assert len(set(a)) > 3  # not one repeated token
 
+
+
+def test_small_gemma3_has_gemma3_270m_shape_in_six_groups() -> None:
+    # The benchmark builtin (BENCHMARKS.md): parsed from transformers' own config of it, without
+    # writing its 400 MB of weights.
+    from kvport.model.builtin_hybrid import SMALL_GEMMA3_DIMS, gemma3_config
+    from kvport.model.config import ModelConfig
+    from kvport.model.kv_groups import kv_cache_groups
+
+    config = ModelConfig.from_hf(gemma3_config(SMALL_GEMMA3_DIMS).to_dict())
+    assert (config.hidden_size, config.num_hidden_layers, config.sliding_window) == (640, 18, 512)
+    groups = kv_cache_groups(config)
+    assert [g.sliding_window for g in groups] == [512] * 5 + [None]
+    assert groups[-1].layer_ids == (5, 11, 17)
