@@ -50,6 +50,18 @@ MUTANTS: list[Mutant] = [
         (f"{ENGINE}::test_greedy_equals_transformers_with_prefix_hits",),
         "a step starts from the state in the block of the token before its first"),
     Mutant(
+        "state-read-after-its-writer", "src/kvport/model/mamba2.py",
+        "        first = [r for r in runs if r.num_tokens == 1 and writer.get(r.read_block, r) is r]\n",
+        "        first = [r for r in runs if r.num_tokens == 1]\n",
+        (f"{ENGINE}::test_a_hit_on_a_state_written_in_the_same_step",),
+        "a request starting from a state another writes in the same step runs after it"),
+    Mutant(
+        "state-prefill-after-its-writer", "src/kvport/model/mamba2.py",
+        "        if source is not None and source is not run and source in runs:\n",
+        "        if False:\n",
+        (f"{ENGINE}::test_a_hit_on_a_state_written_in_the_same_step",),
+        "a prefill starting from a state another prefill writes in the same step runs after it"),
+    Mutant(
         "state-group-holds-one-state", "src/kvport/model/kv_groups.py",
         "        return STATE_WINDOW if self.state else self.sliding_window\n",
         "        return self.sliding_window\n",

@@ -75,6 +75,30 @@ def test_greedy_equals_transformers_with_prefix_hits(model_dir: Path, reference:
     _check(llm, prompts[1:], reference)
 
 
+@pytest.mark.parametrize("tail", [1, 30])
+def test_a_hit_on_a_state_written_in_the_same_step(model_dir: Path, tail: int) -> None:
+    # B is admitted in the step that computes A's prompt, and hits the blocks A's prefill
+    # publishes when scheduled: B starts from the state A writes in that very step, so its
+    # state layers run after A's (a 1-token rest of B would otherwise run first, as a decode).
+    from transformers import AutoModelForCausalLM
+
+    a = _prompts(1, 120, seed=4)[0]
+    b = a[:96] + _prompts(1, tail + 1, seed=5)[0][1:]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = [model.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens,
+                                   do_sample=False)[0, len(p):].tolist() for p in (a, b)]
+    llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200)
+    engine = llm.engine
+    reqs = [engine.add_request("a", a, GREEDY), engine.add_request("b", b, GREEDY)]
+    engine.step()
+    assert reqs[1].num_cached_tokens == 96  # in the step that computes A's first 96 tokens
+    while engine.has_pending_work():
+        engine.step()
+    assert [list(r.output_token_ids) for r in reqs] == expected
+    engine.check_no_leaks()
+
+
 @pytest.mark.parametrize("mode", ["inline", "async", "process"])
 def test_chunked_prefill_and_a_long_decode(model_dir: Path, reference: dict, mode: str) -> None:
     # 40-token chunks of 16-token blocks: chunks start and end inside blocks and cross two

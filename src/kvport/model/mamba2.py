@@ -77,12 +77,18 @@ class Mamba2Mixer(nn.Module):
         dt = torch.clamp(F.softplus(dt.float() + self.dt_bias.float()), cfg.dt_min, cfg.dt_max)
         pool, runs = ctx.state_runs(self.layer_idx)
         y = torch.empty(x.shape[0], cfg.intermediate_size, dtype=torch.float32)
-        decodes = [r for r in runs if r.num_tokens == 1]  # the batch's first tokens, one each
-        assert all(r.query_start == i for i, r in enumerate(decodes)), "decodes come first"
-        if decodes:
-            self._decode(pool, decodes, xbc, dt, y)
-        for run in runs[len(decodes):]:
-            self._prefill(pool, run, xbc, dt, y, ctx.block_size)
+        # A request may start from a state another one writes in this step (a prefix hit on a
+        # block published when it was scheduled): it runs after that one. The decodes that
+        # wait for nobody run first, batched.
+        writer = {b: r for r in runs for b in r.write_blocks}
+        first = [r for r in runs if r.num_tokens == 1 and writer.get(r.read_block, r) is r]
+        if first:
+            self._decode(pool, first, xbc, dt, y)
+        for run in _after_their_writers([r for r in runs if r not in first], writer):
+            if run.num_tokens == 1:
+                self._decode(pool, [run], xbc, dt, y)
+            else:
+                self._prefill(pool, run, xbc, dt, y, ctx.block_size)
         ctx.state_done(self.layer_idx)
         return self.out_proj(self.norm(y, gate).to(x.dtype))
 
@@ -111,14 +117,14 @@ class Mamba2Mixer(nn.Module):
 
     def _decode(self, pool: torch.Tensor, runs: list[StateRun], xbc: torch.Tensor,
                 dt: torch.Tensor, y: torch.Tensor) -> None:
-        n = len(runs)
+        rows = torch.tensor([r.query_start for r in runs])
         conv, ssm = self._read(pool, [r.read_block for r in runs])
-        window = torch.cat([conv, xbc[:n].float().unsqueeze(1)], dim=1)  # (n, d_conv, conv_dim)
+        window = torch.cat([conv, xbc[rows].float().unsqueeze(1)], dim=1)  # (n, d_conv, conv_dim)
         xs, b, c = self._split(F.silu(self._conv(window.transpose(1, 2))))  # (n, H, P|N|N)
-        step = dt[:n]  # (n, H)
+        step = dt[rows]  # (n, H)
         decay = torch.exp(step * self._a())  # (n, H)
         ssm = ssm * decay[..., None, None] + (xs * step[..., None]).unsqueeze(-1) * b.unsqueeze(2)
-        y[:n] = (torch.einsum("nhpk,nhk->nhp", ssm, c) + self.D.float()[:, None] * xs).flatten(1)
+        y[rows] = (torch.einsum("nhpk,nhk->nhp", ssm, c) + self.D.float()[:, None] * xs).flatten(1)
         self._write(pool, [r.write_blocks[0] for r in runs], window[:, 1:], ssm)
 
     # --- prefill: one request, chunked at its block boundaries ----------------------------------
@@ -156,6 +162,26 @@ class Mamba2Mixer(nn.Module):
 
     def _a(self) -> torch.Tensor:
         return -torch.exp(self.A_log.float())
+
+
+def _after_their_writers(runs: list[StateRun], writer: dict[int, StateRun]) -> list[StateRun]:
+    """`runs` in their order, except that a run comes after the run that writes the block it
+    reads (a run continuing its own partial block reads what it writes)."""
+    ordered: list[StateRun] = []
+    placed: set[int] = set()
+
+    def place(run: StateRun) -> None:
+        if id(run) in placed:
+            return
+        placed.add(id(run))
+        source = writer.get(run.read_block) if run.read_block is not None else None
+        if source is not None and source is not run and source in runs:
+            place(source)
+        ordered.append(run)
+
+    for run in runs:
+        place(run)
+    return ordered
 
 
 def _scan(xs: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, a: torch.Tensor,
