@@ -82,3 +82,17 @@ def test_a_block_too_small_for_the_state_names_the_smallest_that_fits(model_dir:
     check_state_fits(config, 12)  # 12 x 2 x 2 x 32 = 1536 values >= 1456
     with pytest.raises(ValueError, match="block_size >= 12"):
         check_state_fits(config, 8)
+
+
+def test_small_granite4_needs_blocks_of_270_tokens_in_six_groups() -> None:
+    # The benchmark builtin (BENCHMARKS.md), parsed from transformers' own config of it.
+    from kvport.model.builtin_hybrid import SMALL_GRANITE4_DIMS, granite4_config
+
+    config = ModelConfig.from_hf(granite4_config(SMALL_GRANITE4_DIMS).to_dict())
+    assert config.mamba is not None and config.mamba.state_numel == 68992
+    check_state_fits(config, 272)
+    with pytest.raises(ValueError, match="block_size >= 270"):
+        check_state_fits(config, 256)
+    groups = kv_cache_groups(config)
+    assert [g.state for g in groups] == [True] * 5 + [False]
+    assert groups[-1].layer_ids == (5, 11)

@@ -17,7 +17,8 @@ Concurrent builders race on the rename and the loser discards its copy. Bump a m
 - `small-gemma3`: tiny-gemma3's architecture in Gemma 3 270M's shape (about 100M parameters), for
   benchmarks.
 - `tiny-granite4`: a state-space hybrid (Mamba2 and full-attention layers) in Granite 4's
-  architecture with random weights, written the same way.
+  architecture with random weights, written the same way; `small-granite4` the same larger, for
+  benchmarks.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from kvport.model.byte_tokenizer import write_byte_tokenizer
 from kvport.model.weights_init import uniform
 from kvport.paths import default_cache_dir
 
-BUILTIN_MODELS = ("tiny-llama", "smollm2-135m", "tiny-gemma3", "small-gemma3", "tiny-granite4")
+BUILTIN_MODELS = ("tiny-llama", "smollm2-135m", "tiny-gemma3", "small-gemma3", "tiny-granite4",
+                  "small-granite4")
 _VERSIONS = {"tiny-llama": 1, "smollm2-135m": 1, "tiny-gemma3": 1, "small-gemma3": 1,
-             "tiny-granite4": 1}  # name -> format version (the -vN suffix)  # name -> format version (the -vN suffix)
+             "tiny-granite4": 1, "small-granite4": 1}  # name -> format version (the -vN suffix)
 
 TINY_SEED = 1234
 TINY_DIMS = {
@@ -60,7 +62,7 @@ def builtin_model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
     builders: dict[str, Callable[[Path], None]] = {
         "tiny-llama": write_tiny_llama, "smollm2-135m": _write_smollm2,
         "tiny-gemma3": _write_tiny_gemma3, "small-gemma3": _write_small_gemma3,
-        "tiny-granite4": _write_tiny_granite4,
+        "tiny-granite4": _write_tiny_granite4, "small-granite4": _write_small_granite4,
     }
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -96,6 +98,12 @@ def _write_small_gemma3(out_dir: Path) -> None:
     from kvport.model.builtin_hybrid import write_small_gemma3
 
     write_small_gemma3(out_dir)
+
+
+def _write_small_granite4(out_dir: Path) -> None:
+    from kvport.model.builtin_hybrid import write_small_granite4
+
+    write_small_granite4(out_dir)
 
 
 def _write_tiny_granite4(out_dir: Path) -> None:

@@ -14,6 +14,9 @@ tokenizer.
   layers of window 512 to each full one, one 256-wide KV head) with the byte vocabulary: about
   100M parameters, 400 MB in float32. For benchmarks, where a model's compute against the KV it
   moves decides what a hit saves; tests use tiny-gemma3.
+- `small-granite4`: the same in a larger shape (12 layers of 512, ten Mamba2 to two attention
+  layers, states of 69k values per layer: blocks of at least 270 tokens), about 40M parameters,
+  for benchmarks.
 - `tiny-granite4`: Granite 4's hybrid (`GraniteMoeHybridForCausalLM`, dense: no experts), 4 layers:
   Mamba2 state-space layers next to full-attention layers without positions (Granite 4's "nope"),
   with Granite's embedding, residual, attention and logits multipliers set away from 1 so that
@@ -114,6 +117,17 @@ GRANITE4_DIMS: dict[str, Any] = {
     "embedding_multiplier": 4.0, "residual_multiplier": 0.5, "attention_multiplier": 0.25,
     "logits_scaling": 2.0,
 }
+# Granite 4 at a size where compute, not per-request overhead, decides a repeat's time (for
+# benchmarks): ten Mamba2 layers to two attention layers, as Granite 4's H models mix them. A
+# layer's state (3 x 1152 + 16 x 64 x 64 = 68992 values) needs blocks of 270 tokens or more at
+# 256 values per token: the benchmarks use 272 (vLLM enlarges its attention block the same way).
+SMALL_GRANITE4_DIMS: dict[str, Any] = {
+    **GRANITE4_DIMS, "hidden_size": 512, "shared_intermediate_size": 1536,
+    "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "layer_types": (["mamba"] * 5 + ["attention"]) * 2,
+    "mamba_n_heads": 16, "mamba_d_head": 64, "mamba_expand": 2, "mamba_d_state": 64,
+    "mamba_chunk_size": 256, "attention_multiplier": 0.125,
+}
 # Mamba2 parameters: dt = softplus(raw + dt_bias) around 0.3-0.7 and A = -exp(A_log) in -1..-4, so
 # a head's state decays over a few to a few dozen tokens: long enough that outputs depend on the
 # state carried across blocks (what a state hit must restore), short enough to stay bounded.
@@ -122,11 +136,11 @@ _GRANITE_PROJ_BOUND = {"q_proj": 3.0, "k_proj": 3.0, "v_proj": 2.0, "o_proj": 2.
                        "output_linear": 1.7, "lm_head": 4.0}
 
 
-def granite4_config() -> Any:
+def granite4_config(dims: dict[str, Any] = GRANITE4_DIMS) -> Any:
     from transformers import GraniteMoeHybridConfig
 
     return GraniteMoeHybridConfig(
-        **GRANITE4_DIMS, hidden_act="silu", rms_norm_eps=1e-6, num_local_experts=0,
+        **dims, hidden_act="silu", rms_norm_eps=1e-6, num_local_experts=0,
         tie_word_embeddings=False, attention_bias=False, position_embedding_type=None,
         bos_token_id=BYTE_BOS_ID, eos_token_id=BYTE_EOS_ID, pad_token_id=BYTE_PAD_ID,
         architectures=["GraniteMoeHybridForCausalLM"], dtype="float32",
@@ -168,6 +182,11 @@ def granite4_weights(config: Any, seed: int = GRANITE4_SEED) -> dict[str, torch.
 
 def write_tiny_granite4(out_dir: Path) -> None:
     config = granite4_config()
+    _write_checkpoint(out_dir, config, granite4_weights(config))
+
+
+def write_small_granite4(out_dir: Path) -> None:
+    config = granite4_config(SMALL_GRANITE4_DIMS)
     _write_checkpoint(out_dir, config, granite4_weights(config))
 
 

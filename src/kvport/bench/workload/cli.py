@@ -92,6 +92,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "tables pool their requests, and a target's ratio is the median of "
                         "its passes' ratios (one pass's p50 scatters on a shared machine)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=None,
+                   help="kvport's engine: tokens per KV block (default 16; a Mamba model "
+                        "whose state needs more says how many); vLLM's CPU build: 128")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's, one per core); 1 is steadier on a "
                         "machine shared with other load")
@@ -144,7 +147,7 @@ def workload_config(args: argparse.Namespace) -> WorkloadBenchConfig:
         configs=configs, user_kv_transfer_config=user, quick=args.quick, threads=args.threads,
         repeats=args.repeats, model_fallback_note=model.fallback_note, engine=args.engine,
         vllm_python=args.vllm_python, redis_url=args.redis_url,
-        block_size=VLLM_CPU_BLOCK_SIZE if vllm else 16)
+        block_size=args.block_size or (VLLM_CPU_BLOCK_SIZE if vllm else 16))
     if cfg.redis_url is not None:
         if vllm:  # the vLLM engines' interpreter builds the Redis tier
             _require_redis_py(args.vllm_python or sys.executable)

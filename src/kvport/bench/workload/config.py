@@ -76,7 +76,7 @@ class WorkloadBenchConfig:
             raise ValueError(f"{self.workload} needs a {expected.__name__}, got {self.spec!r}")
         if not 0 < self.pool_fraction <= 1:
             raise ValueError(f"pool_fraction must be in (0, 1], got {self.pool_fraction}")
-        for name in ("concurrency", "repeats"):
+        for name in ("concurrency", "repeats", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:

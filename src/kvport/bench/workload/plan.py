@@ -102,7 +102,9 @@ def plan_engine(cfg: WorkloadBenchConfig) -> EnginePlan:
     ideal = (math.ceil(ws / bs * per_group) + (_num_sessions(cfg.spec) + 1) * per_seq
              + pool)
     host = max(MIN_HOST_BYTES, ws * per_token * 3 // 2)
-    return EnginePlan(per_token, ws, max_len, pool, ideal, host, 2 * host, pool * bs / ws)
+    # A hybrid pool block holds one group's layers: the working set is `per_group` times as many.
+    return EnginePlan(per_token, ws, max_len, pool, ideal, host, 2 * host,
+                      pool * bs / (ws * per_group))
 
 
 def max_step_tokens(cfg: WorkloadBenchConfig, max_model_len: int) -> int:
