@@ -7,13 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from kvport import LLM, SamplingParams
+from hybrid_checks import GREEDY, byte_prompts, check, greedy_reference
+from kvport import LLM
 from kvport.model.builtin import builtin_model_dir
 
 WINDOW = 48
-GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -21,35 +20,12 @@ def model_dir() -> Path:
     return builtin_model_dir("tiny-gemma3")
 
 
-def _prompts(n: int, length: int, shared: int = 0, seed: int = 0) -> list[list[int]]:
-    """`n` prompts of `length` byte tokens (BOS first), the first `shared` tokens common."""
-    gen = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(32, 127, (shared,), generator=gen).tolist()
-    return [[256, *prefix, *torch.randint(32, 127, (length - shared - 1,), generator=gen).tolist()]
-            for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def reference(model_dir: Path) -> dict[tuple[int, ...], list[int]]:
     """transformers' greedy continuation of every prompt these tests run."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out: dict[tuple[int, ...], list[int]] = {}
-    prompts = [*_prompts(3, 150, shared=100), *_prompts(4, 90, seed=1), *_prompts(2, 300, seed=2)]
-    with torch.inference_mode():
-        for p in prompts:
-            ids = model.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens,
-                                 do_sample=False)
-            out[tuple(p)] = ids[0, len(p):].tolist()
-    return out
-
-
-def _check(llm: LLM, prompts: list[list[int]], reference: dict[tuple[int, ...], list[int]]) -> None:
-    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    for p, o in zip(prompts, outs, strict=True):
-        assert o.outputs[0].token_ids == reference[tuple(p)]
-    llm.engine.check_no_leaks()
+    return greedy_reference(model_dir, [
+        *byte_prompts(3, 150, shared=100), *byte_prompts(4, 90, seed=1),
+        *byte_prompts(2, 300, seed=2)])
 
 
 def test_three_groups_and_a_null_block(model_dir: Path) -> None:
@@ -63,10 +39,10 @@ def test_three_groups_and_a_null_block(model_dir: Path) -> None:
 
 def test_greedy_equals_transformers_with_prefix_hits(model_dir: Path, reference: dict) -> None:
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200)
-    prompts = _prompts(3, 150, shared=100)
-    _check(llm, prompts[:1], reference)
+    prompts = byte_prompts(3, 150, shared=100)
+    check(llm, prompts[:1], reference)
     before = llm.engine.pool.stats.num_hit_blocks
-    _check(llm, prompts[1:], reference)  # the shared 100 tokens: 6 full blocks in every group
+    check(llm, prompts[1:], reference)  # the shared 100 tokens: 6 full blocks in every group
     assert llm.engine.pool.stats.num_hit_blocks - before == 2 * 6
 
 
@@ -76,7 +52,7 @@ def test_chunked_prefill_and_a_long_decode(model_dir: Path, reference: dict, mod
     kw = {"async": {"async_scheduling": True}, "process": {"worker": "process"}}.get(mode, {})
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200, max_num_batched_tokens=40, **kw)
     try:
-        _check(llm, _prompts(2, 300, seed=2), reference)
+        check(llm, byte_prompts(2, 300, seed=2), reference)
     finally:
         llm.shutdown()
 
@@ -85,7 +61,7 @@ def test_preemption_under_a_small_pool(model_dir: Path, reference: dict) -> None
     # 4 requests of ~100 tokens: each needs 7 full-group blocks and about 4 per sliding group.
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=40, max_model_len=128,
               max_num_batched_tokens=32)
-    prompts = _prompts(4, 90, seed=1)
+    prompts = byte_prompts(4, 90, seed=1)
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     for p, o in zip(prompts, outs, strict=True):
         assert o.outputs[0].token_ids == reference[tuple(p)]
@@ -96,7 +72,7 @@ def test_preemption_under_a_small_pool(model_dir: Path, reference: dict) -> None
 def test_sliding_groups_hold_only_their_window(model_dir: Path) -> None:
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200)
     engine = llm.engine
-    engine.add_request("r", _prompts(1, 300, seed=2)[0], GREEDY)
+    engine.add_request("r", byte_prompts(1, 300, seed=2)[0], GREEDY)
     kv = engine.kv_cache_manager
     null = engine.pool.null_block
     seen = []
@@ -114,7 +90,8 @@ def test_sliding_groups_hold_only_their_window(model_dir: Path) -> None:
     engine.check_no_leaks()
 
 
-def test_a_connector_gets_one_group_and_outputs_stay_equal(model_dir: Path, reference: dict) -> None:
+def test_a_connector_gets_one_group_and_outputs_stay_equal(model_dir: Path,
+                                                            reference: dict) -> None:
     # A connector that is not SupportsHMA reads one block table: the engine keeps one group of
     # every layer (sliding layers attend within their window but keep their blocks), as vLLM
     # turns its hybrid allocator off for it. (kvport's own connectors declare SupportsHMA:
@@ -123,9 +100,9 @@ def test_a_connector_gets_one_group_and_outputs_stay_equal(model_dir: Path, refe
               kv_transfer_config={"kv_connector": "NoOpConnector", "kv_role": "kv_both"})
     assert llm.engine.kv_cache_manager.group_windows == (None,)
     assert llm.engine.runner.kv_cache.shape[1] == 6
-    prompts = _prompts(3, 150, shared=100)
-    _check(llm, prompts, reference)
+    prompts = byte_prompts(3, 150, shared=100)
+    check(llm, prompts, reference)
     llm.reset_prefix_cache()
-    _check(llm, prompts, reference)
+    check(llm, prompts, reference)
     stats = llm.engine.scheduler.xfer.stats
     assert stats.num_bad_answers == 0 and stats.num_hook_errors == 0

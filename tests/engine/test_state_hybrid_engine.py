@@ -8,12 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from kvport import LLM, SamplingParams
+from hybrid_checks import GREEDY, byte_prompts, check, greedy_reference
+from kvport import LLM
 from kvport.model.builtin import builtin_model_dir
-
-GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -21,36 +19,12 @@ def model_dir() -> Path:
     return builtin_model_dir("tiny-granite4")
 
 
-def _prompts(n: int, length: int, shared: int = 0, seed: int = 0) -> list[list[int]]:
-    """`n` prompts of `length` byte tokens (BOS first), the first `shared` tokens common."""
-    gen = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(32, 127, (shared,), generator=gen).tolist()
-    return [[256, *prefix, *torch.randint(32, 127, (length - shared - 1,), generator=gen).tolist()]
-            for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def reference(model_dir: Path) -> dict[tuple[int, ...], list[int]]:
     """transformers' greedy continuation of every prompt these tests run."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out: dict[tuple[int, ...], list[int]] = {}
-    prompts = [*_prompts(3, 150, shared=100), *_prompts(4, 90, seed=1), *_prompts(2, 300, seed=2),
-               *_prompts(2, 7, seed=3)]
-    with torch.inference_mode():
-        for p in prompts:
-            ids = model.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens,
-                                 do_sample=False)
-            out[tuple(p)] = ids[0, len(p):].tolist()
-    return out
-
-
-def _check(llm: LLM, prompts: list[list[int]], reference: dict[tuple[int, ...], list[int]]) -> None:
-    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    for p, o in zip(prompts, outs, strict=True):
-        assert o.outputs[0].token_ids == reference[tuple(p)]
-    llm.engine.check_no_leaks()
+    return greedy_reference(model_dir, [
+        *byte_prompts(3, 150, shared=100), *byte_prompts(4, 90, seed=1),
+        *byte_prompts(2, 300, seed=2), *byte_prompts(2, 7, seed=3)])
 
 
 def test_a_state_group_and_an_attention_group(model_dir: Path) -> None:
@@ -62,8 +36,8 @@ def test_a_state_group_and_an_attention_group(model_dir: Path) -> None:
 
 def test_greedy_equals_transformers_with_prefix_hits(model_dir: Path, reference: dict) -> None:
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200)
-    prompts = _prompts(3, 150, shared=100)
-    _check(llm, [*prompts[:1], *_prompts(2, 7, seed=3)], reference)
+    prompts = byte_prompts(3, 150, shared=100)
+    check(llm, [*prompts[:1], *byte_prompts(2, 7, seed=3)], reference)
     engine = llm.engine
     engine.add_request("hit", prompts[1], GREEDY)
     engine.step()
@@ -72,7 +46,7 @@ def test_greedy_equals_transformers_with_prefix_hits(model_dir: Path, reference:
     assert engine.scheduler.requests["hit"].num_cached_tokens == 96
     while engine.has_pending_work():
         engine.step()
-    _check(llm, prompts[1:], reference)
+    check(llm, prompts[1:], reference)
 
 
 @pytest.mark.parametrize("tail", [1, 30])
@@ -80,14 +54,10 @@ def test_a_hit_on_a_state_written_in_the_same_step(model_dir: Path, tail: int) -
     # B is admitted in the step that computes A's prompt, and hits the blocks A's prefill
     # publishes when scheduled: B starts from the state A writes in that very step, so its
     # state layers run after A's (a 1-token rest of B would otherwise run first, as a decode).
-    from transformers import AutoModelForCausalLM
-
-    a = _prompts(1, 120, seed=4)[0]
-    b = a[:96] + _prompts(1, tail + 1, seed=5)[0][1:]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        expected = [model.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens,
-                                   do_sample=False)[0, len(p):].tolist() for p in (a, b)]
+    a = byte_prompts(1, 120, seed=4)[0]
+    b = a[:96] + byte_prompts(1, tail + 1, seed=5)[0][1:]
+    reference = greedy_reference(model_dir, [a, b])
+    expected = [reference[tuple(a)], reference[tuple(b)]]
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200)
     engine = llm.engine
     reqs = [engine.add_request("a", a, GREEDY), engine.add_request("b", b, GREEDY)]
@@ -105,7 +75,7 @@ def test_chunked_prefill_and_a_long_decode(model_dir: Path, reference: dict, mod
     kw = {"async": {"async_scheduling": True}, "process": {"worker": "process"}}.get(mode, {})
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200, max_num_batched_tokens=40, **kw)
     try:
-        _check(llm, _prompts(2, 300, seed=2), reference)
+        check(llm, byte_prompts(2, 300, seed=2), reference)
     finally:
         llm.shutdown()
 
@@ -113,7 +83,7 @@ def test_chunked_prefill_and_a_long_decode(model_dir: Path, reference: dict, mod
 def test_preemption_under_a_small_pool(model_dir: Path, reference: dict) -> None:
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=24, max_model_len=128,
               max_num_batched_tokens=32)
-    prompts = _prompts(4, 90, seed=1)
+    prompts = byte_prompts(4, 90, seed=1)
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     for p, o in zip(prompts, outs, strict=True):
         assert o.outputs[0].token_ids == reference[tuple(p)]
@@ -124,7 +94,7 @@ def test_preemption_under_a_small_pool(model_dir: Path, reference: dict) -> None
 def test_a_state_group_holds_only_its_latest_state(model_dir: Path) -> None:
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200)
     engine = llm.engine
-    engine.add_request("r", _prompts(1, 300, seed=2)[0], GREEDY)
+    engine.add_request("r", byte_prompts(1, 300, seed=2)[0], GREEDY)
     kv, null = engine.kv_cache_manager, engine.pool.null_block
     seen = []
     while engine.has_pending_work():
@@ -138,17 +108,18 @@ def test_a_state_group_holds_only_its_latest_state(model_dir: Path) -> None:
     engine.check_no_leaks()
 
 
-def test_a_connector_gets_one_group_and_outputs_stay_equal(model_dir: Path, reference: dict) -> None:
+def test_a_connector_gets_one_group_and_outputs_stay_equal(model_dir: Path,
+                                                            reference: dict) -> None:
     # A connector that is not SupportsHMA reads one block table: one group of every layer, whose
     # blocks hold K/V in the attention layers' slots and the state in the Mamba layers' slots.
     llm = LLM(str(model_dir), block_size=16, num_kv_blocks=200,
               kv_transfer_config={"kv_connector": "NoOpConnector", "kv_role": "kv_both"})
     assert llm.engine.kv_cache_manager.group_windows == (None,)
     assert llm.engine.runner.kv_cache.shape[1] == 4
-    prompts = _prompts(3, 150, shared=100)
-    _check(llm, prompts, reference)
+    prompts = byte_prompts(3, 150, shared=100)
+    check(llm, prompts, reference)
     llm.reset_prefix_cache()
-    _check(llm, prompts, reference)
+    check(llm, prompts, reference)
     stats = llm.engine.scheduler.xfer.stats
     assert stats.num_bad_answers == 0 and stats.num_hook_errors == 0
 

@@ -94,7 +94,8 @@ class Mamba2Mixer(nn.Module):
 
     # --- states in the pool ---------------------------------------------------------------------
 
-    def _read(self, pool: torch.Tensor, blocks: list[int | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read(self, pool: torch.Tensor,
+              blocks: list[int | None]) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv windows (n, d_conv - 1, conv_dim), ssm states (n, heads, d_head, d_state)) in
         float32; zeros for a request that starts at token 0 (block None)."""
         cfg = self.cfg
@@ -203,7 +204,8 @@ def _scan(xs: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     # Within a chunk: query l sees key s <= l, weighted by the decay between them.
     diff = cum.unsqueeze(2) - cum.unsqueeze(1)  # (c, L, S, H)
     causal = torch.ones(chunk, chunk, dtype=torch.bool).tril().view(1, chunk, chunk, 1)
-    weights = torch.einsum("clhn,cshn->clsh", c, b) * torch.exp(diff.masked_fill(~causal, -torch.inf))
+    decays = torch.exp(diff.masked_fill(~causal, -torch.inf))
+    weights = torch.einsum("clhn,cshn->clsh", c, b) * decays
     y = torch.einsum("clsh,cshp->clhp", weights, xdt)
     # What each chunk adds to the state, decayed to its end; then carried across chunks.
     to_end = torch.exp(cum[:, -1:] - cum)  # (c, L, H)
