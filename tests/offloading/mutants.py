@@ -394,4 +394,17 @@ MUTANTS: list[Mutant] = [
         "            if False:\n",
         (f"{SYNC}::test_a_failed_sync_load_stores_nothing_computed_on_it",),
         "a step whose synchronous load failed stores nothing its forward computed on it"),
+    Mutant(
+        "final-block-stored", "src/kvport/connectors/offloading/scheduler/half.py",
+        "        self._store_final_blocks(st, request)\n",
+        "",
+        ("tests/offloading/test_store_stages.py::test_the_block_a_final_step_completes_is_stored",
+         "tests/offloading/test_hybrid_offloading.py::test_every_group_comes_back_after_a_reset"),
+        "the block a request's final step completed is stored under async scheduling too"),
+    Mutant(
+        "final-block-only-computed-tokens", "src/kvport/connectors/offloading/scheduler/half.py",
+        "        done = min(request.num_computed_tokens, request.num_tokens - 1)\n",
+        "        done = request.num_tokens\n",
+        ("tests/offloading/test_store_stages.py::test_the_block_a_final_step_completes_is_stored",),
+        "a finished request's final store covers only tokens whose KV a finished step wrote"),
 ]

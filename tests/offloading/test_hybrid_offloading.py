@@ -41,11 +41,8 @@ def test_every_group_comes_back_after_a_reset(hybrid_reference: list[list[int]],
     # boundary a hit may use: the prompt's last (14, 12), the decoded ones after it, and every
     # 12 blocks (the default interval, 4 windows): blocks 9-13 and 9-12 of a pair.
     sliding_a, sliding_b, full = keys_per_group(llm, 3)
-    # (Under async scheduling a finished request's last block may not be stored: a known loss,
-    # single group too.)
-    lost = 4 if mode == "async" else 0
-    assert 2 * (14 + 13 - 9) - lost <= full <= 2 * (14 + 13 - 9)
-    assert 2 * (5 + 4) - lost <= sliding_a == sliding_b <= 2 * (5 + 4)
+    assert full == 2 * (14 + 13 - 9)  # under async scheduling too (a final block's store)
+    assert sliding_a == sliding_b == 2 * (5 + 4)
     finish(llm)
 
 

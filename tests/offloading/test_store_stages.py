@@ -72,6 +72,26 @@ def test_an_engine_that_stops_stepping_loses_no_store(tmp_path: Path) -> None:
     assert_nothing_leaked(fresh)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("max_tokens, whole", [(19, 6), (18, 5)])
+def test_the_block_a_final_step_completes_is_stored(async_scheduling: bool, max_tokens: int,
+                                                    whole: int) -> None:
+    """A 30-token prompt and 19 tokens: the final step computes token 47, completing offload
+    block 5 (tokens 40-47). Under async scheduling that step was scheduled before token 47 was
+    sampled, so no hash named the block then: it is offered when the request finishes, and the
+    request's blocks are held until the copy ended. With 18 tokens token 47 is the last sampled
+    one, never computed: its block is not stored."""
+    llm = make_llm(offload_config(), async_scheduling=async_scheduling)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    req = llm.engine.add_request("A", prompts(1)[0][:30], params)
+    step_until(llm, lambda: not llm.engine.has_pending_work())
+    half = offloading_half(llm)
+    keys = half.geometry.keys(req.block_hashes[:48 // 4])
+    assert half.manager.lookup(keys) == whole
+    assert half.stats.num_final_block_stores == (whole == 6 and async_scheduling)
+    assert_nothing_leaked(llm)
+
+
 def test_shutdown_lets_the_write_throughs_finish(tmp_path: Path) -> None:
     llm, transfers = controlled("SyncStoresControlledConnector", disk_dir=tmp_path)
     transfers.hold((HOST, DISK))

@@ -163,6 +163,8 @@ class RequestMetrics:
     # Admissions whose block hashes were not one per engine block: not loaded nor stored.
     num_mismatched_hashes: int = 0
     num_skipped_write_throughs: int = 0  # stores kept in host memory only
+    # of num_store_jobs: blocks a request's final step completed, offered when it finished
+    num_final_block_stores: int = 0
     num_late_jobs: int = 0  # jobs the workers gave up waiting for, not reported yet
     num_inflight_waits: int = 0  # None answers: another request was writing the next blocks
     num_inflight_timeouts: int = 0  # requests that reached inflight_wait_s

@@ -23,3 +23,5 @@ class SchedulerCounters:
     # request is neither loaded nor stored.
     num_mismatched_hashes: int = 0
     num_skipped_write_throughs: int = 0  # stores kept in host memory only (WRITE_THROUGH_SHARE)
+    # of num_store_jobs: blocks a request's final step completed, offered when it finished
+    num_final_block_stores: int = 0

@@ -89,6 +89,7 @@ class OffloadingScheduler:
         self._finished: set[str] = set()  # finished requests kept until their jobs report
         self._loads: list[LoadJob] = []  # for the next metadata
         self._held: dict[str, list[int]] = {}  # for the next metadata: finished, blocks held
+        self._final_stores: list[StoreJob] = []  # for the next metadata: of finished requests
         self.tiers: dict[str, TierMetrics] = {}  # medium -> the workers' latest, cumulative
         self.worker = WorkerMetrics()  # the workers' own, cumulative
         self._late_jobs: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
@@ -135,8 +136,9 @@ class OffloadingScheduler:
 
     def build_connector_meta(self, so: SchedulerOutputView) -> OffloadingConnectorMetadata:
         meta = OffloadingConnectorMetadata(loads=self._loads, held=self._held,
+                                           stores=self._final_stores,
                                            did_forward=so.total_num_scheduled_tokens > 0)
-        self._loads, self._held = [], {}
+        self._loads, self._held, self._final_stores = [], {}, []
         for rid in so.preempted_req_ids:
             st = self._reqs.get(rid)
             if st is not None:
@@ -267,6 +269,7 @@ class OffloadingScheduler:
         st = self._reqs.get(rid)
         if st is None:
             return False
+        self._store_final_blocks(st, request)
         st.request = None
         st.reset_tables(self.geometry.num_groups)
         st.sliding_reads.clear()
@@ -277,6 +280,21 @@ class OffloadingScheduler:
             self._held[rid] = sorted(jobs)
             return True
         return False
+
+    def _store_final_blocks(self, st: ReqState, request: RequestView) -> None:
+        """Under async scheduling the block that a request's final step completed had no hash
+        yet when that step was scheduled, so no step offered it: it is offered now (vLLM's own
+        connector does the same), with the request held until the copy ends. Only blocks whose
+        KV a finished step wrote: every token but the last sampled one (a step scheduled ahead
+        may still be computing that one). Not with `sync_stores`: that engine may never step
+        again to run the job."""
+        if self.sync_stores or st.load_failed:
+            return
+        done = min(request.num_computed_tokens, request.num_tokens - 1)
+        job = self.stores.plan(st, done, done, self.hits.room())
+        if job is not None:
+            self._final_stores.append(job)
+            self.stats.num_final_block_stores += 1
 
     def _forget_if_done(self, rid: str) -> None:
         st = self._reqs.get(rid)
