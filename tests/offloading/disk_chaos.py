@@ -87,7 +87,12 @@ def dir_state(directory: Path) -> DirState:
     stray: list[str] = []
     ledger = 0
     for path in sorted(directory.rglob("*")):
-        st = os.lstat(path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            # Gone since the listing: a process starting up probes hard links with two empty
+            # temp files of its own, outside the ledger's lock (disk/setup.py).
+            continue
         if stat.S_ISDIR(st.st_mode):
             continue
         name = path.name

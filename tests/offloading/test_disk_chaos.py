@@ -165,7 +165,10 @@ def _locked_usage(directory: Path) -> tuple[int, int, int]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         files = {}
         for path in [*dir_state(directory).temps, *directory.glob("*/*.kvb")]:
-            st = os.lstat(path)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:  # a starting process's empty hard-link probe (dir_state)
+                continue
             files[st.st_ino] = (st.st_size, st.st_blocks * 512)
         ledger = dir_state(directory).ledger
         return (ledger, sum(s for s, _ in files.values()), sum(b for _, b in files.values()))
