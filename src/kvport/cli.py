@@ -14,7 +14,9 @@ from kvport.trace.events import CALL_ORDERS
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="builtin:tiny-llama",
-                   help="builtin:NAME (tiny-llama, smollm2-135m) or a Hugging Face-format directory")
+                   help="builtin:NAME (tiny-llama, smollm2-135m, tiny-gemma3, tiny-granite4; "
+                        "for benchmarks small-gemma3, small-granite4) or a Hugging Face-format "
+                        "directory")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-kv-blocks", type=int, default=None)
