@@ -37,6 +37,18 @@ MUTANTS: list[Mutant] = [
         ("tests/model/test_model_config.py::test_unsupported_values_name_themselves",),
         "Mamba layers come with a Mamba config (and only then)"),
     Mutant(
+        "state-group-has-no-window", "src/kvport/model/kv_groups.py",
+        "        if self.state and self.sliding_window is not None:\n",
+        "        if False:\n",
+        ("tests/model/test_kv_groups.py::test_a_state_group_has_no_window",),
+        "a KV cache group is a state group or a sliding one, never both"),
+    Mutant(
+        "vllm-refuses-non-attention-groups-first", "src/kvport/vllm/groups.py",
+        "        if not hasattr(spec, \"num_kv_heads\") or not hasattr(spec, \"head_size\"):\n",
+        "        if False:\n",
+        ("tests/vllm/test_vllm_groups_layout.py::test_layouts_kvport_cannot_offload_are_named",),
+        "kvport.vllm names a Mamba group whatever its block size, before any other check"),
+    Mutant(
         "state-fits-a-block", "src/kvport/model/state_cache.py",
         "    if config.mamba.state_numel > block_size * per_token:\n",
         "    if False:\n",
@@ -50,14 +62,14 @@ MUTANTS: list[Mutant] = [
         (f"{ENGINE}::test_greedy_equals_transformers_with_prefix_hits",),
         "a step starts from the state in the block of the token before its first"),
     Mutant(
-        "state-read-after-its-writer", "src/kvport/model/mamba2.py",
-        "        first = [r for r in runs if r.num_tokens == 1 and writer.get(r.read_block, r) is r]\n",
-        "        first = [r for r in runs if r.num_tokens == 1]\n",
+        "state-read-after-its-writer", "src/kvport/model/state_cache.py",
+        "    batched = [r for r in runs if r.num_tokens == 1 and writer.get(r.read_block, r) is r]\n",
+        "    batched = [r for r in runs if r.num_tokens == 1]\n",
         (f"{ENGINE}::test_a_hit_on_a_state_written_in_the_same_step",),
         "a request starting from a state another writes in the same step runs after it"),
     Mutant(
-        "state-prefill-after-its-writer", "src/kvport/model/mamba2.py",
-        "        if source is not None and source is not run and source in runs:\n",
+        "state-prefill-after-its-writer", "src/kvport/model/state_cache.py",
+        "        if source is not None and source is not run and source in rest:\n",
         "        if False:\n",
         (f"{ENGINE}::test_a_hit_on_a_state_written_in_the_same_step",),
         "a prefill starting from a state another prefill writes in the same step runs after it"),

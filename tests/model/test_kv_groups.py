@@ -54,3 +54,11 @@ def test_bad_groups_name_the_value() -> None:
         KVCacheGroup((), None)
     with pytest.raises(ValueError, match="got 0"):
         KVCacheGroup((0,), 0)
+
+
+def test_a_state_group_has_no_window() -> None:
+    from kvport.model.kv_groups import KVCacheGroup
+
+    assert KVCacheGroup((0, 2), None, state=True).held_window == 2
+    with pytest.raises(ValueError, match="no sliding window"):
+        KVCacheGroup((0, 2), 48, state=True)

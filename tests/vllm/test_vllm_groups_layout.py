@@ -76,6 +76,9 @@ def test_one_group_keeps_the_layout_without_groups() -> None:
 
 @pytest.mark.parametrize("change, message", [
     (lambda c: setattr(c.kv_cache_groups[2], "kv_cache_spec", MambaSpec()), "state-space"),
+    # Without prefix caching vLLM gives a Mamba group its own block size: still named as such.
+    (lambda c: setattr(c.kv_cache_groups[2], "kv_cache_spec", MambaSpec(2048)), "MambaSpec"),
+    (lambda c: setattr(c, "kv_cache_groups", [Group([name(0)], MambaSpec())]), "MambaSpec"),
     (lambda c: setattr(c.kv_cache_groups[0].kv_cache_spec, "block_size", 64), "block sizes"),
     (lambda c: setattr(c.kv_cache_tensors[1], "layer_stride", 1 << 21), "strides"),
     (lambda c: c.kv_cache_tensors.pop(), "in no KV cache tensor"),

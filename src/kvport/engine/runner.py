@@ -29,7 +29,7 @@ from kvport.model.attention import (
 from kvport.model.config import ModelConfig
 from kvport.model.kv_groups import KVCacheGroup, layer_slots, slots_per_block
 from kvport.model.sampler import sample
-from kvport.model.state_cache import PagedStateAttention, check_state_fits
+from kvport.model.state_cache import PagedStateAttention
 from kvport.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,6 @@ class ModelRunner:
         """`driver_cls` drives `connector` through each step: KVConnectorDriver, or a subclass
         that changes how (a test puts a defect back with one). `groups`: the KV cache groups
         (default: one group of every layer)."""
-        check_state_fits(model_config, block_size)
         self.model = model
         self.hash_root = hash_root
         self.model_config = model_config

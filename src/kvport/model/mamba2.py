@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from kvport.model.config import MambaConfig
-from kvport.model.state_cache import StateRun
+from kvport.model.state_cache import StateRun, StepRuns
 
 
 @runtime_checkable
@@ -33,7 +33,7 @@ class StateContext(Protocol):
 
     block_size: int
 
-    def state_runs(self, layer_idx: int) -> tuple[torch.Tensor, list[StateRun]]: ...
+    def state_runs(self, layer_idx: int) -> tuple[torch.Tensor, StepRuns]: ...
 
     def state_done(self, layer_idx: int) -> None: ...
 
@@ -77,14 +77,9 @@ class Mamba2Mixer(nn.Module):
         dt = torch.clamp(F.softplus(dt.float() + self.dt_bias.float()), cfg.dt_min, cfg.dt_max)
         pool, runs = ctx.state_runs(self.layer_idx)
         y = torch.empty(x.shape[0], cfg.intermediate_size, dtype=torch.float32)
-        # A request may start from a state another one writes in this step (a prefix hit on a
-        # block published when it was scheduled): it runs after that one. The decodes that
-        # wait for nobody run first, batched.
-        writer = {b: r for r in runs for b in r.write_blocks}
-        first = [r for r in runs if r.num_tokens == 1 and writer.get(r.read_block, r) is r]
-        if first:
-            self._decode(pool, first, xbc, dt, y)
-        for run in _after_their_writers([r for r in runs if r not in first], writer):
+        if runs.batched:
+            self._decode(pool, runs.batched, xbc, dt, y)
+        for run in runs.ordered:
             if run.num_tokens == 1:
                 self._decode(pool, [run], xbc, dt, y)
             else:
@@ -163,26 +158,6 @@ class Mamba2Mixer(nn.Module):
 
     def _a(self) -> torch.Tensor:
         return -torch.exp(self.A_log.float())
-
-
-def _after_their_writers(runs: list[StateRun], writer: dict[int, StateRun]) -> list[StateRun]:
-    """`runs` in their order, except that a run comes after the run that writes the block it
-    reads (a run continuing its own partial block reads what it writes)."""
-    ordered: list[StateRun] = []
-    placed: set[int] = set()
-
-    def place(run: StateRun) -> None:
-        if id(run) in placed:
-            return
-        placed.add(id(run))
-        source = writer.get(run.read_block) if run.read_block is not None else None
-        if source is not None and source is not run and source in runs:
-            place(source)
-        ordered.append(run)
-
-    for run in runs:
-        place(run)
-    return ordered
 
 
 def _scan(xs: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, a: torch.Tensor,

@@ -39,6 +39,17 @@ class StateRun:
     write_blocks: tuple[int, ...]  # the blocks of positions start .. start + num_tokens - 1
 
 
+@dataclass(frozen=True)
+class StepRuns:
+    """A step's runs in the order state layers compute them: `batched`, decodes that start from
+    no state written in this step, all at once; then `ordered`, one by one, each after the run
+    that writes the block it reads (a prefix hit on blocks published when they were scheduled
+    starts from a state computed in this very step)."""
+
+    batched: list[StateRun]
+    ordered: list[StateRun]
+
+
 def check_state_fits(config: ModelConfig, block_size: int) -> None:
     """A ValueError naming the smallest block size whose layer slot holds a layer's state."""
     if config.mamba is None:
@@ -70,6 +81,29 @@ def state_runs(meta: AttentionMetadata, group: int, block_size: int) -> list[Sta
     return runs
 
 
+def order_runs(runs: list[StateRun]) -> StepRuns:
+    """`runs` as a StepRuns; `ordered` keeps their order but for the writers moved ahead (a run
+    continuing its own partial block reads what it writes)."""
+    writer = {b: r for r in runs for b in r.write_blocks}
+    batched = [r for r in runs if r.num_tokens == 1 and writer.get(r.read_block, r) is r]
+    rest = [r for r in runs if r not in batched]
+    ordered: list[StateRun] = []
+    placed: set[int] = set()
+
+    def place(run: StateRun) -> None:
+        if id(run) in placed:
+            return
+        placed.add(id(run))
+        source = writer.get(run.read_block) if run.read_block is not None else None
+        if source is not None and source is not run and source in rest:
+            place(source)
+        ordered.append(run)
+
+    for run in rest:
+        place(run)
+    return StepRuns(batched, ordered)
+
+
 class PagedStateAttention(PagedAttention):
     """`PagedAttention` that also hands state layers their slot of the pool and the step's runs
     (the connector's per-layer hooks run around a state layer as around attention)."""
@@ -80,15 +114,16 @@ class PagedStateAttention(PagedAttention):
     ) -> None:
         super().__init__(kv_cache, meta, scale, hooks, places)
         self.block_size = block_size
-        self._runs: dict[int, list[StateRun]] = {}  # group -> runs, built once per step
+        self._runs: dict[int, StepRuns] = {}  # group -> runs, built once per step
 
-    def state_runs(self, layer_idx: int) -> tuple[torch.Tensor, list[StateRun]]:
+    def state_runs(self, layer_idx: int) -> tuple[torch.Tensor, StepRuns]:
         """(the layer's states, (num_blocks, values per slot), a view of the pool; the runs)."""
         if self.hooks is not None:
             self.hooks.before_attention(layer_idx)
         place = self.places[layer_idx]
         if place.group not in self._runs:
-            self._runs[place.group] = state_runs(self.meta, place.group, self.block_size)
+            self._runs[place.group] = order_runs(
+                state_runs(self.meta, place.group, self.block_size))
         return self.kv_cache[:, place.slot].flatten(1), self._runs[place.group]
 
     def state_done(self, layer_idx: int) -> None:

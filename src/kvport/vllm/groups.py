@@ -44,15 +44,18 @@ def vllm_groups(kv_cache_config: Any, where: str) -> VllmGroups:
     of different block sizes, state-space (Mamba) groups, layers not laid out one per tensor."""
     groups = kv_cache_config.kv_cache_groups
     for g in groups:
-        if type(g.kv_cache_spec).__name__ == "MambaSpec":
+        spec = g.kv_cache_spec
+        if not hasattr(spec, "num_kv_heads") or not hasattr(spec, "head_size"):
             # kvport's engine offloads state groups (docs/offloading.md); vLLM 0.32's CPU build
             # keeps a Mamba state at block boundaries only with prefix caching on, which stops
-            # its engine for prompts longer than a block (docs/vllm.md).
+            # its engine for prompts longer than a block (docs/vllm.md). Checked first: without
+            # prefix caching a Mamba group's block size differs too.
             raise ValueError(
-                f"{where}: KV cache group of MambaSpec (layers {list(g.layer_names)[:2]}...): "
-                f"state-space groups are not offloaded inside vLLM 0.32 (its CPU build keeps "
-                f"no state at block boundaries without prefix caching, and stops with it on "
-                f"prompts past one block); run the model without a kvport connector")
+                f"{where}: KV cache group of {type(spec).__name__} (layers "
+                f"{list(g.layer_names)[:2]}...): state-space and other non-attention groups "
+                f"are not offloaded inside vLLM 0.32 (its CPU build keeps no Mamba state at "
+                f"block boundaries without prefix caching, and stops with it on prompts past "
+                f"one block); run the model without a kvport connector")
     block_sizes = sorted({g.kv_cache_spec.block_size for g in groups})
     if len(block_sizes) != 1:
         raise ValueError(f"{where}: KV cache groups with block sizes {block_sizes}; kvport "
@@ -60,12 +63,6 @@ def vllm_groups(kv_cache_config: Any, where: str) -> VllmGroups:
     if len(groups) == 1:
         names = tuple(groups[0].layer_names)
         return VllmGroups(names, {n: i for i, n in enumerate(names)}, (), block_sizes[0])
-    for g in groups:
-        spec = g.kv_cache_spec
-        if not hasattr(spec, "num_kv_heads") or not hasattr(spec, "head_size"):
-            raise ValueError(f"{where}: KV cache group of {type(spec).__name__} (layers "
-                             f"{list(g.layer_names)[:2]}...): state-space and other non-attention "
-                             f"groups are not offloaded inside vLLM")
     names = [n for g in groups for n in g.layer_names]
     layer_index = {n: i for i, n in enumerate(sorted(names, key=_layer_number))}
     address = _page_addresses(kv_cache_config.kv_cache_tensors, where)
