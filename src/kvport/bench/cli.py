@@ -13,6 +13,7 @@ from typing import Any
 
 from kvport.bench.hybrid import cli as hybrid_cli
 from kvport.bench.overhead import cli as overhead_cli
+from kvport.bench.serve import cli as serve_cli
 from kvport.bench.soak import cli as soak_cli
 from kvport.bench.throughput import cli as throughput_cli
 from kvport.bench.transfer import cli as transfer_cli
@@ -28,6 +29,7 @@ def add_bench_parser(subparsers: Any) -> None:
     workload_cli.add_parsers(commands)
     soak_cli.add_parser(commands)
     hybrid_cli.add_parser(commands)
+    serve_cli.add_parser(commands)
 
 
 def main(argv: list[str] | None = None) -> int:
