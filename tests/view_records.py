@@ -26,10 +26,15 @@ class ViewRequest:
     block_size: int
     block_hashes: list[bytes] = field(default_factory=list)  # default: chain_hashes(prompt)
     num_computed_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.block_hashes:
             self.block_hashes = chain_hashes(self.prompt_token_ids, self.block_size)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids
 
     @property
     def num_prompt_tokens(self) -> int:

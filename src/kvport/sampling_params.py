@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from kvport.connectors.transfer_params import TransferLimits
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return with each sampled token
     min_tokens: int = 0  # EOS and stop tokens are ignored until this many tokens are generated
+    # vLLM's name: free-form arguments; "kv_transfer_params" holds the request's limits for the
+    # KV connector (kvport.connectors.transfer_params), checked here.
+    extra_args: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         # Accept a list for stop_token_ids (the common way to write it) but keep the record hashable.
@@ -33,6 +40,13 @@ class SamplingParams:
                f"logprobs must be an integer >= 0, got {self.logprobs!r}")
         _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        _check(self.extra_args is None or isinstance(self.extra_args, Mapping),
+               f"extra_args must be a dict, got {type(self.extra_args).__name__}")
+        TransferLimits.parse(self.kv_transfer_params)  # a bad value fails here, for this request
+
+    @property
+    def kv_transfer_params(self) -> Mapping[str, Any] | None:
+        return None if self.extra_args is None else self.extra_args.get("kv_transfer_params")
 
     @property
     def is_greedy(self) -> bool:

@@ -15,11 +15,13 @@ import sys
 import traceback
 from typing import Any
 
+import run_events
 import run_load_failures
 import run_trace
 import run_vllm
 
-MAINS = {"trace": run_trace.main, "e2e": run_vllm.main, "load_failures": run_load_failures.main}
+MAINS = {"trace": run_trace.main, "e2e": run_vllm.main, "load_failures": run_load_failures.main,
+         "events": run_events.main}
 
 
 def answer(job: dict[str, Any]) -> dict[str, Any]:

@@ -119,11 +119,28 @@ class ForwardContext:
 
 @dataclass(frozen=True)
 class KVCacheEvent:
-    """A change of what a connector holds: blocks stored (removed=False) or removed."""
+    """A change of what a connector holds: blocks stored (removed=False) or removed, in the
+    engine's own terms, so that a router can index them without the connector's keys.
+
+    `block_hashes` are the engine's chained hashes (RequestView.block_hashes) of consecutive
+    engine blocks, in token order. A stored event also says what the blocks hold: their tokens
+    (`block_size` per block), the hash of the block before the first (None: the prompt's first
+    block) and, where the engine keys blocks by more than tokens, the LoRA adapter and per-block
+    extra keys (cache_salt, ...). A removal names only hashes and group. `medium` is kvport's
+    tier (HOST, DISK, REDIS; an engine adapter maps it to the engine's names). `group_idx`: the
+    KV cache group of the blocks (0 with one group). A connector that cannot describe a block
+    (an older store) sends hashes only: empty `token_ids`, `block_size` 0."""
 
     block_hashes: tuple[bytes, ...]
     medium: str
     removed: bool
+    parent_block_hash: bytes | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 0
+    group_idx: int = 0
+    lora_name: str | None = None
+    lora_id: int | None = None
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
 
 
 def layer_name(layer_idx: int) -> str:

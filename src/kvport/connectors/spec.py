@@ -29,6 +29,9 @@ class EngineInfo:
     # groups): the engine recomputes or fails the whole request, and cannot take the failure of
     # a synchronous load (so every load must be asynchronous).
     load_failures_per_request: bool = False
+    # Someone reads the connector's KV cache events (kvport's engine: LLM.take_kv_events; vLLM:
+    # only with KV events enabled): without a reader a connector need not describe its blocks.
+    kv_events: bool = True
 
 
 @dataclass(frozen=True)

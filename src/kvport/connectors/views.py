@@ -48,6 +48,14 @@ class RequestView(Protocol):
         """Chained hash of every full engine block of the request's tokens: equal hashes mean
         equal prefixes of the same model (see KVCacheSpec.hash_root)."""
 
+    @property
+    def all_token_ids(self) -> Sequence[int]:
+        """Prompt and output tokens so far (what the stored events of its blocks carry)."""
+
+    @property
+    def kv_transfer_params(self) -> Mapping[str, Any] | None:
+        """The request's own limits for connectors (max_load_tokens, ...), or None."""
+
 
 @runtime_checkable
 class NewRequestView(Protocol):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from kvport.engine.hashing import BlockHash, hash_blocks
 from kvport.sampling_params import SamplingParams
@@ -84,6 +86,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def kv_transfer_params(self) -> Mapping[str, Any] | None:
+        """The request's limits for the KV connector (SamplingParams.extra_args)."""
+        return self.sampling_params.kv_transfer_params
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -34,7 +34,7 @@ from kvport.config import KVTransferConfig
 from kvport.connectors import base
 from kvport.connectors.factory import create_connector
 from kvport.vllm.compat import require_vllm
-from kvport.vllm.events import hit_sources, vllm_events
+from kvport.vllm.events import group_kinds, hit_sources, vllm_events
 from kvport.vllm.metadata import VllmMetadata, VllmWorkerMetadata, inner_metadata
 from kvport.connectors.hma import SupportsHMA as SupportsHMAKvport
 from kvport.connectors.hma import supports_hma
@@ -111,6 +111,7 @@ class KvportConnector(KVConnectorBase_V1):
                              f"--disable-hybrid-kv-cache-manager")
         self._groups = vllm_groups(kv_cache_config, where)
         self._block_size = self._groups.block_size
+        self._group_kinds = group_kinds(kv_cache_config) if is_scheduler else []
         shares = self.inner.shares_storage()
         if shares:
             algo = vllm_config.cache_config.prefix_caching_hash_algo
@@ -203,7 +204,7 @@ class KvportConnector(KVConnectorBase_V1):
                                                  tuple(list(ids) for ids in block_ids))
 
     def take_events(self) -> Iterable[KVCacheEvent]:
-        return vllm_events(self.inner.take_events(), self._block_size)
+        return vllm_events(self.inner.take_events(), self._group_kinds)
 
     def has_pending_push_work(self) -> bool:
         """Keeps vLLM's engine-core loop stepping while the connector has work in flight."""

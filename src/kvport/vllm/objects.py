@@ -70,6 +70,43 @@ class RequestAdapter:
     def block_hashes(self) -> Sequence[bytes]:
         return self._request.block_hashes
 
+    @property
+    def all_token_ids(self) -> Sequence[int]:
+        return self._request.all_token_ids
+
+    @property
+    def kv_transfer_params(self) -> Mapping[str, Any] | None:
+        return getattr(self._request, "kv_transfer_params", None)
+
+    @property
+    def lora_name(self) -> str | None:
+        lora = getattr(self._request, "lora_request", None)
+        return None if lora is None else lora.name
+
+    @property
+    def lora_id(self) -> int | None:
+        lora = getattr(self._request, "lora_request", None)
+        return None if lora is None else lora.adapter_id
+
+    def block_extra_keys(self, first: int, end: int) -> list[tuple[Any, ...] | None] | None:
+        """What vLLM's block hash of engine blocks [first, end) covers besides tokens (LoRA,
+        multimodal items, cache_salt: vLLM's own function), as its prefix cache's events say;
+        None for a request with none of them."""
+        request = self._request
+        if (getattr(request, "lora_request", None) is None and not getattr(request, "cache_salt",
+                                                                             None)
+                and not getattr(request, "mm_features", None)
+                and getattr(request, "prompt_embeds", None) is None):
+            return None
+        from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
+
+        keys, mm_idx = [], 0
+        for i in range(first, end):
+            extra, mm_idx = generate_block_hash_extra_keys(
+                request, i * self.block_size, (i + 1) * self.block_size, mm_idx)
+            keys.append(extra)
+        return keys
+
 
 def group0(block_ids: Sequence[Sequence[int]] | None) -> list[int]:
     """The block ids of the one KV cache group (vLLM passes a tuple per group, or None)."""

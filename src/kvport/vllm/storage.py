@@ -37,9 +37,11 @@ def kvport_spec(vllm_config: Any, kv_cache_config: Any, groups: VllmGroups, tp_r
     layout = f"{LAYOUT}|tp{tp_rank}of{tp_size}"
     # With several KV cache groups vLLM 0.32 takes failed loads per request only
     # (KVConnectorTransferResults.failed_recving); block ids would stop the engine.
+    events = getattr(vllm_config, "kv_events_config", None)
     engine = EngineInfo(tp_size=tp_size, tp_rank=tp_rank, stops_when_idle=True,
                         caches_failed_sync_loads=True,
-                        load_failures_per_request=groups.num_groups > 1)
+                        load_failures_per_request=groups.num_groups > 1,
+                        kv_events=bool(events is not None and events.enable_kv_cache_events))
     kvport = KVCacheSpec(
         num_blocks=kv_cache_config.num_blocks, block_size=spec.block_size,
         num_layers=len(groups.layer_index), num_kv_heads=spec.num_kv_heads,

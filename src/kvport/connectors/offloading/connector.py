@@ -66,7 +66,8 @@ class OffloadingConnector(KVConnectorBase, SupportsHMA):
         """The scheduler half (a seam: tests build variants of it)."""
         return OffloadingScheduler(config, geometry, load=load, store=store,
                                    num_workers=spec.engine.tp_size,
-                                   sync_stores=spec.engine.stops_when_idle)
+                                   sync_stores=spec.engine.stops_when_idle,
+                                   events=spec.engine.kv_events)
 
     def shares_storage(self) -> bool:
         """Disk and Redis entries are read by other processes and outlive this one."""

@@ -109,6 +109,17 @@ class JobResult:
                          self.stage)
 
 
+@dataclass(frozen=True)
+class TierChange:
+    """What a lower tier (disk, Redis) now holds or no longer holds, by key: written through
+    (or found there already) by a store, or dropped by the tier itself (evicted, found gone,
+    deleted as bad). The scheduler half announces them as KV cache events."""
+
+    medium: str
+    keys: tuple[bytes, ...]
+    removed: bool
+
+
 @dataclass
 class OffloadingWorkerMetadata(KVConnectorWorkerMetadata):
     results: list[JobResult] = field(default_factory=list)
@@ -117,12 +128,15 @@ class OffloadingWorkerMetadata(KVConnectorWorkerMetadata):
     # but no longer a reason to keep the engine stepping.
     late_jobs: list[int] = field(default_factory=list)
     worker: WorkerMetrics = field(default_factory=WorkerMetrics)  # cumulative
+    changes: list[TierChange] = field(default_factory=list)  # in the order they happened
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> OffloadingWorkerMetadata:
-        """Two workers' metadata of one step: results and late jobs together; tier snapshots
-        (each tier is shared by the workers' shards) the later one; worker counters added."""
+        """Two workers' metadata of one step: results, late jobs and tier changes together;
+        tier snapshots (each tier is shared by the workers' shards) the later one; worker
+        counters added."""
         assert isinstance(other, OffloadingWorkerMetadata), f"cannot aggregate {other!r}"
         return OffloadingWorkerMetadata(self.results + other.results,
                                         {**self.tiers, **other.tiers},  # the later snapshot wins
                                         sorted(set(self.late_jobs) | set(other.late_jobs)),
-                                        self.worker.plus(other.worker))
+                                        self.worker.plus(other.worker),
+                                        self.changes + other.changes)

@@ -46,8 +46,10 @@ from kvport.connectors.offloading.metrics import (
     RequestMetrics, TierMetrics, WorkerMetrics, extend,
 )
 from kvport.connectors.offloading.metadata import (
-    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage,
+    JobResult, LoadJob, OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage, StoreJob,
+    TierChange,
 )
+from kvport.connectors.offloading.scheduler.block_events import BlockEvents
 from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
 from kvport.connectors.offloading.scheduler.hits import HitPlanner, hashes_ok
 from kvport.connectors.offloading.scheduler.inflight import InflightWaits
@@ -71,9 +73,12 @@ def make_manager(config: OffloadingConfig, num_slots: int) -> PolicyManager:
 class OffloadingScheduler:
     def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry, load: bool = True,
                  store: bool = True, num_workers: int = 1, sync_stores: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, events: bool = True) -> None:
         self.geometry = geometry
         self.manager = make_manager(config, geometry.num_slots)
+        self.events = BlockEvents(events, geometry.block_size, geometry.block_factor)
+        self._changes: list[TierChange] = []  # lower tiers' reports, for the next take_events
+        self._settle: list[bytes] = []  # keys whose jobs ended, for the next take_events
         self.lower = LowerLookup(config, geometry)  # disk, Redis: which keys
         self.waits = InflightWaits(config.inflight_wait_s, clock)  # tests/sim moves the clock
         self.stats = SchedulerCounters()
@@ -81,9 +86,9 @@ class OffloadingScheduler:
         self._jobs = JobTable(num_workers)
         self.hits = HitPlanner(geometry, self.manager, self.lower, self.waits, self._jobs,
                                self.stats, load_enabled=load,
-                               sync_host_loads=config.sync_host_loads)
+                               sync_host_loads=config.sync_host_loads, events=self.events)
         self.stores = StorePlanner(geometry, self.manager, self._jobs, self.stats,
-                                   store_enabled=store)
+                                   store_enabled=store, events=self.events)
         self.sync_stores = sync_stores
         self._reqs: dict[str, ReqState] = {}
         self._finished: set[str] = set()  # finished requests kept until their jobs report
@@ -191,6 +196,7 @@ class OffloadingScheduler:
         assert isinstance(meta, OffloadingWorkerMetadata), f"not the offloading worker's: {meta!r}"
         self.tiers.update(meta.tiers)
         self.worker = meta.worker
+        self._changes.extend(meta.changes)
         self._late_jobs.update(meta.late_jobs)
         for one in meta.results:
             job = self._jobs.get(one.job_id)
@@ -232,6 +238,7 @@ class OffloadingScheduler:
         else:
             self.manager.complete_store(bad, success=False)
             self._jobs.pop(result.job_id)
+            self._settle.extend(job.keys)
         if st is not None:
             self._forget_if_done(job.req_id)
 
@@ -242,6 +249,7 @@ class OffloadingScheduler:
         self.stores.write_ended(job)
         self.manager.complete_load(job.pinned)
         self.manager.complete_store(job.failed_keys, success=False)
+        self._settle.extend(job.keys)
 
     def _finish_load(self, result: JobResult, job: Job) -> None:
         if job.promoted:
@@ -250,6 +258,7 @@ class OffloadingScheduler:
                                         success=False)
             self.manager.complete_store([k for i, k in enumerate(job.promoted)
                                          if i not in failed])
+            self._settle.extend(job.promoted)
         if not result.success:
             self.stats.num_failed_loads += 1
         st = self._reqs.get(job.req_id)
@@ -303,8 +312,24 @@ class OffloadingScheduler:
             self._finished.discard(rid)
 
     def take_events(self) -> list[KVCacheEvent]:
-        return [KVCacheEvent(tuple(e.keys), e.medium, e.removed)
-                for e in self.manager.take_events()]
+        """What every tier stored and dropped since the last call, in the engine's terms
+        (block_events.py): the host tier's manager, then the lower tiers' reports."""
+        for e in self.manager.take_events():
+            if e.removed:
+                self.events.removed(e.medium, e.keys)  # type: ignore[arg-type]
+            else:
+                self.events.stored(e.medium, e.keys)  # type: ignore[arg-type]
+        for medium, keys in self.lower.take_absent().items():
+            self.events.removed(medium, keys)  # found gone by a lookup: no longer hit-able
+        for change in self._changes:
+            if change.removed:
+                self.events.removed(change.medium, change.keys)
+            else:
+                self.events.stored(change.medium, change.keys)
+        self._changes = []
+        self.events.settled(self._settle)
+        self._settle = []
+        return self.events.take()
 
     def has_pending_work(self) -> bool:
         """A job is in flight that the workers still wait for (not one they gave up on: its

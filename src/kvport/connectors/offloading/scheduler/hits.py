@@ -36,6 +36,7 @@ from kvport.connectors.offloading.mediums import (
     DISK, HOST, KEYED_BLOCKS, REDIS, EngineBlocks, HostBlocks,
 )
 from kvport.connectors.offloading.metadata import LoadJob, Promotion
+from kvport.connectors.offloading.scheduler.block_events import BlockEvents
 from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
 from kvport.connectors.offloading.scheduler.group_hits import find_group_hit
 from kvport.connectors.offloading.scheduler.inflight import InflightWaits
@@ -78,8 +79,10 @@ class Match:
 class HitPlanner:
     def __init__(self, geometry: OffloadGeometry, manager: PolicyManager, lower: LowerLookup,
                  waits: InflightWaits, jobs: JobTable, counters: SchedulerCounters,
-                 load_enabled: bool, sync_host_loads: bool) -> None:
+                 load_enabled: bool, sync_host_loads: bool,
+                 events: BlockEvents | None = None) -> None:
         self.geometry = geometry
+        self.events = events if events is not None else BlockEvents(False, 1, 1)
         self.manager = manager
         self.lower = lower
         self.waits = waits
@@ -200,6 +203,7 @@ class HitPlanner:
                 job.promoted = lower_keys
                 slots = slots + out.slot_ids
                 promotions = _promotions(match.lower, out.slot_ids)
+                self._describe_promoted(st.request, match)  # type: ignore[arg-type]
             elif out is not None:  # not expected (keys being written end the hit run)
                 self.manager.complete_store(out.keys_to_store, success=False)
         if match.dst is not None:  # several groups: each key's block, in its group's table
@@ -217,6 +221,15 @@ class HitPlanner:
         self.counters.num_load_jobs += 1
         self.counters.num_sync_loads += match.sync
         return load
+
+    def _describe_promoted(self, request: RequestView, match: Match) -> None:
+        """The promoted keys will be stored in host memory: what each holds (KV events)."""
+        first = len(match.host_keys)
+        for j, (key, _) in enumerate(match.lower):
+            if match.dst is not None:
+                self.events.describe(request, key, *match.dst[first + j])
+            else:
+                self.events.describe(request, key, 0, match.start + first + j)
 
     def _split_by_tier(self, match: Match, num_external: int) -> dict[str, int]:
         """The hit's first `num_external` tokens per tier they come from (HOST, DISK, REDIS), in

@@ -104,6 +104,17 @@ class LowerLookup:
                          if there)
         return found
 
+    def take_absent(self) -> dict[str, list[bytes]]:
+        """Per lower tier, the keys its lookups since the last call found it does not hold
+        (a tier that drops entries by itself, or another process's eviction, is learnt so)."""
+        absent: dict[str, list[bytes]] = {}
+        for medium, lookup in ((DISK, self.disk), (REDIS, self.redis)):
+            if lookup is not None:
+                keys = lookup.absent.take()
+                if keys:
+                    absent[medium] = keys
+        return absent
+
     def redis_metrics(self) -> RedisLookupMetrics:
         """The Redis lookups' own counters (round trips, timeouts, ...)."""
         return self.redis.stats() if self.redis is not None else RedisLookupMetrics()

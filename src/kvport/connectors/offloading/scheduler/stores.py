@@ -21,6 +21,7 @@ from kvport.connectors.offloading.geometry import OffloadGeometry, group_key
 from kvport.connectors.offloading.manager.policy import PolicyManager
 from kvport.connectors.offloading.mediums import KEYED_BLOCKS, EngineBlocks, HostBlocks
 from kvport.connectors.offloading.metadata import StoreJob
+from kvport.connectors.offloading.scheduler.block_events import BlockEvents
 from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
 from kvport.connectors.offloading.scheduler.jobs import STORE, Job, JobTable
 from kvport.connectors.offloading.scheduler.requests import ReqState
@@ -32,8 +33,10 @@ WRITE_THROUGH_SHARE = 0.5
 
 class StorePlanner:
     def __init__(self, geometry: OffloadGeometry, manager: PolicyManager, jobs: JobTable,
-                 counters: SchedulerCounters, store_enabled: bool) -> None:
+                 counters: SchedulerCounters, store_enabled: bool,
+                 events: BlockEvents | None = None) -> None:
         self.geometry = geometry
+        self.events = events if events is not None else BlockEvents(False, 1, 1)
         self.manager = manager
         self.jobs = jobs
         self.counters = counters
@@ -72,6 +75,8 @@ class StorePlanner:
         if not out.keys_to_store:
             return None
         stored = list(out.keys_to_store)
+        for key in stored:
+            self.events.describe(req, key, *where[key])
         src = [b for k in stored for b in g.engine_span(st.tables[where[k][0]], where[k][1],
                                                         where[k][1] + 1)]
         writes = [KEYED_BLOCKS[medium](stored) for medium in g.lower_media]

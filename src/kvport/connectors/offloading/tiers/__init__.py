@@ -10,6 +10,7 @@ are imported from their packages, so that importing one does not import another.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 
@@ -20,3 +21,23 @@ class TransferOutcome:
 
     num_bytes: int
     failed_indices: list[int] = field(default_factory=list)
+
+
+class DroppedKeys:
+    """The keys a lower tier dropped by itself (evicted for room, found gone, deleted as bad),
+    for the scheduler half's removal events: appended by worker threads, drained by the worker
+    half once per step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: list[bytes] = []
+
+    def add(self, keys: list[bytes]) -> None:
+        if keys:
+            with self._lock:
+                self._keys.extend(keys)
+
+    def take(self) -> list[bytes]:
+        with self._lock:
+            keys, self._keys = self._keys, []
+        return keys

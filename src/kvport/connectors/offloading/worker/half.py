@@ -37,7 +37,7 @@ from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import HOST
 from kvport.connectors.offloading.metrics import Counters, WorkerMetrics
 from kvport.connectors.offloading.metadata import (
-    OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage,
+    OffloadingConnectorMetadata, OffloadingWorkerMetadata, Stage, TierChange,
 )
 from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool
 from kvport.connectors.offloading.tiers.host.tier import HostTier
@@ -210,14 +210,21 @@ class OffloadingConnectorWorker:
 
     def build_worker_meta(self) -> OffloadingWorkerMetadata | None:
         submitter = self._submitter
-        if submitter is None or (not submitter.results and not self._late):
+        if submitter is None:
+            return None
+        for medium, tier in self.lower.items():
+            dropped = tier.dropped.take()
+            if dropped:
+                submitter.changes.append(TierChange(medium, tuple(dropped), removed=True))
+        if not submitter.results and not self._late and not submitter.changes:
             return None
         results, submitter.results = submitter.results, []
+        changes, submitter.changes = submitter.changes, []
         late, self._late = self._late, []
         tiers = {HOST: self.host.stats.snapshot()} if self.host is not None else {}
         for medium, tier in self.lower.items():
             tiers[medium] = tier.stats.snapshot()
-        return OffloadingWorkerMetadata(results, tiers, late, self.stats.snapshot())
+        return OffloadingWorkerMetadata(results, tiers, late, self.stats.snapshot(), changes)
 
     def shutdown(self) -> None:
         """Drains what the engine computed into the tiers, stage by stage, within

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvport.connectors.offloading.mediums import LoadStoreSpec
-from kvport.connectors.offloading.metadata import JobResult, LoadJob, Stage
+from kvport.connectors.offloading.metadata import JobResult, LoadJob, Stage, TierChange
 from kvport.connectors.offloading.worker.transfers import TransferResult, TransferRouter
 
 
@@ -52,6 +52,7 @@ class Submitter:
         self.router = router
         self.in_flight: set[TransferKey] = set()  # submitted to the router, not reported
         self.results: list[JobResult] = []  # for the next worker metadata
+        self.changes: list[TierChange] = []  # what lower tiers now hold, for the same
 
     def submit(self, key: TransferKey, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
         self.in_flight.add(key)

@@ -53,7 +53,7 @@ class StoreRunner:
         if key.stage is Stage.COPY:
             self._on_copied(self.copies.pop(key.job_id), result)
         else:
-            self._on_written(key.job_id, result)
+            self._on_written(key, result)
 
     def _on_copied(self, job: StoreJob, result: TransferResult) -> None:
         """The store's copy finished: report it, and write the slots it filled through to each
@@ -72,8 +72,11 @@ class StoreRunner:
         for src, dst in writes:
             self.submitter.submit(TransferKey(job.job_id, Stage.WRITE, dst.medium()), src, dst)
 
-    def _on_written(self, job_id: int, result: TransferResult) -> None:
-        done = self.writes.ended(job_id, result.failed_indices)
+    def _on_written(self, key: TransferKey, result: TransferResult) -> None:
+        done, held = self.writes.ended(key.job_id, key.medium, result.failed_indices)
+        if held.keys:
+            self.submitter.changes.append(held)
+        job_id = key.job_id
         if done is not None:
             self.deadlines.end(job_id)
             self.given_up.discard(job_id)

@@ -19,7 +19,7 @@ from kvport.connectors.offloading.config import OffloadingConfig, RedisTierConfi
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
 from kvport.connectors.offloading.metrics import Counters
-from kvport.connectors.offloading.tiers import TransferOutcome
+from kvport.connectors.offloading.tiers import DroppedKeys, TransferOutcome
 from kvport.connectors.offloading.tiers.disk.tier import DiskTier
 from kvport.connectors.offloading.worker.threads import ThreadPoolHandler
 from kvport.connectors.offloading.worker.transfers import BatchFn, TransferRouter, TransferFn
@@ -40,6 +40,10 @@ class LowerTier(Protocol):
     @property
     def stats(self) -> Counters[Any]:
         """Its counters (metrics.Counters of DiskTierMetrics, RedisTierMetrics)."""
+
+    @property
+    def dropped(self) -> DroppedKeys:
+        """Keys it dropped by itself since the last `take` (its removal events)."""
 
     def store_from_host(self, host: HostTier, src: HostBlocks, dst: Any) -> TransferOutcome: ...
 

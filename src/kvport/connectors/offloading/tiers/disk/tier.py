@@ -53,7 +53,7 @@ import torch
 
 from kvport.connectors.offloading.mediums import DiskBlocks, HostBlocks
 from kvport.connectors.offloading.metrics import Counters, DiskTierMetrics
-from kvport.connectors.offloading.tiers import TransferOutcome
+from kvport.connectors.offloading.tiers import DroppedKeys, TransferOutcome
 from kvport.connectors.offloading.tiers.disk.location import (  # noqa: F401  (re-exported)
     DiskLocation, ScannedName, check_pairs, checksum, key_digest, unlink_quietly,
 )
@@ -95,6 +95,7 @@ class DiskTier:
         self.dir = self.location.dir
         prepare_directory(self.location, root_dir, group_access)
         self.stats = Counters(DiskTierMetrics)
+        self.dropped = DroppedKeys()  # evicted by this process, or found gone
         self.files = RunFiles()  # run files kept open between load jobs
         self.ledger = Ledger(self.dir, self.location.file_mode)
         self.loader = DiskLoader(self.location, self.index, self.files, self.stats, self.ledger,
@@ -179,6 +180,7 @@ class DiskTier:
                 [self.location.path_str(key) for key in eviction.keys])
             self.files.drop(eviction.runs)
             self.stats.add(evictions=len(eviction.keys))
+            self.dropped.add(list(eviction.keys))
         self.stats.set(shared_bytes=entry.used)
         return True
 
@@ -255,6 +257,8 @@ class DiskTier:
                 self.ledger.remove_names([path])
                 self.stats.add(rejected=1)
                 logger.warning("disk tier: %s was not a regular file; removed", path)
+        if not held and key in self.index:
+            self.dropped.add([key])  # another process evicted it
         self.index.refresh(key, held)
         if not held:
             self._update_occupancy()

@@ -8,6 +8,7 @@ import dataclasses
 
 from kvport.connectors.offloading.config import RedisTierConfig
 from kvport.connectors.offloading.metrics import Counters, RedisLookupMetrics
+from kvport.connectors.offloading.tiers import DroppedKeys
 from kvport.connectors.offloading.tiers.redis.client import RedisConnection, RedisKeyspace
 
 
@@ -21,10 +22,13 @@ class RedisLookup:
         self._stats = Counters(RedisLookupMetrics)
         self._conn = RedisConnection(config, timeout_s=config.lookup_timeout_ms / 1000.0,
                                      stats=self._stats)
+        self.absent = DroppedKeys()  # keys Redis answered it does not hold (removal events)
 
     def exists(self, keys: list[bytes]) -> list[bool]:
         replies = self._conn.execute([("EXISTS", self.keyspace.key(k)) for k in keys])
         found = [r == 1 for r in replies]  # an exception at a position: a miss
+        # Only a reply of 0 says "gone"; an error or a timeout says nothing.
+        self.absent.add([k for k, r in zip(keys, replies) if type(r) is int and r == 0])
         self._stats.add(lookups=1, keys_queried=len(keys), keys_found=sum(found))
         return found
 

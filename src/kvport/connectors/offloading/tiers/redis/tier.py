@@ -46,7 +46,7 @@ from redis.exceptions import ResponseError
 from kvport.connectors.offloading.config import RedisTierConfig
 from kvport.connectors.offloading.mediums import HostBlocks, RedisBlocks
 from kvport.connectors.offloading.metrics import Counters, RedisTierMetrics
-from kvport.connectors.offloading.tiers import TransferOutcome
+from kvport.connectors.offloading.tiers import DroppedKeys, TransferOutcome
 from kvport.connectors.offloading.tiers.host.tier import HostTier
 from kvport.connectors.offloading.tiers.redis.client import (
     TOPOLOGY_ERRORS, RedisConnection, RedisKeyspace, RedisUnavailable,
@@ -70,6 +70,8 @@ class RedisTier:
         self.namespace_digest = self.keyspace.namespace_digest
         self._codec = self.keyspace.codec
         self.stats = Counters(RedisTierMetrics)
+        # Found gone by a load (evicted or expired by Redis itself) or deleted as bad.
+        self.dropped = DroppedKeys()
         self._conn = RedisConnection(config, timeout_s=config.io_timeout_s, stats=self.stats)
         self._refusing = False  # warn once per run of refused stores, not once per job
         self._buffers = threading.local()  # per worker thread: the values being sent
@@ -160,6 +162,8 @@ class RedisTier:
                 if why is None:
                     continue
                 failed.append(b + j)
+                if why == "vanished":
+                    self.dropped.add([k])
                 if why in counts:
                     counts[why] += 1
                 if why in ("corrupt", "forged", "wrong_type"):
@@ -199,6 +203,7 @@ class RedisTier:
         logger.warning("Redis tier: %d bad value(s) deleted (first %s)", len(keys),
                        self.key(keys[0]).decode())
         self._conn.execute([("DEL", self.key(k)) for k in keys])
+        self.dropped.add(keys)
 
     def _note_refusals(self, refused: list[Any]) -> None:
         if refused and not self._refusing:
