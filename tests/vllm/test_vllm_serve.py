@@ -1,7 +1,8 @@
 """`vllm serve` with kvport's OffloadingConnector, queried as a user would, with the openai
 client: completions and streaming chat; a long prompt repeated after the engine's own prefix
 cache was dropped is served from kvport's host tier, and /metrics shows kvport's metrics, those
-of its Redis tier (a real redis-server) among them."""
+of its Redis tier (a real redis-server) among them; kv_transfer_params per request, a bad one
+refused with a 400 (kvport.vllm.params)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, redis: RedisServer) -> Iter
            str(builtin_model_dir("smollm2-135m")), "--served-model-name", MODEL,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "4",
-           "--kv-transfer-config", json.dumps(ktc)]
+           "--kv-transfer-config", json.dumps(ktc),
+           "--logits-processors", "kvport.vllm.params:KVTransferParamsCheck"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -152,5 +154,22 @@ def test_a_request_with_a_bad_parameter_fails_alone(server: str) -> None:
     client = OpenAI(base_url=server + "/v1", api_key="unused")
     with pytest.raises(Exception, match=re.compile("max_tokens|maximum context", re.I)):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=100_000)
+    ok = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0.0)
+    assert ok.choices[0].text is not None
+
+
+def test_kv_transfer_params_per_request_and_a_bad_one_is_a_400(server: str) -> None:
+    client = OpenAI(base_url=server + "/v1", api_key="unused")
+    prompt = LONG + " What is 9 squared?"
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0.0)
+    reset_engine_cache(server)
+    limited = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                        temperature=0.0,
+                                        extra_body={"kv_transfer_params": {"max_load_tokens": 0}})
+    assert limited.choices[0].text == first.choices[0].text
+    with pytest.raises(Exception, match="kv_load_tiers: unknown tier 'tape'") as bad:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                  extra_body={"kv_transfer_params": {"kv_load_tiers": ["tape"]}})
+    assert getattr(bad.value, "status_code", None) == 400
     ok = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0.0)
     assert ok.choices[0].text is not None

@@ -165,6 +165,9 @@ class RequestMetrics:
     num_skipped_write_throughs: int = 0  # stores kept in host memory only
     # of num_store_jobs: blocks a request's final step completed, offered when it finished
     num_final_block_stores: int = 0
+    # Requests whose kv_transfer_params could not be read: run with no load and no store.
+    num_bad_transfer_params: int = 0
+    num_limited_hits: int = 0  # hits cut short by a request's max_load_tokens or kv_load_tiers
     num_late_jobs: int = 0  # jobs the workers gave up waiting for, not reported yet
     num_inflight_waits: int = 0  # None answers: another request was writing the next blocks
     num_inflight_timeouts: int = 0  # requests that reached inflight_wait_s

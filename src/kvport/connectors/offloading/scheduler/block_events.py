@@ -132,6 +132,13 @@ class BlockEvents:
             self._events.append(KVCacheEvent(tuple(hashes), medium, removed=True,
                                              block_size=self.block_size, group_idx=group))
 
+    def change(self, medium: str, keys: Sequence[bytes], removed: bool) -> None:
+        """`medium` stored (or removed) `keys`."""
+        if removed:
+            self.removed(medium, keys)
+        else:
+            self.stored(medium, keys)
+
     def holds(self, medium: str, key: bytes) -> bool:
         """Whether `medium` was announced as holding `key` (and not as dropping it since)."""
         return medium in self._held.get(key, ())

@@ -25,3 +25,6 @@ class SchedulerCounters:
     num_skipped_write_throughs: int = 0  # stores kept in host memory only (WRITE_THROUGH_SHARE)
     # of num_store_jobs: blocks a request's final step completed, offered when it finished
     num_final_block_stores: int = 0
+    # Requests whose kv_transfer_params could not be read: run with no load and no store.
+    num_bad_transfer_params: int = 0
+    num_limited_hits: int = 0  # hits cut short by a request's max_load_tokens or kv_load_tiers

@@ -55,7 +55,7 @@ from kvport.connectors.offloading.scheduler.hits import HitPlanner, hashes_ok
 from kvport.connectors.offloading.scheduler.inflight import InflightWaits
 from kvport.connectors.offloading.scheduler.jobs import STORE, Job, JobTable
 from kvport.connectors.offloading.scheduler.lower_lookup import LowerLookup
-from kvport.connectors.offloading.scheduler.requests import ReqState, as_tables
+from kvport.connectors.offloading.scheduler.requests import ReqState, RequestLimits, as_tables
 from kvport.connectors.offloading.scheduler.stores import StorePlanner
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ class OffloadingScheduler:
         self.tiers: dict[str, TierMetrics] = {}  # medium -> the workers' latest, cumulative
         self.worker = WorkerMetrics()  # the workers' own, cumulative
         self._late_jobs: set[int] = set()  # jobs a worker gave up waiting for, not reported yet
+        self._limits = RequestLimits(self.stats)  # each request's kv_transfer_params
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -107,7 +108,7 @@ class OffloadingScheduler:
         if st is not None and st.store_jobs:
             self.stats.num_busy_answers += 1
             return None, False  # its own stores are unreported: load them once they are
-        return self.hits.match(request, num_local, st)
+        return self.hits.match(request, num_local, st, self._limits.of(request))
 
     def update_state_after_alloc(self, request: RequestView,
                                  block_ids: list[int] | tuple[list[int], ...],
@@ -120,7 +121,8 @@ class OffloadingScheduler:
                       store_jobs=set(old.store_jobs) if old else set(),
                       load_failed=old is not None and old.load_failed,
                       hashes_ok=hashes_ok(request, self.geometry.block_size),
-                      junction=match.junction if match is not None else None)
+                      junction=match.junction if match is not None else None,
+                      limits=self._limits.of(request))
         self._reqs[rid] = st
         if num_external > 0:
             assert match is not None, f"{rid}: {num_external} external tokens without a match"
@@ -275,6 +277,7 @@ class OffloadingScheduler:
         rid = request.request_id
         self.hits.forget(rid)
         self.waits.forget(rid)
+        self._limits.forget(rid)
         st = self._reqs.get(rid)
         if st is None:
             return False
@@ -315,17 +318,11 @@ class OffloadingScheduler:
         """What every tier stored and dropped since the last call, in the engine's terms
         (block_events.py): the host tier's manager, then the lower tiers' reports."""
         for e in self.manager.take_events():
-            if e.removed:
-                self.events.removed(e.medium, e.keys)  # type: ignore[arg-type]
-            else:
-                self.events.stored(e.medium, e.keys)  # type: ignore[arg-type]
+            self.events.change(e.medium, e.keys, e.removed)  # type: ignore[arg-type]
         for medium, keys in self.lower.take_absent().items():
             self.events.removed(medium, keys)  # found gone by a lookup: no longer hit-able
         for change in self._changes:
-            if change.removed:
-                self.events.removed(change.medium, change.keys)
-            else:
-                self.events.stored(change.medium, change.keys)
+            self.events.change(change.medium, change.keys, change.removed)
         self._changes = []
         self.events.settled(self._settle)
         self._settle = []

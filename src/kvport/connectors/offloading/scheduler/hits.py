@@ -43,6 +43,7 @@ from kvport.connectors.offloading.scheduler.inflight import InflightWaits
 from kvport.connectors.offloading.scheduler.jobs import LOAD, Job, JobTable
 from kvport.connectors.offloading.scheduler.lower_lookup import LowerLookup
 from kvport.connectors.offloading.scheduler.requests import ReqState
+from kvport.connectors.transfer_params import NO_LIMITS, TransferLimits
 
 if TYPE_CHECKING:
     from kvport.connectors.views import RequestView
@@ -67,6 +68,7 @@ class Match:
     dst: list[tuple[int, int]] | None = None
     media: list[str] | None = None
     junction: int | None = None  # group_hits.GroupHit.junction
+    limited: bool = False  # the request's own limits (kv_transfer_params) cut the hit short
 
     @property
     def end(self) -> int:
@@ -93,9 +95,10 @@ class HitPlanner:
         self._matches: dict[str, Match] = {}  # req_id -> its latest match
         self._hit_split: dict[str, dict[str, int]] = {}  # req_id -> tier -> hit tokens
 
-    def match(self, request: RequestView, num_local: int,
-              st: ReqState | None) -> tuple[int | None, bool]:
-        """get_num_new_matched_tokens, for a request with no store job in flight."""
+    def match(self, request: RequestView, num_local: int, st: ReqState | None,
+              limits: TransferLimits = NO_LIMITS) -> tuple[int | None, bool]:
+        """get_num_new_matched_tokens, for a request with no store job in flight, within its
+        own `limits` (kv_transfer_params)."""
         rid, g = request.request_id, self.geometry
         if not hashes_ok(request, g.block_size):
             if rid not in self._matches:  # counted once per admission, not per retry
@@ -112,12 +115,21 @@ class HitPlanner:
             return 0, False
         if st is not None and st.load_job is not None:
             return 0, False  # a late load still holds its slots: this request loads no more
+        capped = False  # the request's max_load_tokens ends its keys early
+        if limits.max_load_tokens is not None:  # a hit ends on a block boundary within it
+            last = g.num_offload_blocks(num_local + limits.max_load_tokens)
+            capped = last < len(groups[0])
+            groups = tuple(ks[:last] for ks in groups)
         if len(groups) > 1:
-            return self._match_groups(request, num_local, start, groups)
+            return self._match_groups(request, num_local, start, groups, limits)
         keys = groups[0]
         num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
+        limited = False
+        if num_host and not limits.loads_from(HOST):
+            num_host, limited = 0, True  # a run through host memory ends at once
         self.manager.touch(keys[:start + num_host])  # the prefix's first block most recent
         if start >= len(keys):
+            self._matches[rid].limited = capped
             return 0, False
         match = Match(num_local, start, keys[start:], keys[start:start + num_host])
         if self.lower:
@@ -126,7 +138,12 @@ class HitPlanner:
             room = max(0, self.room() - num_host)
             candidates = keys[start + num_host:start + num_host + room]
             match.lower = self.lower.find_run(candidates, stop=self.manager.contains)
+            cut = next((i for i, (_, m) in enumerate(match.lower)
+                        if not limits.loads_from(m)), None)
+            if cut is not None:  # the run ends at a block of a tier the request does not allow
+                match.lower, limited = match.lower[:cut], True
         end = match.end
+        match.limited = limited or (capped and end == len(keys))
         if self._being_written(keys, end, request.num_tokens) and self.waits.should_wait(rid):
             return None, False  # ask again once that write reported
         match.sync = self.sync_host_loads and not match.lower
@@ -137,17 +154,20 @@ class HitPlanner:
             match.host_keys = keys[start:end]
         num_external = g.hit_tokens(num_local, start, end)
         if num_external <= 0:
+            self._matches[rid].limited = match.limited
             return 0, False
         self._matches[rid] = match
         return num_external, not match.sync
 
     def _match_groups(self, request: RequestView, num_local: int, start: int,
-                      groups: tuple[list[bytes], ...]) -> tuple[int | None, bool]:
+                      groups: tuple[list[bytes], ...],
+                      limits: TransferLimits) -> tuple[int | None, bool]:
         """`match` for a hybrid model (group_hits.py). Its hits leave the prompt's last token
         to the forward (as the engine's own prefix cache does), so a hit always ends on a block
-        boundary, where the sliding windows were stored for."""
+        boundary, where the sliding windows were stored for. A hit that needs a block from a
+        tier the request does not load from is none (a shorter one would need other windows)."""
         rid, g = request.request_id, self.geometry
-        limit = g.max_hit_blocks(request.num_tokens)
+        limit = min(g.max_hit_blocks(request.num_tokens), len(groups[0]))
         hit = find_group_hit(g, self.manager, self.lower, groups, start, limit, self.room())
         local = [ks[i] for i in range(min(start, limit)) for grp, ks in enumerate(groups)
                  if g.group_windows[grp] is None]
@@ -157,6 +177,9 @@ class HitPlanner:
         if hit.blocked and self.waits.should_wait(rid):
             return None, False  # ask again once that write reported
         if hit.end <= start:
+            return 0, False
+        if not all(limits.loads_from(m) for _, _, _, m in hit.parts):
+            match.limited = True
             return 0, False
         match.host_keys = [key for _, _, key, m in hit.parts if m == HOST]
         match.lower = [(key, m) for _, _, key, m in hit.parts if m != HOST]
@@ -178,6 +201,7 @@ class HitPlanner:
         match = self._matches.pop(request.request_id, None)
         if match is not None:
             self.counters.num_queried_tokens += max(0, request.num_tokens - match.num_local)
+            self.counters.num_limited_hits += match.limited
             if match.asked:
                 self.manager.count_admission(match.asked, len(match.host_keys))
         return match

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
+from kvport.connectors.transfer_params import NO_LIMITS, NOTHING, TransferLimits
+
 if TYPE_CHECKING:
     from kvport.connectors.views import RequestView
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,6 +37,7 @@ class ReqState:
     # A boundary (in blocks) where this prompt met a stored prefix (group_hits.py, junction):
     # its sliding windows are stored there too.
     junction: int | None = None
+    limits: TransferLimits = NO_LIMITS  # the request's own (kv_transfer_params)
 
     def engine_jobs(self) -> set[int]:
         """Jobs in flight that read or write the request's engine blocks: its stores until their
@@ -58,3 +65,30 @@ def as_tables(block_ids: Sequence[int] | Sequence[Sequence[int]]) -> tuple[list[
     if block_ids and isinstance(block_ids[0], (list, tuple)):
         return tuple(list(table) for table in block_ids)  # type: ignore[arg-type]
     return (list(block_ids),)  # type: ignore[arg-type]
+
+
+class RequestLimits:
+    """Each request's own limits (kv_transfer_params), read once per request. Unreadable ones
+    cannot fail the request in the scheduler (the engine would stop): it runs with no load and
+    no store, logged and counted (num_bad_transfer_params)."""
+
+    def __init__(self, counters: SchedulerCounters) -> None:
+        self.counters = counters
+        self._limits: dict[str, TransferLimits] = {}
+
+    def of(self, request: RequestView) -> TransferLimits:
+        rid = request.request_id
+        limits = self._limits.get(rid)
+        if limits is None:
+            try:
+                limits = TransferLimits.parse(request.kv_transfer_params)
+            except ValueError as exc:
+                logger.warning("OffloadingConnector: request %s: %s; it neither loads nor "
+                               "stores", rid, exc)
+                self.counters.num_bad_transfer_params += 1
+                limits = NOTHING
+            self._limits[rid] = limits
+        return limits
+
+    def forget(self, req_id: str) -> None:
+        self._limits.pop(req_id, None)

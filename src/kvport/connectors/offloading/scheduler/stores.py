@@ -50,8 +50,10 @@ class StorePlanner:
         group's blocks before its window are freed); `room`: host slots that are free or could
         be freed."""
         req, g = st.request, self.geometry
-        if req is None or not self.store_enabled or not st.hashes_ok:
+        if req is None or not self.store_enabled or not st.hashes_ok or not st.limits.stores:
             return None
+        if st.limits.max_offload_tokens is not None:
+            num_tokens_done = min(num_tokens_done, st.limits.max_offload_tokens)
         end = min(g.num_offload_blocks(num_tokens_done), g.whole_blocks(len(req.block_hashes)),
                   *(g.whole_blocks(len(table)) for table in st.tables))
         if end <= st.next_store_idx:
@@ -79,7 +81,8 @@ class StorePlanner:
             self.events.describe(req, key, *where[key])
         src = [b for k in stored for b in g.engine_span(st.tables[where[k][0]], where[k][1],
                                                         where[k][1] + 1)]
-        writes = [KEYED_BLOCKS[medium](stored) for medium in g.lower_media]
+        writes = [KEYED_BLOCKS[medium](stored) for medium in g.lower_media
+                  if st.limits.stores_to(medium)]
         if writes and self.num_writing and \
                 self.num_writing + len(stored) > WRITE_THROUGH_SHARE * g.num_slots:
             writes = []  # a slow lower tier: this store stays in host memory only
