@@ -154,3 +154,49 @@ def _hashes(llm: LLM, tokens: list[int]) -> list[bytes]:
     out: list[bytes] = []
     hash_blocks(llm.engine.hash_root, tokens, BLOCK_SIZE, out)
     return out
+
+
+def test_only_redis_saying_no_is_a_removal(redis_server: RedisServer) -> None:
+    """A lookup's 0 says a value is gone; an error or a Redis that does not answer says nothing
+    (its misses are not removals)."""
+    from kvport.connectors.offloading.config import RedisTierConfig
+    from kvport.connectors.offloading.tiers.redis.lookup import RedisLookup
+
+    keys = [bytes([i]) * 32 for i in range(3)]
+    lookup = RedisLookup(RedisTierConfig(redis_server.url), b"ns")
+    client = redis_server.client()
+    client.set(lookup.keyspace.key(keys[0]), b"x")
+    client.hset(lookup.keyspace.key(keys[1]), "a", "b")  # another kind of value: still there
+    assert lookup.exists(keys) == [True, True, False]
+    assert lookup.absent.take() == [keys[2]]
+    redis_server.stop()
+    assert lookup.exists(keys) == [False, False, False]
+    assert lookup.absent.take() == []
+    lookup.close()
+
+
+def test_one_stored_event_per_run_of_consecutive_blocks() -> None:
+    from kvport.connectors.offloading.scheduler.block_events import BlockEvents
+    from view_records import ViewRequest
+
+    request = ViewRequest("r", list(range(32)), BLOCK_SIZE)  # 8 engine blocks, 4 offload blocks
+    events = BlockEvents(True, BLOCK_SIZE, F)
+    keys = [b"k%d" % i for i in range(4)]
+    for i in (0, 1, 3):  # block 2 is not stored: 0-1 and 3 are two runs
+        events.describe(request, keys[i], 0, i)
+    events.stored(HOST, [keys[0], keys[1], keys[3]])
+    stored = events.take()
+    hashes = request.block_hashes
+    assert [e.block_hashes for e in stored] == [tuple(hashes[0:4]), tuple(hashes[6:8])]
+    assert [e.parent_block_hash for e in stored] == [None, hashes[5]]
+    assert stored[1].token_ids == tuple(range(24, 32))
+    events.settled(keys)
+    assert len(events) == 3  # held by host: kept for their removal
+    events.removed(HOST, keys)
+    assert [e.block_hashes for e in events.take()] == [tuple(hashes[0:4] + hashes[6:8])]
+    assert len(events) == 0
+
+    off = BlockEvents(False, BLOCK_SIZE, F)
+    off.describe(request, keys[0], 0, 0)
+    off.stored(HOST, keys[:1])
+    assert len(off) == 0 and off.take() == []

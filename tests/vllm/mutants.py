@@ -169,4 +169,23 @@ MUTANTS: list[Mutant] = [
         "        tiers = tuple(dataclasses.replace(t, max_bytes=t.max_bytes)\n",
         (f"{VLLM_IDENTITY}::test_each_tensor_parallel_rank_gets_its_share_of_the_budgets",),
         "the disk's max_bytes is the engine's: each tensor-parallel rank gets its share"),
+    # ---- events and per-request limits inside vLLM ---------------------------------------------
+    Mutant(
+        "vllm-event-hashes-as-vllm-sends-them", "src/kvport/vllm/events.py",
+        "        hashes = [maybe_convert_block_hash(h) for h in e.block_hashes]\n",
+        "        hashes = list(e.block_hashes)\n",
+        ("tests/vllm/test_vllm_events.py::test_stored_blocks_carry_what_vllm_s_own_events_give_them",),
+        "kvport's events carry vLLM's hashes as vLLM's own events do (an int by default)"),
+    Mutant(
+        "vllm-events-only-when-read", "src/kvport/vllm/storage.py",
+        "                        kv_events=bool(events is not None and events.enable_kv_cache_events))",
+        "                        kv_events=False)",
+        ("tests/vllm/test_vllm_events.py::test_the_events_say_exactly_what_every_tier_holds",),
+        "with vLLM's KV events on, kvport describes its blocks (off, it builds nothing)"),
+    Mutant(
+        "vllm-bad-transfer-params-refused", "src/kvport/vllm/params.py",
+        "        TransferLimits.parse(extra.get(\"kv_transfer_params\"))\n",
+        "        pass\n",
+        ("tests/vllm/test_vllm_params.py::test_a_bad_value_fails_its_request_alone",),
+        "a bad kv_transfer_params value is refused at admission, for that request alone"),
 ]
