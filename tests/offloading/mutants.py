@@ -227,7 +227,7 @@ MUTANTS: list[Mutant] = [
         "write-through-waits-for-every-tier",
         "src/kvport/connectors/offloading/worker/write_throughs.py",
         """        if write.left > 0:
-            return None  # another tier still reads the slots: they stay pinned
+            return None, held  # another tier still reads the slots: they stay pinned
         del self._writes[job_id]
 """,
         """        if write.left == 0:
@@ -372,8 +372,8 @@ MUTANTS: list[Mutant] = [
         "a request hashed in blocks unlike the KV block's is not matched (D17)"),
     Mutant(
         "mismatched-hashes-not-stored", "src/kvport/connectors/offloading/scheduler/stores.py",
-        "        if req is None or not self.store_enabled or not st.hashes_ok:\n",
-        "        if req is None or not self.store_enabled:\n",
+        " or not st.hashes_ok or not st.limits.stores:\n",
+        " or not st.limits.stores:\n",
         (f"{STAGES}::test_block_hashes_of_another_block_size_are_neither_loaded_nor_stored",),
         "a request hashed in blocks unlike the KV block's is not stored (D17)"),
     Mutant(

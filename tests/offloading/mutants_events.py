@@ -81,8 +81,8 @@ MUTANTS: list[Mutant] = [
         "only blocks within max_offload_tokens are stored"),
     Mutant(
         "limits-no-store-tiers", STORES,
-        " or not st.limits.stores:\n",
-        ":\n",
+        " or not st.hashes_ok or not st.limits.stores:\n",
+        " or not st.hashes_ok:\n",
         (f"{PARAMS}::test_store_tiers_keep_a_request_off_the_shared_tiers",),
         "kv_store_tiers=[] (or max_offload_tokens=0) stores nothing"),
     Mutant(
@@ -113,24 +113,24 @@ MUTANTS: list[Mutant] = [
         "limits-bool-is-not-a-count", LIMITS,
         "    if isinstance(value, bool) or not isinstance(value, int) or value < 0:\n",
         "    if not isinstance(value, int) or value < 0:\n",
-        (PARAMS,),
+        (f"{PARAMS}::test_a_bad_value_is_an_error_naming_it",),
         "True is not a token count"),
     Mutant(
         "limits-negative-count", LIMITS,
         " or not isinstance(value, int) or value < 0:\n",
         " or not isinstance(value, int):\n",
-        (PARAMS,),
+        (f"{PARAMS}::test_a_bad_value_is_an_error_naming_it",),
         "a token count is >= 0"),
     Mutant(
         "limits-store-tiers-name-host", LIMITS,
         "        if store and \"HOST\" not in store:\n",
         "        if False:\n",
-        (PARAMS,),
+        (f"{PARAMS}::test_a_bad_value_is_an_error_naming_it",),
         "host memory stages every store: a store tier list without it is refused"),
     Mutant(
         "limits-unknown-medium", LIMITS,
         "    if medium is not None and (not isinstance(medium, str) or medium.upper() not in _MEDIUMS):\n",
         "    if False:\n",
-        (PARAMS,),
+        (f"{PARAMS}::test_a_bad_value_is_an_error_naming_it",),
         "an unknown medium in a tier matcher is refused, not matched to nothing"),
 ]
