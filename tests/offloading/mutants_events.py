@@ -133,4 +133,19 @@ MUTANTS: list[Mutant] = [
         "    if False:\n",
         (f"{PARAMS}::test_a_bad_value_is_an_error_naming_it",),
         "an unknown medium in a tier matcher is refused, not matched to nothing"),
+    # ---- decision metrics ----------------------------------------------------------------------
+    Mutant(
+        "decisions-first-admission-only", "src/kvport/connectors/offloading/scheduler/half.py",
+        "        if old is None:  # a first admission (not a preempted request's return)\n",
+        "        if True:\n",
+        ("tests/offloading/test_decisions.py::test_a_preempted_request_counts_its_prompt_once",),
+        "a prompt's tokens are counted by source once, not again when a preempted request returns"),
+    Mutant(
+        "decisions-present-blocks", "src/kvport/connectors/offloading/scheduler/stores.py",
+        "        self.decisions.host_present_blocks += (len(wanted) - len(out.keys_to_store)\n"
+        "                                               - len(out.deferred_keys))\n",
+        "",
+        ("tests/offloading/test_decisions.py::"
+         "test_prompt_tokens_by_source_add_up_and_store_outcomes_are_counted",),
+        "blocks offered to the host tier that it held already are counted as present"),
 ]

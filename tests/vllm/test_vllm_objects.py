@@ -41,7 +41,8 @@ def test_a_resumed_request_is_new_with_its_whole_block_table() -> None:
 
 def test_a_request_reads_live_through_the_view() -> None:
     req = SimpleNamespace(request_id=7, prompt_token_ids=None, num_prompt_tokens=3,
-                          num_tokens=3, num_computed_tokens=0, block_hashes=[])
+                          num_tokens=3, num_computed_tokens=0, block_hashes=[],
+                          all_token_ids=[1, 2, 3])
     view = RequestAdapter(req, BLOCK_SIZE)
     assert isinstance(view, RequestView) and view.request_id == "7"
     assert list(view.prompt_token_ids) == []  # prompt embeddings: no token ids
@@ -115,17 +116,27 @@ def test_bad_extra_config_names_the_key() -> None:
 
 def test_every_prometheus_metric_has_its_documentation() -> None:
     """`vllm serve` builds every family at start: a name without its help text stops it."""
-    names = {m.name.removeprefix("vllm:kvport_") for m in stats.METRICS}
-    assert names - set(stats._DOC) == set()
+    from kvport.vllm.metric_names import DOC
+
+    assert {m.name for m in stats.METRICS} - set(DOC) == set()
 
 
 def test_every_prometheus_metric_names_a_field_of_the_connectors_metrics() -> None:
     """A renamed field fails here, instead of silently dropping its Prometheus metric."""
     from kvport.connectors.offloading import metrics
 
+    from kvport.connectors.offloading.mediums import DISK, HOST, REDIS
+    from kvport.connectors.offloading.scheduler import decisions
+    from kvport.vllm.metric_names import HISTOGRAM, OBSERVATIONS
+
     sections = typing.get_type_hints(metrics.ConnectorMetrics)
+    measured = {decisions.LOOKUP_CALL, decisions.STORE_BYTES, decisions.LOAD_BYTES,
+                decisions.ALLOCATION_BLOCKS, *map(decisions.lookup_seconds, (HOST, DISK, REDIS))}
     for m in stats.METRICS:
         section, field = m.path
+        if m.kind == HISTOGRAM:
+            assert section == OBSERVATIONS and field in measured and m.buckets, m
+            continue
         assert section in sections, f"{m.name}: ConnectorMetrics has no section {section!r}"
         record = next(t for t in typing.get_args(sections[section]) or (sections[section],)
                       if dataclasses.is_dataclass(t))

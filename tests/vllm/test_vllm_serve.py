@@ -121,14 +121,20 @@ def test_completions_repeat_from_the_host_tier_and_metrics_show_it(server: str) 
                                       max_tokens=8, temperature=0.0)
     assert again.choices[0].text == first.choices[0].text
     assert kvport_metric(server, "vllm:kvport_hit_tokens_total", tier="host") >= 640
-    assert kvport_metric(server, "vllm:kvport_transfer_bytes_total", tier="host",
-                         direction="store") > 0
+    assert kvport_metric(server, "vllm:kv_offload_store_bytes_total") > 0  # vLLM's own name
+    assert kvport_metric(server, "vllm:kv_offload_load_bytes_total") > 0
     assert kvport_metric(server, "vllm:kvport_occupancy_bytes", tier="host") > 0
+    assert kvport_metric(server, "vllm:kvport_prompt_tokens_total", source="host") >= 640
+    assert kvport_metric(server, "vllm:kvport_prompt_tokens_total", source="computed") > 0
+    assert kvport_metric(server, "vllm:kvport_store_blocks_total", tier="host",
+                         outcome="stored") >= 5
+    assert kvport_metric(server, "vllm:kvport_lookup_seconds_count", tier="host") >= 2
+    assert kvport_metric(server, "vllm:kv_offload_lookup_sync_delay_seconds_count") >= 2
     # The Redis tier: written through, asked once per request, nothing went wrong. The
     # write-through runs beside the engine (0.2 s here) and is reported by the step after it
     # ended (vLLM keeps stepping while it is pending), so it may land after the second request.
-    poll_until(lambda: kvport_metric(server, "vllm:kvport_transfer_bytes_total", tier="redis",
-                                     direction="store") > 0,
+    poll_until(lambda: kvport_metric(server, "vllm:kv_offload_tiering_write_bytes_total",
+                                     tier="redis") > 0,
                "the Redis write-through shows in /metrics", 30.0, interval_s=0.1)
     assert kvport_metric(server, "vllm:kvport_redis_round_trips_total", side="scheduler") > 0
     assert kvport_metric(server, "vllm:kvport_redis_problems_total") == 0
@@ -173,3 +179,31 @@ def test_kv_transfer_params_per_request_and_a_bad_one_is_a_400(server: str) -> N
     assert getattr(bad.value, "status_code", None) == 400
     ok = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0.0)
     assert ok.choices[0].text is not None
+
+
+def test_the_dashboard_reads_what_metrics_serves(server: str) -> None:
+    """Every family the shipped Grafana dashboard queries is one /metrics declares, and the
+    ones this server's tiers fill (host, Redis) have samples."""
+    dashboard = json.loads((Path(__file__).parents[2] / "dashboards/kvport-vllm.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queried = {re.sub(r"_(bucket|total)$", "", name)
+               for e in exprs for name in re.findall(r"vllm:[a-z_:]+", e)}
+    with urllib.request.urlopen(server + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    declared = {re.sub(r"_total$", "", name)  # a counter's TYPE line names it with _total
+                for name in re.findall(r"^# TYPE (vllm:\S+) ", text, re.M)}
+    assert queried - declared == set(), "the dashboard queries families /metrics lacks"
+    client = OpenAI(base_url=server + "/v1", api_key="unused")
+    client.completions.create(model=MODEL, prompt=LONG + " What is 3 squared?", max_tokens=2,
+                              temperature=0.0)
+    filled = {"vllm:kvport_prompt_tokens", "vllm:kvport_hit_tokens", "vllm:kv_offload_load_bytes",
+              "vllm:kv_offload_store_bytes", "vllm:kvport_lookup_seconds",
+              "vllm:kv_offload_lookup_sync_delay_seconds", "vllm:kvport_store_blocks",
+              "vllm:kv_offload_tiering_write_bytes", "vllm:kv_offload_store_size",
+              "vllm:kv_offload_cpu_cache_usage_perc", "vllm:kvport_occupancy_bytes"}
+    assert filled <= queried
+    with urllib.request.urlopen(server + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    sampled = {re.sub(r"_(bucket|total|count|sum)$", "", m)
+               for m in re.findall(r"^(vllm:[a-z_:]+)\{", text, re.M)}
+    assert filled - sampled == set(), "families without samples after a workload"

@@ -43,7 +43,7 @@ from kvport.vllm.objects import (
     RequestAdapter, adapt_scheduler_output, hashes_are_stable, kvport_view, tables,
 )
 from kvport.vllm.stats import (
-    KvportPromMetrics, KvportStats, StatsDelta, flatten, offloading_metrics,
+    KvportPromMetrics, KvportStats, StatsDelta, flatten, offloading_metrics, with_observations,
 )
 from kvport.vllm.storage import kvport_spec, recompute_failed_loads
 
@@ -224,7 +224,11 @@ class KvportConnector(KVConnectorBase_V1):
         metrics = offloading_metrics(self.inner.get_metrics())
         if metrics is None:
             return None
-        stats = KvportStats(data=self._stats_delta.take(flatten(metrics)))
+        data: dict[str, Any] = self._stats_delta.take(flatten(metrics))
+        take = getattr(self.inner, "take_observations", None)  # the OffloadingConnector's
+        if take is not None:
+            data = with_observations(data, take())
+        stats = KvportStats(data=data)
         return None if stats.is_empty() else stats
 
     @classmethod

@@ -138,6 +138,11 @@ class OffloadingConnector(KVConnectorBase, SupportsHMA):
         """`request_finished` for every KV cache group (the same blocks are held or not)."""
         return self.scheduler_half.request_finished(request), None
 
+    def take_observations(self) -> dict[str, list[float]]:
+        """The scheduler half's single measurements since the last call (lookup latency per
+        tier, transfer sizes: scheduler/decisions.py), for histograms."""
+        return self.scheduler_half.observations.take()
+
     def take_events(self) -> list[KVCacheEvent]:
         return self.scheduler_half.take_events()
 

@@ -44,6 +44,7 @@ class DiskTierMetrics(TierMetrics):
     """`occupancy_*` are this process's runs; `shared_bytes` every process's on the directory."""
 
     other_format: int = 0  # run files of another format version: misses, left alone
+    already_present: int = 0  # write-throughs of entries the directory held already
     rejected: int = 0  # names removed: a bad entry or run header, a symlink or FIFO at a name
     swept_temp_files: int = 0  # temp files of crashed writers removed at start
     shared_bytes: int = 0  # the ledger: run files of every process sharing the directory
@@ -174,6 +175,27 @@ class RequestMetrics:
 
 
 @dataclass(frozen=True)
+class DecisionMetrics:
+    """What the scheduler half decided (scheduler/decisions.py): admitted prompts' tokens by
+    where their KV came from, and how stores to the host tier ended, in blocks."""
+
+    prompt_tokens_device: int = 0  # the engine's own prefix cache
+    prompt_tokens_host: int = 0
+    prompt_tokens_disk: int = 0
+    prompt_tokens_redis: int = 0
+    prompt_tokens_computed: int = 0
+    host_stored_blocks: int = 0
+    host_present_blocks: int = 0  # held already: nothing to copy
+    host_refused_blocks: int = 0  # no room (offered again)
+    host_deferred_blocks: int = 0  # held back by admission control (store_threshold)
+    host_failed_blocks: int = 0
+    # Now, as fractions of the host tier's slots: held by loads and stores in flight.
+    host_read_usage: float = 0.0
+    host_write_usage: float = 0.0
+    host_usage: float = 0.0
+
+
+@dataclass(frozen=True)
 class ConnectorMetrics:
     offload_block_tokens: int
     host: HostMetrics
@@ -181,6 +203,7 @@ class ConnectorMetrics:
     worker: WorkerMetrics
     disk: DiskMetrics | None = None  # None: no disk tier
     redis: RedisMetrics | None = None  # None: no Redis tier
+    decisions: DecisionMetrics = DecisionMetrics()
 
 
 class Counters(Generic[R]):

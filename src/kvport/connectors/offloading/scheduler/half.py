@@ -42,7 +42,7 @@ from kvport.connectors.offloading.manager.lru import LRUManager
 from kvport.connectors.offloading.manager.policy import PolicyManager
 from kvport.connectors.offloading.mediums import DISK, HOST, REDIS
 from kvport.connectors.offloading.metrics import (
-    ConnectorMetrics, DiskMetrics, DiskTierMetrics, HostMetrics, RedisMetrics, RedisTierMetrics,
+    ConnectorMetrics, DiskMetrics, DiskTierMetrics, RedisMetrics, RedisTierMetrics,
     RequestMetrics, TierMetrics, WorkerMetrics, extend,
 )
 from kvport.connectors.offloading.metadata import (
@@ -51,11 +51,15 @@ from kvport.connectors.offloading.metadata import (
 )
 from kvport.connectors.offloading.scheduler.block_events import BlockEvents
 from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
+from kvport.connectors.offloading.scheduler.decisions import (
+    LOAD_BYTES, LOOKUP_CALL, STORE_BYTES, DecisionCounters, Observations,
+)
 from kvport.connectors.offloading.scheduler.hits import HitPlanner, hashes_ok
 from kvport.connectors.offloading.scheduler.inflight import InflightWaits
 from kvport.connectors.offloading.scheduler.jobs import STORE, Job, JobTable
 from kvport.connectors.offloading.scheduler.lower_lookup import LowerLookup
 from kvport.connectors.offloading.scheduler.requests import ReqState, RequestLimits, as_tables
+from kvport.connectors.offloading.scheduler.report import decision_metrics, host_metrics
 from kvport.connectors.offloading.scheduler.stores import StorePlanner
 
 if TYPE_CHECKING:
@@ -77,18 +81,22 @@ class OffloadingScheduler:
         self.geometry = geometry
         self.manager = make_manager(config, geometry.num_slots)
         self.events = BlockEvents(events, geometry.block_size, geometry.block_factor)
+        self.decisions = DecisionCounters()
+        self.observations = Observations()  # single measurements, for histograms
         self._changes: list[TierChange] = []  # lower tiers' reports, for the next take_events
         self._settle: list[bytes] = []  # keys whose jobs ended, for the next take_events
-        self.lower = LowerLookup(config, geometry)  # disk, Redis: which keys
+        self.lower = LowerLookup(config, geometry, self.observations)  # disk, Redis: which keys
         self.waits = InflightWaits(config.inflight_wait_s, clock)  # tests/sim moves the clock
         self.stats = SchedulerCounters()
         # In flight (planned, not every stage reported by every worker: one per TP rank).
         self._jobs = JobTable(num_workers)
         self.hits = HitPlanner(geometry, self.manager, self.lower, self.waits, self._jobs,
                                self.stats, load_enabled=load,
-                               sync_host_loads=config.sync_host_loads, events=self.events)
+                               sync_host_loads=config.sync_host_loads, events=self.events,
+                               observations=self.observations)
         self.stores = StorePlanner(geometry, self.manager, self._jobs, self.stats,
-                                   store_enabled=store, events=self.events)
+                                   store_enabled=store, events=self.events,
+                                   decisions=self.decisions, observations=self.observations)
         self.sync_stores = sync_stores
         self._reqs: dict[str, ReqState] = {}
         self._finished: set[str] = set()  # finished requests kept until their jobs report
@@ -108,7 +116,10 @@ class OffloadingScheduler:
         if st is not None and st.store_jobs:
             self.stats.num_busy_answers += 1
             return None, False  # its own stores are unreported: load them once they are
-        return self.hits.match(request, num_local, st, self._limits.of(request))
+        start = time.perf_counter()
+        answer = self.hits.match(request, num_local, st, self._limits.of(request))
+        self.observations.add(LOOKUP_CALL, time.perf_counter() - start)
+        return answer
 
     def update_state_after_alloc(self, request: RequestView,
                                  block_ids: list[int] | tuple[list[int], ...],
@@ -124,15 +135,20 @@ class OffloadingScheduler:
                       junction=match.junction if match is not None else None,
                       limits=self._limits.of(request))
         self._reqs[rid] = st
+        split: dict[str, int] = {}
         if num_external > 0:
             assert match is not None, f"{rid}: {num_external} external tokens without a match"
             load = self.hits.plan_load(st, match, num_external)
             st.load_job, st.load_sync = load.job_id, load.sync
             self._loads.append(load)
+            split = self.hits.hit_split(rid)
             if not load.unloadable:
                 # The hit's blocks are in the host tier (or promoted into it): not offered to
                 # it again (vLLM's rule; a long prompt's hit would cost a lookup per key)
                 st.next_store_idx = match.end
+        if old is None:  # a first admission (not a preempted request's return)
+            self.decisions.count_prompt(request.num_prompt_tokens,
+                                        match.num_local if match is not None else 0, split)
 
     def take_hit_split(self, req_id: str) -> dict[str, int]:
         """Tokens of the request's latest hit per tier (HOST, DISK, REDIS): for engines that
@@ -230,6 +246,7 @@ class OffloadingScheduler:
         bad = [k for i, k in enumerate(job.keys) if i in failed]
         if bad:
             self.stats.num_failed_stores += 1
+        self.observations.add(STORE_BYTES, len(good) * self.geometry.slot_bytes)
         self.manager.complete_store(good, success=True)
         if job.writes_through:
             # NOTE: the workers write their slots to disk now: keep the ready ones pinned and
@@ -263,6 +280,8 @@ class OffloadingScheduler:
             self._settle.extend(job.promoted)
         if not result.success:
             self.stats.num_failed_loads += 1
+        self.observations.add(LOAD_BYTES,
+                              (len(job.keys) + len(job.promoted)) * self.geometry.slot_bytes)
         st = self._reqs.get(job.req_id)
         if st is not None:
             st.load_job = None
@@ -341,14 +360,8 @@ class OffloadingScheduler:
     def metrics(self) -> ConnectorMetrics:
         """Per tier: the workers' transfer counters, with what only this half knows (lookups,
         hits, evictions and occupancy of the host tier are the manager's)."""
-        m, g, counts = self.manager.stats, self.geometry, self.stats
-        used = g.num_slots - self.manager.num_free_slots
-        host = extend(HostMetrics, self.tiers.get(HOST, TierMetrics()), num_slots=g.num_slots,
-                      occupancy_blocks=used, occupancy_bytes=used * g.slot_bytes,
-                      lookups=m.num_lookups, hits=m.num_hit_blocks,
-                      evictions=m.num_evicted_blocks, num_rejected_stores=m.num_rejected_stores,
-                      num_deferred_blocks=m.num_deferred_blocks,
-                      hit_tokens=counts.num_host_hit_tokens)
+        g, counts = self.geometry, self.stats
+        host = host_metrics(self.manager, g, self.tiers.get(HOST, TierMetrics()), counts)
         requests = RequestMetrics(**vars(counts), num_late_jobs=len(self._late_jobs),
                                   num_inflight_waits=self.waits.num_waits,
                                   num_inflight_timeouts=self.waits.num_timeouts)
@@ -362,7 +375,8 @@ class OffloadingScheduler:
             tier = self.tiers.get(REDIS, RedisTierMetrics())
             assert isinstance(tier, RedisTierMetrics), f"not the Redis tier's: {tier!r}"
             redis = RedisMetrics.of(tier, self.lower.redis_metrics(), counts.num_redis_hit_tokens)
-        return ConnectorMetrics(g.offload_tokens, host, requests, self.worker, disk, redis)
+        return ConnectorMetrics(g.offload_tokens, host, requests, self.worker, disk, redis,
+                                decision_metrics(self.decisions, self.manager))
 
     def close(self) -> None:
         """Releases the lookups' connections (Redis)."""

@@ -27,6 +27,7 @@ shared either: each request copies its own (reads of ready slots run in parallel
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,7 @@ from kvport.connectors.offloading.mediums import (
 )
 from kvport.connectors.offloading.metadata import LoadJob, Promotion
 from kvport.connectors.offloading.scheduler.block_events import BlockEvents
+from kvport.connectors.offloading.scheduler.decisions import Observations, lookup_seconds
 from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
 from kvport.connectors.offloading.scheduler.group_hits import find_group_hit
 from kvport.connectors.offloading.scheduler.inflight import InflightWaits
@@ -82,9 +84,11 @@ class HitPlanner:
     def __init__(self, geometry: OffloadGeometry, manager: PolicyManager, lower: LowerLookup,
                  waits: InflightWaits, jobs: JobTable, counters: SchedulerCounters,
                  load_enabled: bool, sync_host_loads: bool,
-                 events: BlockEvents | None = None) -> None:
+                 events: BlockEvents | None = None,
+                 observations: Observations | None = None) -> None:
         self.geometry = geometry
         self.events = events if events is not None else BlockEvents(False, 1, 1)
+        self.observations = observations if observations is not None else Observations()
         self.manager = manager
         self.lower = lower
         self.waits = waits
@@ -123,7 +127,9 @@ class HitPlanner:
         if len(groups) > 1:
             return self._match_groups(request, num_local, start, groups, limits)
         keys = groups[0]
+        began = time.perf_counter()
         num_host = self.manager.lookup(keys[start:]) if start < len(keys) else 0
+        self.observations.add(lookup_seconds(HOST), time.perf_counter() - began)
         limited = False
         if num_host and not limits.loads_from(HOST):
             num_host, limited = 0, True  # a run through host memory ends at once
@@ -269,6 +275,10 @@ class HitPlanner:
             split[medium] = split.get(medium, 0) + tokens
             left -= tokens
         return split
+
+    def hit_split(self, req_id: str) -> dict[str, int]:
+        """Tokens of the request's latest hit per tier, left for take_hit_split."""
+        return dict(self._hit_split.get(req_id, {}))
 
     def take_hit_split(self, req_id: str) -> dict[str, int]:
         """Tokens of the request's latest hit per tier (HOST, DISK, REDIS): for engines that

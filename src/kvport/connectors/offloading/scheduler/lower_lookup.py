@@ -15,10 +15,12 @@ bounded by its deadline (redis_node), so without a disk tier no thread is involv
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvport.connectors.offloading.scheduler.bounded import BoundedCall
+from kvport.connectors.offloading.scheduler.decisions import Observations, lookup_seconds
 from kvport.connectors.offloading.config import OffloadingConfig
 from kvport.connectors.offloading.geometry import OffloadGeometry
 from kvport.connectors.offloading.mediums import DISK, REDIS
@@ -32,7 +34,9 @@ REDIS_GRACE_S = 0.05  # past Redis's deadline: its watchdog's cut and the reply'
 
 
 class LowerLookup:
-    def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry) -> None:
+    def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry,
+                 observations: Observations | None = None) -> None:
+        self.observations = observations if observations is not None else Observations()
         namespace = geometry.namespace
         disk = config.disk_tier
         self.disk = DiskLookup(disk, namespace) if disk is not None else None
@@ -70,20 +74,34 @@ class LowerLookup:
         run: list[tuple[bytes, str]] = []
         in_redis: list[bool] | None = None  # for keys[first_asked:], asked at most once
         first_asked = 0
+        disk_s = 0.0  # the disk's stats of this run, together
         for i, key in enumerate(keys):
             if stop(key):
                 break
-            if self.disk is not None and self.disk.exists(key):
-                run.append((key, DISK))
-                continue
+            if self.disk is not None:
+                began = time.perf_counter()
+                held = self.disk.exists(key)
+                disk_s += time.perf_counter() - began
+                if held:
+                    run.append((key, DISK))
+                    continue
             if self.redis is None:
                 break
             if in_redis is None:
-                in_redis, first_asked = self.redis.exists(keys[i:]), i
+                in_redis, first_asked = self._redis_exists(keys[i:]), i
             if not in_redis[i - first_asked]:
                 break
             run.append((key, REDIS))
+        if self.disk is not None and keys:
+            self.observations.add(lookup_seconds(DISK), disk_s)
         return run
+
+    def _redis_exists(self, keys: list[bytes]) -> list[bool]:
+        assert self.redis is not None, "a Redis lookup without a Redis tier"
+        began = time.perf_counter()
+        found = self.redis.exists(keys)
+        self.observations.add(lookup_seconds(REDIS), time.perf_counter() - began)
+        return found
 
     def find_each(self, keys: list[bytes]) -> dict[bytes, str]:
         """Of `keys`, those some lower tier holds, each with the tier (DISK, REDIS) to promote
@@ -97,10 +115,12 @@ class LowerLookup:
         found: dict[bytes, str] = {}
         left = keys
         if self.disk is not None:
+            began = time.perf_counter()
             found = {key: DISK for key in keys if self.disk.exists(key)}
+            self.observations.add(lookup_seconds(DISK), time.perf_counter() - began)
             left = [key for key in keys if key not in found]
         if self.redis is not None and left:
-            found.update((key, REDIS) for key, there in zip(left, self.redis.exists(left))
+            found.update((key, REDIS) for key, there in zip(left, self._redis_exists(left))
                          if there)
         return found
 

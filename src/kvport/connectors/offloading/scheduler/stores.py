@@ -22,6 +22,9 @@ from kvport.connectors.offloading.manager.policy import PolicyManager
 from kvport.connectors.offloading.mediums import KEYED_BLOCKS, EngineBlocks, HostBlocks
 from kvport.connectors.offloading.metadata import StoreJob
 from kvport.connectors.offloading.scheduler.block_events import BlockEvents
+from kvport.connectors.offloading.scheduler.decisions import (
+    ALLOCATION_BLOCKS, DecisionCounters, Observations,
+)
 from kvport.connectors.offloading.scheduler.counters import SchedulerCounters
 from kvport.connectors.offloading.scheduler.jobs import STORE, Job, JobTable
 from kvport.connectors.offloading.scheduler.requests import ReqState
@@ -34,9 +37,12 @@ WRITE_THROUGH_SHARE = 0.5
 class StorePlanner:
     def __init__(self, geometry: OffloadGeometry, manager: PolicyManager, jobs: JobTable,
                  counters: SchedulerCounters, store_enabled: bool,
-                 events: BlockEvents | None = None) -> None:
+                 events: BlockEvents | None = None, decisions: DecisionCounters | None = None,
+                 observations: Observations | None = None) -> None:
         self.geometry = geometry
         self.events = events if events is not None else BlockEvents(False, 1, 1)
+        self.decisions = decisions if decisions is not None else DecisionCounters()
+        self.observations = observations if observations is not None else Observations()
         self.manager = manager
         self.jobs = jobs
         self.counters = counters
@@ -68,12 +74,17 @@ class StorePlanner:
         else:
             wanted, where, end = self._group_blocks(st, first, end, num_computed, room)
         out = self.manager.prepare_store(wanted) if wanted else None
+        if wanted:
+            self.observations.add(ALLOCATION_BLOCKS, len(wanted))
         if out is None:
             if wanted:
+                self.decisions.host_refused_blocks += len(wanted)
                 return None  # full of pinned or in-flight blocks: offer them again next step
             st.next_store_idx = end  # nothing in these blocks is worth storing
             return None
         st.next_store_idx = end
+        self.decisions.host_present_blocks += (len(wanted) - len(out.keys_to_store)
+                                               - len(out.deferred_keys))
         if not out.keys_to_store:
             return None
         stored = list(out.keys_to_store)

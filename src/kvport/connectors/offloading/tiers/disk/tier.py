@@ -231,6 +231,8 @@ class DiskTier:
         (skipped for room or a full disk, or failed: counted; nothing half-written stays)."""
         start = time.perf_counter()
         todo = [i for i, key in enumerate(keys) if not self._held(key)]
+        if len(todo) < len(keys):
+            self.stats.add(already_present=len(keys) - len(todo))
         # runs others evicted: their space is freed at close (before a write, always)
         self.files.close_unlinked(0.0 if todo else SWEEP_EVERY_S)
         if not todo:
