@@ -5,6 +5,7 @@ target."""
 from __future__ import annotations
 
 from kvport.bench.common.table import table_lines
+from kvport.bench.serve.config import SCENARIOS, SYSTEMS
 from kvport.bench.serve.result import RunResult, ServeBenchResult, Verdict, ratios
 
 HEADER = ("scenario", "system", "TTFT p50", "p99", "TTFT p50 t>1", "ITL p50", "out tok/s",
@@ -60,7 +61,10 @@ def format_result(result: ServeBenchResult) -> str:
     sizes = (f"each server's KV pool: {pool['kv_blocks']} blocks of {pool['block_tokens']} "
              f"tokens; working sets (full blocks): {sets}")
     lines = [title, sizes, ""]
-    rows = [HEADER] + [run_row(result.runs, r) for r in result.runs]
+    # grouped by scenario (the run goes system by system: each system's servers once)
+    order = sorted(result.runs, key=lambda r: (SCENARIOS.index(r.scenario),
+                                               SYSTEMS.index(r.system)))
+    rows = [HEADER] + [run_row(result.runs, r) for r in order]
     lines += table_lines(rows, left=2)
     lines += ["", *LEGEND.splitlines(), "", *(verdict_line(v) for v in result.verdicts)]
     lines += [f"note: {n}" for n in result.notes]
