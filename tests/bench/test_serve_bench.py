@@ -333,13 +333,19 @@ def test_the_table_and_the_json(tmp_path: Path) -> None:
 
 
 def test_cli_refuses_bad_flags_before_starting_anything(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["bench", "serve", "--systems", "host"]) == 2
     assert "baseline" in capsys.readouterr().err
     assert main(["bench", "serve", "--scenarios", "chat"]) == 2
     assert "unknown scenario" in capsys.readouterr().err
     assert main(["bench", "serve", "--redis-url", "http://127.0.0.1:1"]) == 2
     assert "redis:// or rediss://" in capsys.readouterr().err
+    import shutil
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "redis-server"
+                        else which(name))
+    assert main(["bench", "serve", "--scenarios", "two-instances"]) == 2
+    assert "install redis-server" in capsys.readouterr().err
 
 
 # ---- the forwarder ---------------------------------------------------------------------------

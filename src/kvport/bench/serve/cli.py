@@ -76,9 +76,10 @@ def add_parser(commands: Any) -> None:
 def serve_config(args: argparse.Namespace) -> ServeBenchConfig:
     """The ServeBenchConfig the flags ask for (ValueError naming a bad one)."""
     import importlib.util
+    import shutil
 
     from kvport.bench.common.models import SMOLLM2
-    from kvport.bench.common.redis import check_redis
+    from kvport.bench.common.redis import check_redis, require_redis_py
     from kvport.bench.serve.config import (
         HOST_REDIS,
         QUICK_CONVERSATION,
@@ -107,8 +108,14 @@ def serve_config(args: argparse.Namespace) -> ServeBenchConfig:
         concurrency=args.concurrency or (2 if args.quick else 4), seed=args.seed,
         kv_blocks=args.kv_blocks, host_bytes=host_mib << 20, redis_url=args.redis_url,
         threads=args.threads, start_timeout_s=args.start_timeout, quick=args.quick)
-    if cfg.redis_url is not None and HOST_REDIS in cfg.systems:
-        check_redis(cfg.redis_url)  # a Redis that is down would only give misses: say so now
+    if any(cfg.runs(HOST_REDIS, s) for s in cfg.scenarios):
+        if cfg.redis_url is not None:
+            check_redis(cfg.redis_url)  # a Redis that is down would only give misses: say so
+        elif shutil.which("redis-server") is None:
+            raise ValueError("host+redis needs a Redis: install redis-server (the bench starts "
+                             "one) or pass --redis-url")
+        else:
+            require_redis_py("host+redis")  # the bench's own client deletes the run's keys
     return cfg
 
 
@@ -135,7 +142,7 @@ def run_command(args: argparse.Namespace) -> int:
         return run_bench_command("serve", args.json, lambda: serve_config(args),
                                  lambda cfg: run_serve_bench(cfg, args.log_dir),
                                  format_result, finish)
-    except (ServerFailed, ClientFailed, RuntimeError) as exc:
+    except (ServerFailed, ClientFailed, RuntimeError, OSError) as exc:
         print(f"kvport bench serve: FAILED: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
