@@ -41,8 +41,10 @@ def test_prompt_tokens_by_source_add_up_and_store_outcomes_are_counted(tmp_path:
     assert_nothing_leaked(llm)
 
 
-def test_observations_are_bounded_between_takes() -> None:
+def test_observations_are_bounded_between_takes_and_kept_only_once_read() -> None:
     obs = Observations(max_per_name=3)
+    obs.add("x", -1)
+    assert obs.take() == {}  # nobody had asked: nothing kept
     for i in range(5):
         obs.add("x", i)
     assert obs.take() == {"x": [2, 3, 4]} and obs.num_dropped == 2

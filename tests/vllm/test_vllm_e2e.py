@@ -22,6 +22,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory,
          engine_pool: EnginePool) -> dict[str, dict[str, Any]]:
     disk = str(tmp_path_factory.mktemp("kv-disk"))
     redis = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    pd_redis = RedisServer(tmp_path_factory.mktemp("pd-redis")).start()  # nothing else on it
 
     def run_chain(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Engines one after another (a later one reads what the first stored), each later
@@ -46,6 +47,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory,
          # prefill/decode split through Redis: a consumer only loads what others computed
          "redis_consumer": {"connector": True, "redis_url": redis.url, "num_prompts": 4,
                             "kv_role": "kv_consumer"}},
+        # prefill/decode disaggregation through Redis: a producer prefills (one token each),
+        # a consumer in another process decodes from what it stored
+        {"pd_prefill": {"connector": True, "redis_url": pd_redis.url, "num_prompts": 4,
+                        "kv_role": "kv_producer", "max_tokens": 1},
+         "pd_decode": {"connector": True, "redis_url": pd_redis.url, "num_prompts": 4,
+                       "kv_role": "kv_consumer"}},
     ]
     try:
         with ThreadPoolExecutor(len(chains)) as pool:
@@ -53,6 +60,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory,
                     for name, run in done.items()}
     finally:
         redis.stop()
+        pd_redis.stop()
 
 
 def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -117,6 +125,23 @@ def test_a_kv_consumer_on_redis_loads_and_never_stores(runs: dict[str, dict[str,
     assert consumer["metrics"]["redis"]["blocks_stored"] == 0
     assert consumer["stats"]["num_store_jobs"] == 0
     assert_same(consumer["rounds"][0], runs["plain"]["rounds"][0])
+
+
+def test_prefill_and_decode_split_through_redis(runs: dict[str, dict[str, Any]]) -> None:
+    """A kv_producer prefills, a kv_consumer in another process decodes with the prompts' KV
+    loaded: it computes at most the last, partial block of each prompt, and says what one
+    instance doing both says."""
+    prefill, decode, plain = runs["pd_prefill"], runs["pd_decode"], runs["plain"]
+    # (the producer's Redis writes may end after its last step: its counters need not show them)
+    assert prefill["stats"]["num_load_jobs"] == 0 and prefill["stats"]["num_store_jobs"] > 0
+    assert decode["stats"]["num_store_jobs"] == 0
+    lens = decode["prompt_lens"]
+    cached = decode["rounds"][0]["num_cached_tokens"]
+    assert all(c >= n - 128 for c, n in zip(cached, lens, strict=True)), (cached, lens)
+    assert decode["stats"]["num_redis_hit_tokens"] > 0
+    assert_same(decode["rounds"][0], plain["rounds"][0])
+    assert [t[:1] for t in prefill["rounds"][0]["tokens"]] == \
+        [t[:1] for t in plain["rounds"][0]["tokens"]]
 
 
 def test_a_kv_space_that_forces_preemption_gives_equal_output(

@@ -128,8 +128,9 @@ def test_completions_repeat_from_the_host_tier_and_metrics_show_it(server: str) 
     assert kvport_metric(server, "vllm:kvport_prompt_tokens_total", source="computed") > 0
     assert kvport_metric(server, "vllm:kvport_store_blocks_total", tier="host",
                          outcome="stored") >= 5
-    assert kvport_metric(server, "vllm:kvport_lookup_seconds_count", tier="host") >= 2
-    assert kvport_metric(server, "vllm:kv_offload_lookup_sync_delay_seconds_count") >= 2
+    # measured from vLLM's first read of the stats on (the first request's lookup is before it)
+    assert kvport_metric(server, "vllm:kvport_lookup_seconds_count", tier="host") >= 1
+    assert kvport_metric(server, "vllm:kv_offload_lookup_sync_delay_seconds_count") >= 1
     # The Redis tier: written through, asked once per request, nothing went wrong. The
     # write-through runs beside the engine (0.2 s here) and is reported by the step after it
     # ended (vLLM keeps stepping while it is pending), so it may land after the second request.

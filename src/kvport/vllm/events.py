@@ -35,7 +35,8 @@ HIT_SOURCES = {"HOST": CacheHitSource.HOST, "DISK": CacheHitSource.DISK,
 
 
 def vllm_events(events: Iterable[KVCacheEvent],
-                group_kinds: Sequence[tuple[str | None, int | None]] = ()) -> list[VllmKVCacheEvent]:
+                group_kinds: Sequence[tuple[str | None, int | None]] = (),
+                ) -> list[VllmKVCacheEvent]:
     """kvport's events as vLLM's BlockStored / BlockRemoved, in the form vLLM's own prefix
     cache publishes them: hashes through `maybe_convert_block_hash` (the low 64 bits as an int
     by default), tokens, parent, block size, LoRA, extra keys (cache_salt, ...) and group.

@@ -8,7 +8,8 @@ is such a processor that changes no logits and only checks `kv_transfer_params`
 (kvport.connectors.transfer_params). Give it to vLLM with the connector:
 
     LLM(..., kv_transfer_config=..., logits_processors=[KVTransferParamsCheck])
-    python -m kvport.vllm serve MODEL ... --logits-processors kvport.vllm.params:KVTransferParamsCheck
+    python -m kvport.vllm serve MODEL ... \
+        --logits-processors kvport.vllm.params:KVTransferParamsCheck
 
 Without it, a request whose parameters kvport cannot read runs with no load and no store (the
 connector logs and counts it: num_bad_transfer_params).

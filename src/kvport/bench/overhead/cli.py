@@ -32,6 +32,9 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--recorder", action="store_true",
                    help="with --engine vllm: vLLM's ExampleConnector unwrapped vs inside "
                         "kvport.vllm's RecordingConnector with recording off")
+    p.add_argument("--events", action="store_true",
+                   help="with --engine vllm: kvport storing without vs with vLLM's KV events "
+                        "(ZMQ publisher) and stats logging on")
     p.add_argument("--json", metavar="PATH")
     p.set_defaults(func=run_command)
 
@@ -54,7 +57,8 @@ def run_command(args: argparse.Namespace) -> int:
         require_vllm(args.vllm_python)
         return OverheadConfig.for_engine(
             "vllm", args.model or default_model().model, dtype=args.dtype, batch=args.batch,
-            vllm_python=args.vllm_python, threads=args.threads, recorder=args.recorder, **given)
+            vllm_python=args.vllm_python, threads=args.threads, recorder=args.recorder,
+            events=args.events, **given)
 
     return run_bench_command("connector-overhead", args.json, config, run_overhead,
                              format_overhead)

@@ -18,14 +18,18 @@ def format_overhead(result: OverheadResult) -> str:
 def _format_vllm(result: OverheadResult) -> str:
     cfg = result.config
     target, base_name, goal = cfg.target
-    what = ("vLLM's ExampleConnector in kvport.vllm's RecordingConnector with recording off vs "
-            "unwrapped" if cfg.recorder else "kvport storing every block and never loading vs no "
-                                                 "connector")
+    if cfg.recorder:
+        what = ("vLLM's ExampleConnector in kvport.vllm's RecordingConnector with recording off "
+                "vs unwrapped")
+    elif cfg.events:
+        what = "kvport storing with KV events (ZMQ) and stats on vs off"
+    else:
+        what = "kvport storing every block and never loading vs no connector"
     version = (result.vllm_info or {}).get("vllm_version")
     lines = [f"vLLM {version}, {cfg.model}: decode tokens/s, {what}",
-             f"{'system':<28}{'decode tok/s':>14}{'ratio':>9}{'paired':>9}{'MiB stored':>12}"]
+             f"{'system':<34}{'decode tok/s':>14}{'ratio':>9}{'paired':>9}{'MiB stored':>12}"]
     for s in result.systems:
-        lines.append(f"{s.name:<28}{s.decode_tokens_per_s:>14.1f}"
+        lines.append(f"{s.name:<34}{s.decode_tokens_per_s:>14.1f}"
                      f"{s.ratio_to_no_connector:>9.3f}{s.paired_ratio or 0.0:>9.3f}"
                      f"{(s.bytes_stored or 0) / (1 << 20):>12.0f}")
     lines.append(f"ratio: of the medians over rounds, to {base_name}; paired: the median of each "

@@ -11,6 +11,11 @@ request finished. Reported: the median over rounds per engine, and the median of
 paired ratios (the verdict): a round times both engines back to back, so its ratio cancels the
 machine's slow drifts.
 
+`events` compares kvport's storing engine with the same engine publishing KV events (vLLM's
+ZMQ publisher, to a loopback endpoint nobody listens on: every event is built, encoded and
+sent) and logging stats (kvport's metrics built every step): what a router's and a dashboard's
+view costs when nothing hits.
+
 `recorder` compares two other engines the same way: vLLM's ExampleConnector, and the same
 connector inside kvport.vllm's RecordingConnector with recording off (no `record_trace`): what
 the wrapper costs when it only forwards. Each engine's ExampleConnector writes to a directory of
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -29,6 +35,7 @@ from kvport.bench.common.command import JsonObject
 from kvport.bench.common.machine import machine_info
 from kvport.bench.common.models import prompt_sampler, resolve_model_dir
 from kvport.bench.overhead.config import (
+    EVENTS,
     EXAMPLE,
     NO_CONNECTOR,
     STORING,
@@ -64,7 +71,20 @@ def engine_kwargs(cfg: OverheadConfig, model_dir: str, storage: str = "") -> dic
                    "kv_connector_extra_config": {"connector": example(WRAPPED)}}
         return {EXAMPLE: {**common, "kv_transfer_config": example(EXAMPLE)},
                 WRAPPED: {**common, "kv_transfer_config": wrapped}}
+    if cfg.events:
+        events = {"enable_kv_cache_events": True, "publisher": "zmq",
+                  "endpoint": f"tcp://127.0.0.1:{free_port()}", "topic": "kv"}
+        return {STORING: {**common, "kv_transfer_config": storing},
+                EVENTS: {**common, "kv_transfer_config": storing, "kv_events_config": events,
+                         "disable_log_stats": False}}
     return {NO_CONNECTOR: common, STORING: {**common, "kv_transfer_config": storing}}
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the publisher connects to it; nobody answers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run_vllm_overhead(cfg: OverheadConfig, log: Callable[[str], None]) -> OverheadResult:
@@ -96,9 +116,10 @@ def run_vllm_overhead(cfg: OverheadConfig, log: Callable[[str], None]) -> Overhe
         rates = rotated_rounds(list(engines), cfg.rounds, cfg.batch, cfg.decode_tokens,
                                time_pair, log, digits=1)
         stored = {name: 0 for name in engines}
-        if not cfg.recorder:
-            host = (engines[STORING].metrics().get("connector") or {}).get("host") or {}
-            stored[STORING] = int(host.get("bytes_stored") or 0)
+        for name in (STORING, EVENTS):
+            if name in engines:
+                host = (engines[name].metrics().get("connector") or {}).get("host") or {}
+                stored[name] = int(host.get("bytes_stored") or 0)
         info = engines[base_name].info
     finally:
         for engine in engines.values():

@@ -4,8 +4,9 @@ tier, transfer sizes), which a counter cannot show.
 
     DecisionCounters   cumulative counters (exported in metrics.DecisionMetrics)
     Observations       single measurements (seconds, bytes, blocks) kept until a reader takes
-                       them (kvport.vllm turns them into Prometheus histograms); bounded, so an
-                       engine nobody reads them from (kvport's own) keeps at most the latest
+                       them (kvport.vllm turns them into Prometheus histograms); nothing is kept
+                       before the first take (kvport's engine never takes them), and at most
+                       MAX_OBSERVATIONS per name between two takes
 """
 
 from __future__ import annotations
@@ -55,8 +56,11 @@ class Observations:
         self._max = max_per_name
         self._values: dict[str, deque[float]] = {}
         self.num_dropped = 0
+        self.read = False  # a reader has taken them once: from then on they are kept
 
     def add(self, name: str, value: float) -> None:
+        if not self.read:
+            return
         values = self._values.get(name)
         if values is None:
             values = self._values[name] = deque(maxlen=self._max)
@@ -66,6 +70,7 @@ class Observations:
 
     def take(self) -> dict[str, list[float]]:
         """Every measurement since the last take, by name (and forgets them)."""
+        self.read = True
         out = {name: list(values) for name, values in self._values.items() if values}
         for values in self._values.values():
             values.clear()
