@@ -550,3 +550,21 @@ def test_overhead_bench_recorder_mode_compares_the_wrapped_example_connector() -
     text = format_overhead(OverheadResult(cfg, machine_info(), systems,
                                           vllm_info={"vllm_version": "0.32.0"}))
     assert f"target {WRAPPED} decode tokens/s vs {EXAMPLE} (paired): 0.990x >= 0.980x: met" in text
+
+
+def test_the_events_overhead_run_differs_only_by_events_and_stats() -> None:
+    """connector-overhead --engine vllm --events: the same storing engine twice, the second with
+    vLLM's KV events published (to a loopback endpoint) and stats logged."""
+    from kvport.bench.overhead.config import EVENTS, STORING, OverheadConfig
+    from kvport.bench.overhead.vllm import engine_kwargs
+
+    cfg = OverheadConfig.for_engine("vllm", "m", events=True)
+    kwargs = engine_kwargs(cfg, "/model")
+    assert list(kwargs) == [STORING, EVENTS] and cfg.target == (EVENTS, STORING, 0.98)
+    on = dict(kwargs[EVENTS])
+    events = on.pop("kv_events_config")
+    assert events["enable_kv_cache_events"] and events["endpoint"].startswith("tcp://127.0.0.1:")
+    assert on.pop("disable_log_stats") is False
+    assert on == kwargs[STORING]
+    with pytest.raises(ValueError, match="pick one"):
+        OverheadConfig.for_engine("vllm", "m", events=True, recorder=True)
