@@ -200,3 +200,35 @@ def test_one_stored_event_per_run_of_consecutive_blocks() -> None:
     off.describe(request, keys[0], 0, 0)
     off.stored(HOST, keys[:1])
     assert len(off) == 0 and off.take() == []
+
+
+def test_a_hybrid_models_events_name_each_group() -> None:
+    """tiny-gemma3 (a full-attention group and sliding-window groups): every event names its
+    group, one engine block per key, and replayed per group they say what the host tier holds of
+    that group's keys."""
+    from hybrid_scenarios import GREEDY, offloading_llm, pair_prompts
+    from kvport.connectors.offloading.geometry import group_key
+
+    llm = offloading_llm("builtin:tiny-gemma3")()
+    half = offloading_half(llm)
+    groups = half.geometry.num_groups
+    assert groups > 1
+    outs, _ = run(llm, pair_prompts(), GREEDY)
+    events = llm.take_kv_events()
+    held: dict[int, set[bytes]] = {g: set() for g in range(groups)}
+    for e in events:
+        assert e.medium == HOST and 0 <= e.group_idx < groups, e
+        if e.removed:
+            held[e.group_idx].difference_update(e.block_hashes)
+        else:
+            assert len(e.token_ids) == 16 * len(e.block_hashes), e
+            held[e.group_idx].update(e.block_hashes)
+    hashes: set[bytes] = set()
+    for p, out in zip(pair_prompts(), outs):
+        seq: list[bytes] = []
+        hash_blocks(llm.engine.hash_root, p + out, 16, seq)
+        hashes.update(seq)
+    for g in range(groups):
+        want = {h for h in hashes if half.manager.lookup([group_key(h, g)]) == 1}
+        assert held[g] == want and want, g
+    assert_nothing_leaked(llm)
