@@ -101,4 +101,12 @@ MUTANTS: list[Mutant] = [
         "    if strategy == \"runs\":",
         (f"{TRANSFER_STRATEGIES}::test_copy_rows_refuses_a_destination_row_out_of_range",),
         "the bench's torch strategies check ids before copying any piece"),
+    # ---- connector-overhead: comparisons only vLLM has ---------------------------------------
+    Mutant(
+        "overhead-vllm-only-flags", "src/kvport/bench/overhead/cli.py",
+        "        if args.engine == \"kvport\" and (args.events or args.recorder):\n",
+        "        if False:\n",
+        ("tests/vllm/test_vllm_trace.py::"
+         "test_the_vllm_only_overhead_comparisons_refuse_kvports_engine",),
+        "--events and --recorder with kvport's engine are refused, not silently ignored"),
 ]

@@ -568,3 +568,12 @@ def test_the_events_overhead_run_differs_only_by_events_and_stats() -> None:
     assert on == kwargs[STORING]
     with pytest.raises(ValueError, match="pick one"):
         OverheadConfig.for_engine("vllm", "m", events=True, recorder=True)
+
+
+def test_the_vllm_only_overhead_comparisons_refuse_kvports_engine(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kvport.cli import main
+
+    for flag in ("--events", "--recorder"):
+        assert main(["bench", "connector-overhead", flag]) == 2
+        assert "add --engine vllm" in capsys.readouterr().err

@@ -48,6 +48,8 @@ def run_command(args: argparse.Namespace) -> int:
                                ("decode_tokens", args.decode_tokens)) if v is not None}
 
     def config() -> OverheadConfig:
+        if args.engine == "kvport" and (args.events or args.recorder):
+            raise ValueError("--events and --recorder compare vLLM engines: add --engine vllm")
         if args.engine == "kvport":
             return OverheadConfig.for_engine("kvport", args.model or "builtin:tiny-llama",
                                              dtype=args.dtype, batch=args.batch, **given)
