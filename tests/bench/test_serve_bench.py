@@ -478,11 +478,12 @@ def test_a_server_not_ready_by_its_deadline_is_stopped_with_its_whole_group(
         tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     code = (  # a server that forks a helper (vLLM's engine core) and never answers /health
-        "import subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "import subprocess, sys, threading\n"
+        "child = subprocess.Popen([sys.executable, '-c',\n"
+        "                          'import threading; threading.Event().wait()'])\n"
         f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
         "print('engine started', flush=True)\n"
-        "time.sleep(600)\n")
+        "threading.Event().wait()  # hangs until stopped\n")
     server = _fake_server(tmp_path, code)
     from polling import poll_until
     poll_until(lambda: pid_file.exists() and pid_file.read_text() != "", "the helper started",

@@ -148,4 +148,11 @@ MUTANTS: list[Mutant] = [
         ("tests/offloading/test_decisions.py::"
          "test_prompt_tokens_by_source_add_up_and_store_outcomes_are_counted",),
         "blocks offered to the host tier that it held already are counted as present"),
+    Mutant(
+        "observations-kept-once-read", "src/kvport/connectors/offloading/scheduler/decisions.py",
+        "        if not self.read:\n            return\n",
+        "",
+        ("tests/offloading/test_decisions.py::"
+         "test_observations_are_bounded_between_takes_and_kept_only_once_read",),
+        "no measurement is kept for a reader that never came (kvport's engine: a soak's growth)"),
 ]
