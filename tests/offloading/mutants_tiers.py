@@ -177,4 +177,18 @@ MUTANTS: list[Mutant] = [
         ("tests/offloading/test_redis_faults.py::"
          "test_a_trickled_reply_is_cut_at_the_whole_calls_deadline",),
         "a reply trickling in within each socket timeout is still cut at the call's deadline"),
+    Mutant(
+        "producer-answers-after-write-through", "src/kvport/connectors/offloading/worker/half.py",
+        "        if meta is not None and meta.stores and self.config.sync_write_through:\n",
+        "        if False:\n",
+        ("tests/offloading/test_redis_engine.py::"
+         "test_a_producers_answer_comes_after_its_kv_is_in_redis",),
+        "a kv_producer's step ends once its stores are in Redis: a decode instance finds them"),
+    Mutant(
+        "producer-sync-write-through-default", "src/kvport/connectors/offloading/connector.py",
+        "self.offloading_config, sync_write_through=config.kv_role == \"kv_producer\")",
+        "self.offloading_config, sync_write_through=False)",
+        ("tests/offloading/test_redis_engine.py::"
+         "test_a_producers_answer_comes_after_its_kv_is_in_redis",),
+        "sync_write_through is on by default for kv_producer"),
 ]

@@ -36,6 +36,8 @@ def test_vllm_names_parse() -> None:
      r"inflight_wait_s must be a number >= 0 and below 3600, got -0.5"),
     ({"cpu_bytes_to_use": 1, "inflight_wait_s": float("nan")}, r"inflight_wait_s .* got nan"),
     ({"cpu_bytes_to_use": 1, "inflight_wait_s": "1s"}, r"inflight_wait_s"),
+    ({"cpu_bytes_to_use": 1, "sync_write_through": "yes"},
+     r"\['sync_write_through'\] must be bool \| None, got 'yes'"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "s3"}]},
      r"'type' one of \['disk', 'redis'\]"),
     ({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "disk", "root_dir": "/x", "max_bytes": 1,

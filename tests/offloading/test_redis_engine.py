@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kvport import LLM
+from kvport import LLM, SamplingParams
 from kvport.trace.checker import check_file
 from offload_utils import (
     GREEDY, MODES, OFFLOAD_BLOCK, all_blocks_hit, assert_nothing_leaked, make_llm,
@@ -146,6 +146,38 @@ def test_prefill_in_a_producer_decode_in_a_consumer(
     assert tokens == reference and all_blocks_hit(cached), cached
     assert redis_metrics(consumer)["blocks_stored"] == 0  # a consumer never writes
     finish(consumer, trace)
+
+
+PAUSE_MS = 1500  # Redis holds every write this long: far longer than the engine's steps here
+
+
+@pytest.mark.parametrize("kv_role", ["kv_producer", "kv_both"])
+def test_a_producers_answer_comes_after_its_kv_is_in_redis(
+    kv_role: str, redis_server: RedisServer,
+) -> None:
+    """A kv_producer's step ends once its stores are written through (sync_write_through), so a
+    router that sends the request on to a decode instance when the answer comes finds the KV in
+    Redis; kv_both answers at once and writes behind. Redis is made to hold writes for
+    PAUSE_MS (CLIENT PAUSE ... WRITE), so "after" is not a matter of timing."""
+    llm = redis_llm({"url": redis_server.url, "io_timeout_s": 10.0}, kv_role=kv_role)
+    client = redis_server.client()
+    client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+    start = time.monotonic()
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    reqs = [llm.engine.add_request(f"pd-{i}", p, params) for i, p in enumerate(prompts())]
+    step_until(llm, lambda: all(r.is_finished for r in reqs))  # every answer is out
+    answered_s = time.monotonic() - start
+    assert all(r.error is None for r in reqs), [r.error for r in reqs]
+    stored = client.dbsize()  # a read: served during the pause
+    if kv_role == "kv_producer":
+        assert stored == NUM_PROMPT_BLOCKS, (stored, answered_s)
+        assert answered_s >= PAUSE_MS / 1000 * 0.9
+    else:
+        assert stored == 0 and answered_s < PAUSE_MS / 1000, (stored, answered_s)
+    # the writes behind the answers (a step without work waits 2 ms for them)
+    step_until(llm, lambda: not llm.engine.has_pending_work(), max_steps=20_000)
+    assert redis_metrics(llm)["blocks_stored"] == client.dbsize() == NUM_PROMPT_BLOCKS
+    finish(llm)
 
 
 def test_tenants_with_different_salts_never_share(

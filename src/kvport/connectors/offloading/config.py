@@ -227,6 +227,11 @@ class OffloadingConfig:
     # store no longer keeps the engine stepping; its host slots stay pinned until the write's
     # thread returns.
     write_timeout_s: float = 30.0
+    # The step that computed a block ends only once it is written through to every lower tier
+    # (waited for at most write_timeout_s), so the answer that ends a request comes after its
+    # KV can be found there: what a prefill instance needs before a router sends the request to
+    # a decode instance on the same Redis or disk. None: on for kv_producer, off otherwise.
+    sync_write_through: bool | None = None
     # How long shutdown waits for stores and write-throughs in flight, in all.
     shutdown_timeout_s: float = 10.0
     # Names what this connector's disk and Redis entries are shared under, beyond the model
@@ -253,6 +258,8 @@ class OffloadingConfig:
             if self.sliding_store_interval is not None:
                 check_int("sliding_store_interval", self.sliding_store_interval, 0)
             check_bool("sync_host_loads", self.sync_host_loads)
+            if self.sync_write_through is not None:
+                check_bool("sync_write_through", self.sync_write_through)
             check_seconds("inflight_wait_s", self.inflight_wait_s, MAX_TIMEOUT_S, zero_ok=True)
             for name in ("load_timeout_s", "write_timeout_s", "shutdown_timeout_s"):
                 check_seconds(name, getattr(self, name), MAX_TIMEOUT_S)

@@ -7,6 +7,8 @@ Configuration (`kv_connector_extra_config`, vLLM's names; see config.OffloadingC
     sync_host_loads    host-only hits copied before the step's forward (default true)
     inflight_wait_s    how long a hit waits for keys another request is writing to host memory
                        (default 1.0; 0: it computes them at once)
+    sync_write_through a step ends once its stores are written through to disk and Redis
+                       (default: on for kv_producer, the prefill instance of a split)
     store_threshold    store a block only after it was looked up this many times (0: always)
     secondary_tiers    [{"type": "disk", "root_dir": PATH, "max_bytes": N},
                         {"type": "redis", "url": "redis://127.0.0.1:6379/0", ...}]
@@ -53,6 +55,10 @@ class OffloadingConnector(KVConnectorBase, SupportsHMA):
     def __init__(self, config: KVTransferConfig, role: KVConnectorRole) -> None:
         super().__init__(config, role)
         self.offloading_config = parse_extra_config(OffloadingConfig, config)
+        if self.offloading_config.sync_write_through is None:
+            # a producer's answer must come after what it stored can be found (config.py)
+            self.offloading_config = dataclasses.replace(
+                self.offloading_config, sync_write_through=config.kv_role == "kv_producer")
         self._scheduler: OffloadingScheduler | None = None  # built by set_kv_cache_spec
         self._worker = (self.make_worker(self.offloading_config)
                         if role == KVConnectorRole.WORKER else None)

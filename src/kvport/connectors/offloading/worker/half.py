@@ -17,6 +17,9 @@ Nothing is left to wait_for_save (no-forward steps skip it under the legacy call
 `sync_stores` is for engines that may stop stepping as soon as no request is left (vLLM's
 in-process LLM): the last step's stores must be in the host tier, and the scheduler half must
 know it, when generate() returns; their write-through then runs with no further step.
+`sync_write_through` (config.py; a kv_producer's default) also waits, bounded, for the
+write-throughs of the step's stores, so that the step's answers come after another instance
+can find their KV on disk or in Redis.
 `wait_sync_loads` (vLLM) waits for synchronous loads, unbounded (why: docs/vllm.md). The work is
 done by loads.LoadRunner and stores.StoreRunner over a shared jobs.Submitter (the transfers in
 flight and the results for the scheduler half); the transfers run on the router's threads,
@@ -128,14 +131,26 @@ class OffloadingConnectorWorker:
             for rid, jobs in meta.held.items():
                 self._held[rid] = set(jobs)
             self._on_finished(stores.submit(meta.stores, tainted))
-            if self.sync_stores and meta.stores:
+            if (self.sync_stores or self.config.sync_write_through) and meta.stores:
                 # NOTE: no timeout, as for the fence: these copy memory into host slots.
                 submitter.router.wait([TransferKey(job.job_id) for job in meta.stores])
         self._on_finished(submitter.take_finished())
+        if meta is not None and meta.stores and self.config.sync_write_through:
+            self._wait_written({job.job_id for job in meta.stores})
         if meta is None or not meta.did_forward:
             self._wait_without_forward()
         late = self._give_up_late_jobs()
         return self._released(), loads.take_finished() | late
+
+    def _wait_written(self, job_ids: set[int]) -> None:
+        """`sync_write_through`: wait for the write-throughs of this step's stores (their copies
+        ended and started them), at most `write_timeout_s`; one still running then is left to
+        its deadline, as any other (`_give_up_late_jobs`)."""
+        submitter = self._parts()[0]
+        writes = [k for k in submitter.in_flight if k.job_id in job_ids and k.stage is Stage.WRITE]
+        if writes:
+            submitter.router.wait(writes, timeout=self.config.write_timeout_s)
+            self._on_finished(submitter.take_finished())
 
     def _released(self) -> set[str]:
         """The held requests whose jobs' engine copies all ended."""
