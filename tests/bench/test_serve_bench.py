@@ -27,7 +27,9 @@ from kvport.bench.serve.config import (
     HOST_DISK,
     HOST_REDIS,
     MULTI_TURN,
+    PREFILL_DECODE,
     SHARED_PREFIX,
+    SPLIT_REDIS,
     TWO_INSTANCES,
     ServeBenchConfig,
     kv_transfer_config,
@@ -92,9 +94,9 @@ def test_turns_go_round_by_round_and_each_contains_the_previous_one() -> None:
         for k in range(1, 3):
             prev, cur = by[c, k - 1], by[c, k]
             # the next prompt is the previous prompt, its reply and a follow-up
-            assert cur.prompt.startswith(prev.prompt + " " + prev.reply + "\nUser: ")
+            assert cur.prompt.startswith(prev.prompt + prev.reply + "\nUser: ")
             assert cur.prompt.endswith("\nAssistant:")
-            follow_up = cur.prompt[len(prev.prompt) + len(prev.reply) + 8:-len("\nAssistant:")]
+            follow_up = cur.prompt[len(prev.prompt) + len(prev.reply) + 7:-len("\nAssistant:")]
             assert len(follow_up.split()) == CHAT.user_len
     first = by[0, 0].prompt
     system, context = first.split("\n")[0], first.split("\n")[1]
@@ -104,6 +106,29 @@ def test_turns_go_round_by_round_and_each_contains_the_previous_one() -> None:
     assert len({t.prompt.split("\n")[0] for t in turns}) == 1
     assert len({by[c, 0].prompt.split("\n")[1] for c in range(3)}) == 3
     assert all(len(t.reply.split()) == CHAT.reply_len for t in turns)
+
+
+def test_the_models_replies_go_into_the_next_turns_prompt_as_answered() -> None:
+    """With `answer`, each round's prompts go to it together and its texts follow them as they
+    are (a completion starts with its own space)."""
+    asked: list[list[str]] = []
+
+    def answer(prompts: list[str]) -> list[str]:
+        asked.append(prompts)
+        return [f" answer {len(asked)}.{c}" for c in range(len(prompts))]
+
+    turns = conversation_turns(CHAT, seed=1, words=WORDS, answer=answer)
+    assert [len(r) for r in asked] == [3, 3, 3]
+    by = {(t.conversation, t.turn): t for t in turns}
+    for c in range(3):
+        assert by[c, 1].reply == f" answer 2.{c}"
+        assert by[c, 1].prompt.startswith(by[c, 0].prompt + f" answer 1.{c}\nUser: ")
+        assert asked[1][c] == by[c, 1].prompt
+    # the user messages are drawn as without answers: only the replies differ
+    drawn = conversation_turns(CHAT, seed=1, words=WORDS)
+    assert turns[0].prompt == drawn[0].prompt
+    with pytest.raises(ValueError, match="2 replies for 3 prompts"):
+        conversation_turns(CHAT, seed=1, words=WORDS, answer=lambda ps: ps[:2])
 
 
 def test_turns_are_the_same_for_a_seed_and_differ_across_seeds() -> None:
@@ -178,8 +203,13 @@ def test_config_refuses_what_cannot_be_compared() -> None:
 
 def test_which_system_runs_where_and_on_how_many_servers() -> None:
     cfg = ServeBenchConfig()
-    assert [cfg.instances(s) for s in (BASELINE, HOST, HOST_DISK, HOST_REDIS)] == [2, 2, 1, 2]
+    assert [cfg.instances(s) for s in (BASELINE, HOST, HOST_DISK, HOST_REDIS, SPLIT_REDIS)] \
+        == [2, 2, 1, 2, 2]
     assert not cfg.runs(HOST_DISK, TWO_INSTANCES) and cfg.runs(HOST_DISK, MULTI_TURN)
+    # prefill-decode: one server doing both against a prefill and a decode server, only
+    assert [s for s in cfg.systems if cfg.runs(s, PREFILL_DECODE)] == [BASELINE, SPLIT_REDIS]
+    assert [s for s in cfg.systems if cfg.runs(SPLIT_REDIS, s)] == []
+    assert [sc for sc in cfg.scenarios if cfg.runs(SPLIT_REDIS, sc)] == [PREFILL_DECODE]
     single = ServeBenchConfig(scenarios=(SHARED_PREFIX, MULTI_TURN))
     assert single.instances(HOST_REDIS) == 1 and not single.runs(HOST, TWO_INSTANCES)
 
@@ -210,6 +240,15 @@ def test_each_systems_connector_config_is_one_kvport_accepts() -> None:
                          HOST_REDIS: ["RedisTierConfig"]}[system]
     with pytest.raises(ValueError, match="disk directory"):
         kv_transfer_config(cfg, HOST_DISK)
+    roles = [kv_transfer_config(cfg, SPLIT_REDIS, redis=redis, instance=i) for i in (0, 1)]
+    assert [r["kv_role"] for r in roles if r is not None] == ["kv_producer", "kv_consumer"]
+    for ktc in roles:
+        config = KVTransferConfig.from_any(ktc)
+        assert config is not None
+        assert [type(t).__name__ for t in parse_extra_config(
+            OffloadingConfig, config).secondary_tiers] == ["RedisTierConfig"]
+    with pytest.raises(ValueError, match="split\\+redis needs its Redis"):
+        kv_transfer_config(cfg, SPLIT_REDIS)
 
 
 # ---- vLLM's result, /metrics, ratios, targets, report -----------------------------------------
@@ -282,12 +321,25 @@ def _run(scenario: str, system: str, ttft: float, total: float, failed: int = 0,
                      {}, [2, 2] if scenario == TWO_INSTANCES else None, 0.1, raw)
 
 
+def _split_run(decode_computed: int) -> RunResult:
+    """split+redis over 4 requests: the prefill server computed 2000 prompt tokens, the decode
+    server `decode_computed` of its 2048."""
+    import dataclasses
+    run = _run(PREFILL_DECODE, SPLIT_REDIS, 1.0, 90.0)
+    prefill = hit_summary({"vllm:prefix_cache_queries_total": 2000.0})
+    decode = hit_summary({"vllm:prefix_cache_queries_total": 2048.0,
+                          "vllm:external_prefix_cache_hits_total": 2048.0 - decode_computed})
+    return dataclasses.replace(run, instances=2, instance_hits=[prefill, decode],
+                               prefill_p50_s=0.8)
+
+
 def _runs(**failed: int) -> list[RunResult]:
     return [_run(SHARED_PREFIX, BASELINE, 2.0, 100.0),
             _run(SHARED_PREFIX, HOST, 0.3, 150.0, failed.get("host", 0)),
             _run(TWO_INSTANCES, BASELINE, 3.0, 100.0, after_first=3.0),
             _run(TWO_INSTANCES, HOST, 1.0, 120.0, after_first=1.2),
-            _run(TWO_INSTANCES, HOST_REDIS, 0.5, 200.0, after_first=0.3)]
+            _run(TWO_INSTANCES, HOST_REDIS, 0.5, 200.0, after_first=0.3),
+            _run(PREFILL_DECODE, BASELINE, 1.5, 100.0), _split_run(4 * 100)]
 
 
 def test_ratios_and_the_targets_verdicts() -> None:
@@ -307,6 +359,11 @@ def test_ratios_and_the_targets_verdicts() -> None:
     assert "not judged" in verdict_line(unjudged["ttft_p50_s"])
     only_shared = evaluate_targets(runs[:1])  # host absent: not measured
     assert [v.met for v in only_shared] == [None, None]
+    split = got[PREFILL_DECODE, "decode_computed_prompt_tokens_per_request"]
+    assert split.ratio == pytest.approx(100) and split.met is True  # <= one block of 128
+    assert verdict_line(split).endswith("100.0 <= 128: met")
+    (worse,) = evaluate_targets([_split_run(4 * 200)])
+    assert worse.ratio == pytest.approx(200) and worse.met is False
 
 
 def _result(runs: list[RunResult]) -> ServeBenchResult:
@@ -321,12 +378,16 @@ def test_the_table_and_the_json(tmp_path: Path) -> None:
     result = _result(_runs())
     text = format_result(result)
     assert "TTFT p50 t>1" in text and "2x host+redis" in text and "note: a note" in text
-    row = next(line for line in text.splitlines() if line.startswith("shared-prefix  host "))
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["shared-prefix", "host"])
     assert "0.300" in row and "0.15" in row and "host 50%" in row
     data = json.loads(json.dumps(result.to_json()))
     assert data["runs"][1]["ratio_vs_no_connector"]["ttft_p50_s"] == pytest.approx(0.15)
     assert data["runs"][1]["vllm_bench_serve"]["median_ttft_ms"] == 300.0
     assert {t["metric"] for t in data["targets"]} == {t.metric for t in TARGETS}
+    split = data["runs"][-1]
+    assert split["decode_computed_prompt_tokens_per_request"] == pytest.approx(100)
+    assert split["instance_hits"][1]["computed_tokens"] == 400 and split["prefill_p50_s"] == 0.8
+    assert "2x split+redis" in text
     require("matplotlib", "matplotlib is in the test extra: pip install 'kvport[test]'")
     plot_result(data, str(tmp_path / "serve.png"))
     assert (tmp_path / "serve.png").read_bytes()[:4] == b"\x89PNG"
@@ -351,9 +412,10 @@ def test_cli_refuses_bad_flags_before_starting_anything(
 # ---- the forwarder ---------------------------------------------------------------------------
 
 class _Backend:
-    """A stdlib HTTP server that streams two chunks; the second only after `release` is set."""
+    """A stdlib HTTP server that streams two chunks; the second only after `release` is set.
+    With a `status` other than 200 it answers that, with a JSON error, at once."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, status: int = 200) -> None:
         self.name = name
         self.seen: list[tuple[str, str | None, bytes]] = []
         self.release = threading.Event()
@@ -365,6 +427,14 @@ class _Backend:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 backend.seen.append((self.path, self.headers.get("x-request-id"), body))
+                if status != 200:
+                    error = b'{"error": "no"}'
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(error)))
+                    self.end_headers()
+                    self.wfile.write(error)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -429,6 +499,48 @@ def test_forwarder_routes_by_row_and_relays_each_chunk_as_it_comes(
     assert [s[1] for s in backends[1].seen] == ["p-0", "p-2"]
     with pytest.raises(ValueError, match="outside 0..1"):
         Forwarder([1, 2], routes=[0, 2], id_prefix="p-")
+
+
+def _post(url: str, request_id: str, body: bytes) -> http.client.HTTPResponse:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/v1/completions", body=body,
+                 headers={"x-request-id": request_id, "Content-Type": "application/json"})
+    return conn.getresponse()
+
+
+def test_a_split_forwarder_prefills_one_token_first_then_streams_the_decode(
+        backends: list[_Backend]) -> None:
+    ask = {"prompt": "hi", "max_tokens": 8, "stream": True,
+           "stream_options": {"include_usage": True}}
+    backends[0].release.set()  # the prefill answers whole
+    with Forwarder([b.port for b in backends], [1, 1], "p-", prefill=0) as fwd:
+        reply = _post(fwd.url, "p-0", json.dumps(ask).encode())
+        assert reply.status == 200
+        # the decode server streams to the client; the prefill answer was taken whole before
+        assert reply.read1(65536) == b"data: one first\n\n"
+        assert len(backends[0].seen) == 1 and len(backends[1].seen) == 1
+        backends[1].release.set()
+        assert reply.read() == b"data: [DONE]\n\n"
+        assert fwd.counts == [1, 1] and len(fwd.prefill_s) == 1
+    prefilled = json.loads(backends[0].seen[0][2])
+    assert prefilled == {"prompt": "hi", "max_tokens": 1, "stream": False}
+    assert json.loads(backends[1].seen[0][2]) == ask  # the decode gets the request as sent
+    with pytest.raises(ValueError, match="prefill names instance 2"):
+        Forwarder([1, 2], [1], "p-", prefill=2)
+
+
+def test_a_failed_prefill_is_the_clients_answer_and_nothing_is_decoded() -> None:
+    failing, decode = _Backend("zero", status=500), _Backend("one")
+    try:
+        with Forwarder([failing.port, decode.port], [1], "p-", prefill=0) as fwd:
+            reply = _post(fwd.url, "p-0", b'{"prompt": "hi"}')
+            assert (reply.status, reply.read()) == (500, b'{"error": "no"}')
+            assert fwd.counts == [1, 0]
+        assert decode.seen == []
+    finally:
+        failing.close()
+        decode.close()
 
 
 # ---- servers: failures, deadlines, stopping the whole group ------------------------------------

@@ -72,8 +72,13 @@ def test_one_server_and_vllms_client_end_to_end(tmp_path: Path,
     assert runs["multi-turn"]["hits"]["device_hit_tokens"] >= 3 * 128
     # rows in the file's order: each conversation's second turn (rows 3-5) holds its first
     lens = runs["multi-turn"]["vllm_bench_serve"]["input_lens"]
-    assert all(lens[3 + c] > lens[c] + 32 for c in range(3))
+    # (a second turn adds the model's reply of 4 tokens and a user message of 16 words)
+    assert all(lens[3 + c] > lens[c] + 16 + 4 for c in range(3)), lens
     assert runs["multi-turn"]["ttft_p50_after_first_turn_s"] > 0
+    # the transcripts carry the model's own replies (a server made them before the run): the
+    # same greedy answers come back during it
+    assert result["params"]["replies"] == "model"
+    assert runs["multi-turn"]["replies_matched"] == 6, raw["generated_texts"]
     assert runs["shared-prefix"]["ttft_p50_after_first_turn_s"] is None
     assert result["pool"]["kv_blocks"] == 64 and result["redis"] is None
     assert "shared-prefix  no-connector" in printed and "target shared-prefix" in printed

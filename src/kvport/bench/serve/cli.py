@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 _SHARED_PREFIX_FLAGS = ("num_prefixes", "prompts_per_prefix", "prefix_len", "suffix_len")
 _CONVERSATION_FLAGS = ("conversations", "turns", "system_len", "context_len", "user_len",
                        "reply_len")
+_RANDOM_FLAGS = {"split_requests": "num_requests", "split_input_len": "input_len"}
 
 
 def add_parser(commands: Any) -> None:
@@ -25,9 +26,10 @@ def add_parser(commands: Any) -> None:
                       "kvport's tiers",
         description="Starts OpenAI-compatible vLLM servers on loopback ports (python -m "
                     "kvport.vllm serve) for each system (no-connector, host, host+disk, "
-                    "host+redis) and runs vLLM's own client (vllm bench serve) on a shared-"
-                    "prefix, a multi-turn and a two-instance multi-turn workload at one "
-                    "request rate; see kvport.bench.serve and BENCHMARKS.md.")
+                    "host+redis, split+redis) and runs vLLM's own client (vllm bench serve) on "
+                    "a shared-prefix, a multi-turn, a two-instance multi-turn and a prefill/"
+                    "decode workload at one request rate; see kvport.bench.serve and "
+                    "BENCHMARKS.md.")
     p.add_argument("--model", default=None,
                    help="builtin:NAME or a Hugging Face-format directory with a BPE "
                         "tokenizer (default: builtin:smollm2-135m)")
@@ -35,10 +37,11 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--quick", action="store_true",
                    help="smaller: 12 requests per run, 2 in flight (about 10 minutes on 2 cores)")
     p.add_argument("--scenarios", type=name_list, default=None, metavar="NAMES",
-                   help="comma-separated subset of shared-prefix, multi-turn, two-instances")
+                   help="comma-separated subset of shared-prefix, multi-turn, two-instances, "
+                        "prefill-decode")
     p.add_argument("--systems", type=name_list, default=None, metavar="NAMES",
-                   help="comma-separated subset of no-connector, host, host+disk, host+redis "
-                        "(no-connector is required: the ratios are against it)")
+                   help="comma-separated subset of no-connector, host, host+disk, host+redis, "
+                        "split+redis (no-connector is required: the ratios are against it)")
     p.add_argument("--request-rate", type=float, default=None,
                    help="requests per second, Poisson, every run (default 1)")
     p.add_argument("--concurrency", type=int, default=None,
@@ -59,6 +62,12 @@ def add_parser(commands: Any) -> None:
     for flag in _CONVERSATION_FLAGS:
         p.add_argument(f"--{flag.replace('_', '-')}", type=int, default=None,
                        help="multi-turn dataset size")
+    for flag in _RANDOM_FLAGS:
+        p.add_argument(f"--{flag.replace('_', '-')}", type=int, default=None,
+                       help="prefill-decode dataset size")
+    p.add_argument("--replies", choices=("model", "drawn"), default="model",
+                   help="the multi-turn transcripts' assistant replies: the model's own (made "
+                        "by a server before the run) or drawn words (default: model)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="each server's OpenMP threads (default: one per core but one, left to "
@@ -83,12 +92,14 @@ def serve_config(args: argparse.Namespace) -> ServeBenchConfig:
     from kvport.bench.serve.config import (
         HOST_REDIS,
         QUICK_CONVERSATION,
+        QUICK_RANDOM,
         QUICK_SHARED_PREFIX,
         SCENARIOS,
+        SPLIT_REDIS,
         SYSTEMS,
         ServeBenchConfig,
     )
-    from kvport.bench.serve.datasets import ConversationSpec, SharedPrefixSpec
+    from kvport.bench.serve.datasets import ConversationSpec, RandomSpec, SharedPrefixSpec
     from kvport.bench.vllm.engine import require_vllm
 
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # fail before, not after
@@ -98,22 +109,25 @@ def serve_config(args: argparse.Namespace) -> ServeBenchConfig:
     chat = QUICK_CONVERSATION if args.quick else ConversationSpec()
     shared = dataclasses.replace(shared, **_given(args, _SHARED_PREFIX_FLAGS + ("output_len",)))
     chat = dataclasses.replace(chat, **_given(args, _CONVERSATION_FLAGS + ("output_len",)))
+    split = QUICK_RANDOM if args.quick else RandomSpec()
+    split = dataclasses.replace(split, **{_RANDOM_FLAGS.get(k, k): v for k, v in _given(
+        args, (*_RANDOM_FLAGS, "output_len")).items()})
     host_mib = args.host_mib or (1024 if args.quick else 2048)
     cfg = ServeBenchConfig(
         model=args.model or SMOLLM2, dtype=args.dtype,
         scenarios=tuple(args.scenarios) if args.scenarios else SCENARIOS,
         systems=tuple(args.systems) if args.systems else SYSTEMS,
-        shared_prefix=shared, conversation=chat,
+        shared_prefix=shared, conversation=chat, random=split, replies=args.replies,
         request_rate=1.0 if args.request_rate is None else args.request_rate,
         concurrency=args.concurrency or (2 if args.quick else 4), seed=args.seed,
         kv_blocks=args.kv_blocks, host_bytes=host_mib << 20, redis_url=args.redis_url,
         threads=args.threads, start_timeout_s=args.start_timeout, quick=args.quick)
-    if any(cfg.runs(HOST_REDIS, s) for s in cfg.scenarios):
+    if any(cfg.runs(system, s) for s in cfg.scenarios for system in (HOST_REDIS, SPLIT_REDIS)):
         if cfg.redis_url is not None:
             check_redis(cfg.redis_url)  # a Redis that is down would only give misses: say so
         elif shutil.which("redis-server") is None:
-            raise ValueError("host+redis needs a Redis: install redis-server (the bench starts "
-                             "one) or pass --redis-url")
+            raise ValueError("host+redis and split+redis need a Redis: install redis-server "
+                             "(the bench starts one) or pass --redis-url")
         else:
             require_redis_py("host+redis")  # the bench's own client deletes the run's keys
     return cfg

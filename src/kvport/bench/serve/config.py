@@ -5,12 +5,16 @@ Scenarios (each a `vllm bench serve` run per system, same dataset, seed and requ
 - `multi-turn`: chat transcripts that grow turn by turn (datasets.py) on one server.
 - `two-instances`: other conversations of the same shape on two servers of the system, a
   conversation's turns alternating between them (forwarder.py).
+- `prefill-decode`: vLLM's random dataset (prompts sharing nothing) on one server doing both
+  (no-connector), against a prefill server and a decode server on one Redis (`split+redis`):
+  each request prefilled by the first (one token), then decoded by the second (forwarder.py).
 
 Systems: `no-connector` (vLLM's own prefix cache, on by default: the baseline), `host` (kvport's
 OffloadingConnector, host tier), `host+disk` (and a disk tier in a temporary directory),
 `host+redis` (and a Redis tier: a redis-server the bench starts, or --redis-url). In
 `two-instances` each system is two servers (host+disk is not run there: a disk is one
 machine's); its targets compare `host+redis` with `host`, the same two servers without Redis.
+`split+redis` runs only in `prefill-decode`: a kv_producer and a kv_consumer on the Redis tier.
 
 Sizes, and why (BENCHMARKS.md, "Serving"): every server's KV pool holds `concurrency` requests
 of the longest kind and no more (`pool_plan`), the regime offloading is for: the requests in
@@ -30,15 +34,21 @@ from dataclasses import dataclass, field
 
 from kvport.bench.common.command import JsonObject
 from kvport.bench.common.models import SMOLLM2
-from kvport.bench.serve.datasets import ConversationSpec, SharedPrefixSpec
+from kvport.bench.serve.datasets import ConversationSpec, RandomSpec, SharedPrefixSpec
 from kvport.bench.vllm.engine import VLLM_CPU_BLOCK_SIZE
 from kvport.bench.workload.plan import offloading_config
 
 SHARED_PREFIX, MULTI_TURN, TWO_INSTANCES = "shared-prefix", "multi-turn", "two-instances"
-SCENARIOS = (SHARED_PREFIX, MULTI_TURN, TWO_INSTANCES)
+PREFILL_DECODE = "prefill-decode"
+SCENARIOS = (SHARED_PREFIX, MULTI_TURN, TWO_INSTANCES, PREFILL_DECODE)
 BASELINE, HOST, HOST_DISK, HOST_REDIS = "no-connector", "host", "host+disk", "host+redis"
-SYSTEMS = (BASELINE, HOST, HOST_DISK, HOST_REDIS)
+SPLIT_REDIS = "split+redis"  # a prefill (kv_producer) and a decode (kv_consumer) server
+SYSTEMS = (BASELINE, HOST, HOST_DISK, HOST_REDIS, SPLIT_REDIS)
 PAIR_SYSTEMS = (BASELINE, HOST, HOST_REDIS)  # the systems two-instances runs
+SPLIT_SYSTEMS = (BASELINE, SPLIT_REDIS)  # the systems prefill-decode runs
+# the multi-turn transcripts' replies: the model's own (replies.py), or drawn text
+MODEL_REPLIES, DRAWN_REPLIES = "model", "drawn"
+PREFILL, DECODE = 0, 1  # split+redis: its servers, in order
 # a transcript's token count is the tokenizer's; this covers a special token the server adds
 LENGTH_MARGIN_TOKENS = 8
 
@@ -47,6 +57,7 @@ QUICK_SHARED_PREFIX = SharedPrefixSpec(num_prefixes=3, prompts_per_prefix=4, pre
                                        suffix_len=64, output_len=16)
 QUICK_CONVERSATION = ConversationSpec(conversations=3, turns=4, system_len=64, context_len=256,
                                       user_len=32, reply_len=32, output_len=16)
+QUICK_RANDOM = RandomSpec(num_requests=8, input_len=512, output_len=16)
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,8 @@ class ServeBenchConfig:
     systems: tuple[str, ...] = SYSTEMS
     shared_prefix: SharedPrefixSpec = field(default_factory=SharedPrefixSpec)
     conversation: ConversationSpec = field(default_factory=ConversationSpec)
+    random: RandomSpec = field(default_factory=RandomSpec)  # prefill-decode's requests
+    replies: str = MODEL_REPLIES
     request_rate: float = 1.0  # requests per second, every system and scenario
     concurrency: int = 4  # requests in flight at most: client cap and servers' max_num_seqs
     seed: int = 0
@@ -76,6 +89,9 @@ class ServeBenchConfig:
         if BASELINE not in self.systems:
             raise ValueError(f"systems must include the baseline {BASELINE!r}: every ratio is "
                              f"against it")
+        if self.replies not in (MODEL_REPLIES, DRAWN_REPLIES):
+            raise ValueError(f"replies must be {MODEL_REPLIES} or {DRAWN_REPLIES}, got "
+                             f"{self.replies!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if not (self.request_rate > 0 and math.isfinite(self.request_rate)):
@@ -98,17 +114,22 @@ class ServeBenchConfig:
         """Whether `system` runs in `scenario`."""
         if system not in self.systems or scenario not in self.scenarios:
             return False
-        return scenario != TWO_INSTANCES or system in PAIR_SYSTEMS
+        if scenario == PREFILL_DECODE:
+            return system in SPLIT_SYSTEMS
+        if scenario == TWO_INSTANCES:
+            return system in PAIR_SYSTEMS
+        return system != SPLIT_REDIS
 
     def instances(self, system: str) -> int:
-        """Servers the system needs: two if it runs in two-instances."""
-        return 2 if self.runs(system, TWO_INSTANCES) else 1
+        """Servers the system needs: two if it is split+redis or runs in two-instances."""
+        return 2 if system == SPLIT_REDIS or self.runs(system, TWO_INSTANCES) else 1
 
     def params(self) -> JsonObject:
         return {"model": self.model, "dtype": self.dtype, "scenarios": list(self.scenarios),
                 "systems": list(self.systems),
                 "shared_prefix": dataclasses.asdict(self.shared_prefix),
                 "conversation": dataclasses.asdict(self.conversation),
+                "random": dataclasses.asdict(self.random), "replies": self.replies,
                 "request_rate": self.request_rate, "concurrency": self.concurrency,
                 "seed": self.seed, "kv_blocks": self.kv_blocks, "host_bytes": self.host_bytes,
                 "disk_bytes": self.disk_bytes, "threads": self.threads, "quick": self.quick}
@@ -146,12 +167,20 @@ def pool_plan(longest_request_tokens: int, concurrency: int, kv_blocks: int | No
 
 
 def kv_transfer_config(cfg: ServeBenchConfig, system: str, disk_dir: str | None = None,
-                       redis: JsonObject | None = None) -> JsonObject | None:
-    """The system's kv_transfer_config (vLLM's JSON shape; kvport's connector by module path).
-    `disk_dir` for host+disk, `redis` (the tier's keys after "type": url, tenant) for
-    host+redis."""
+                       redis: JsonObject | None = None,
+                       instance: int = 0) -> JsonObject | None:
+    """The system's kv_transfer_config (vLLM's JSON shape; kvport's connector by module path)
+    for its server `instance`. `disk_dir` for host+disk, `redis` (the tier's keys after
+    "type": url, tenant) for host+redis and split+redis (whose PREFILL server is a kv_producer,
+    its DECODE server a kv_consumer)."""
     if system == BASELINE:
         return None
+    if system == SPLIT_REDIS:
+        if redis is None:
+            raise ValueError("split+redis needs its Redis tier")
+        config = offloading_config(cfg.host_bytes, engine="vllm", redis=redis)
+        config["kv_role"] = "kv_producer" if instance == PREFILL else "kv_consumer"
+        return config
     if system == HOST:
         return offloading_config(cfg.host_bytes, engine="vllm")
     if system == HOST_DISK:

@@ -18,12 +18,14 @@ transcript up to that turn:
     Assistant:
 
 Turn k's prompt is turn k-1's prompt followed by a reply and the next user message, so it
-contains it whole: what a chat front end sends. The replies are drawn text, not what the model
-answered (the client cannot feed answers back); their tokens must therefore be computed on the
-next turn, as a front end that re-tokenizes the answer would often need anyway. Entries are
-written round by round (turn 0 of every conversation, then turn 1 of each, ...), so that with
-more conversations than requests in flight a conversation's previous turn has finished before
-its next one is sent. ShareGPT's loader drops prompts over 1024 tokens, so the bench checks the
+contains it whole: what a chat front end sends. vLLM's client cannot feed an answer back into
+the next prompt, so the replies are made before the run: by default what the model itself
+answers (greedy, `output_len` tokens, as the client asks for during the run: `answer`, a server
+run.py starts for it), so a turn's prompt holds the previous turn's answer as the server
+generated it, the KV it computed while decoding included; or drawn text (`answer=None`), which
+the next turn must compute. Entries are written round by round (turn 0 of every conversation,
+then turn 1 of each, ...), so that with more conversations than requests in flight a
+conversation's previous turn has finished before its next one is sent. ShareGPT's loader drops prompts over 1024 tokens, so the bench checks the
 longest prompt first (`check_prompt_tokens`).
 
 Lengths are in tokens: the text is drawn from words that the model's tokenizer encodes as one
@@ -77,7 +79,7 @@ class ConversationSpec:
     system_len: int = 128  # the system prompt every conversation starts with
     context_len: int = 320  # each conversation's opening user message
     user_len: int = 48  # each later user message
-    reply_len: int = 48  # each assistant reply in the transcript
+    reply_len: int = 48  # each drawn assistant reply (the model's own are output_len tokens)
     output_len: int = 32  # tokens the server generates per request
 
     def __post_init__(self) -> None:
@@ -118,13 +120,29 @@ class SharedPrefixSpec:
 
 
 @dataclass(frozen=True)
+class RandomSpec:
+    """vLLM's random dataset: `num_requests` prompts of `input_len` random tokens that share
+    nothing, each answered with `output_len` tokens (prefill-decode: all the KV a decode server
+    needs comes from its prefill server)."""
+
+    num_requests: int = 16
+    input_len: int = 1024
+    output_len: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("num_requests", "input_len", "output_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class Turn:
     """One request of the multi-turn file: conversation `conversation`'s turn `turn` (0-based)."""
 
     conversation: int
     turn: int
     prompt: str
-    reply: str  # the reply the next turn's transcript carries (ShareGPT's "gpt" message)
+    reply: str  # what follows the prompt in the next turn's transcript (ShareGPT's "gpt" one)
 
 
 def prefix_repetition_args(spec: SharedPrefixSpec) -> list[str]:
@@ -134,6 +152,13 @@ def prefix_repetition_args(spec: SharedPrefixSpec) -> list[str]:
             "--prefix-repetition-suffix-len", str(spec.suffix_len),
             "--prefix-repetition-num-prefixes", str(spec.num_prefixes),
             "--prefix-repetition-output-len", str(spec.output_len),
+            "--num-prompts", str(spec.num_requests)]
+
+
+def random_args(spec: RandomSpec) -> list[str]:
+    """The flags of `vllm bench serve` that make its random dataset of `spec` (lengths exact)."""
+    return ["--dataset-name", "random", "--random-input-len", str(spec.input_len),
+            "--random-output-len", str(spec.output_len), "--random-range-ratio", "0",
             "--num-prompts", str(spec.num_requests)]
 
 
@@ -160,8 +185,16 @@ def single_token_words(words: Sequence[str], encode: Callable[[str], list[int]])
     return kept
 
 
-def conversation_turns(spec: ConversationSpec, seed: int, words: Sequence[str]) -> list[Turn]:
-    """Every turn of every conversation, in send order (round by round), the same for a seed."""
+# One round's prompts (a prompt per conversation) -> each one's reply, as the text that follows
+# the prompt (the model's completion; it usually starts with a space).
+Answer = Callable[[list[str]], list[str]]
+
+
+def conversation_turns(spec: ConversationSpec, seed: int, words: Sequence[str],
+                       answer: Answer | None = None) -> list[Turn]:
+    """Every turn of every conversation, in send order (round by round), the same for a seed
+    (and, with `answer`, for the same answers). `answer`: each round's replies; None: drawn
+    text of `reply_len` words."""
     rng = random.Random(seed)
 
     def text(n: int) -> str:
@@ -172,11 +205,16 @@ def conversation_turns(spec: ConversationSpec, seed: int, words: Sequence[str]) 
                    for _ in range(spec.conversations)]
     turns: list[Turn] = []
     for k in range(spec.turns):
-        for c in range(spec.conversations):
-            reply = text(spec.reply_len)
+        if answer is None:
+            replies = [" " + text(spec.reply_len) for _ in transcripts]
+        else:
+            replies = answer(list(transcripts))
+            if len(replies) != len(transcripts):
+                raise ValueError(f"{len(replies)} replies for {len(transcripts)} prompts")
+        for c, reply in enumerate(replies):
             turns.append(Turn(c, k, transcripts[c], reply))
             # the next turn sends this transcript, the reply and a follow-up: it contains it
-            transcripts[c] += f" {reply}\nUser: {text(spec.user_len)}\nAssistant:"
+            transcripts[c] += f"{reply}\nUser: {text(spec.user_len)}\nAssistant:"
     return turns
 
 

@@ -9,6 +9,12 @@ with `x-request-id: <prefix><row>` (its ShareGPT loader numbers the file's rows)
 forwarder looks the row up in the routes the dataset made (`datasets.alternating_instances`).
 A request without such an id (the client's look at /metrics) goes to instance 0.
 
+The prefill-decode scenario uses it as the router of a disaggregated pair: with `prefill` set,
+each of the client's requests is first sent to that instance as the same request asking for one
+token, not streamed; once its answer is complete (a kv_producer answers after its KV is written
+through, so the decode instance finds it) the request goes to the instance of its row, whose
+stream the client gets. A failed prefill is the client's answer, as is.
+
 Standard library only (a thread per connection, as the client holds one keep-alive connection
 per request in flight). Responses are relayed as they arrive, chunk by chunk, flushed at once,
 so streamed tokens reach the client when the server sends them: TTFT and ITL include one
@@ -18,7 +24,9 @@ loopback hop more than with a direct connection, for every system of the scenari
 from __future__ import annotations
 
 import http.client
+import json
 import threading
+import time
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -62,11 +70,15 @@ class _Handler(BaseHTTPRequestHandler):
         forwarder = self.server.forwarder
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
-        target = forwarder.pick(self.headers.get("x-request-id"))
+        request_id = self.headers.get("x-request-id")
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        if (forwarder.prefill is not None and forwarder.is_client_request(request_id) and body
+                and not self._prefill(forwarder, body, headers)):
+            return  # the prefill failed: the client has its answer
+        target = forwarder.pick(request_id)
         upstream = http.client.HTTPConnection(HOST, forwarder.ports[target],
                                               timeout=UPSTREAM_TIMEOUT_S)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
             upstream.request(self.command, self.path, body=body, headers=headers)
             reply = upstream.getresponse()
         except OSError as exc:
@@ -89,18 +101,60 @@ class _Handler(BaseHTTPRequestHandler):
             upstream.close()
 
 
+    def _prefill(self, forwarder: Forwarder, body: bytes, headers: dict[str, str]) -> bool:
+        """Send the request to the prefill instance for one token and wait for the whole
+        answer; False (the client got that answer) if it failed."""
+        assert forwarder.prefill is not None, "a prefill without its instance"
+        try:
+            ask = json.loads(body)
+        except ValueError:
+            return True  # not a generation request: nothing to prefill
+        if not isinstance(ask, dict):
+            return True
+        ask.update(max_tokens=1, stream=False)
+        ask.pop("stream_options", None)
+        start = time.monotonic()
+        upstream = http.client.HTTPConnection(HOST, forwarder.ports[forwarder.prefill],
+                                              timeout=UPSTREAM_TIMEOUT_S)
+        try:
+            upstream.request("POST", self.path, body=json.dumps(ask).encode(),
+                             headers={**headers, "Content-Type": "application/json"})
+            reply = upstream.getresponse()
+            answer = reply.read()
+        except OSError as exc:
+            self.send_error(502, f"prefill instance: {exc}")
+            return False
+        finally:
+            upstream.close()
+        forwarder.add_prefill(forwarder.prefill, time.monotonic() - start)
+        if reply.status == 200:
+            return True
+        self.send_response(reply.status, reply.reason)
+        self.send_header("Content-Type", reply.getheader("Content-Type") or "text/plain")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+        return False
+
+
 class Forwarder:
     """Listens on a free loopback port (`url`) and forwards each request to the loopback port
-    `ports[route_of(its x-request-id)]`; `counts` says how many went to each. `close()` stops
-    it; use as a context manager."""
+    `ports[route_of(its x-request-id)]`, after a one-token prefill on `ports[prefill]` if
+    `prefill` is set; `counts` says how many went to each (prefills too), `prefill_s` how long
+    each prefill took. `close()` stops it; use as a context manager."""
 
-    def __init__(self, ports: Sequence[int], routes: Sequence[int], id_prefix: str) -> None:
+    def __init__(self, ports: Sequence[int], routes: Sequence[int], id_prefix: str,
+                 prefill: int | None = None) -> None:
         if any(r not in range(len(ports)) for r in routes):
             raise ValueError(f"routes name instances outside 0..{len(ports) - 1}")
+        if prefill is not None and prefill not in range(len(ports)):
+            raise ValueError(f"prefill names instance {prefill}, outside 0..{len(ports) - 1}")
         self.ports = list(ports)
         self.routes = list(routes)
         self.id_prefix = id_prefix
+        self.prefill = prefill
         self.counts = [0] * len(ports)
+        self.prefill_s: list[float] = []
         self._lock = threading.Lock()
         self._server = _ForwardingServer((HOST, 0), _Handler)
         self._server.forwarder = self
@@ -113,12 +167,21 @@ class Forwarder:
     def url(self) -> str:
         return f"http://{HOST}:{self._server.server_address[1]}"
 
+    def is_client_request(self, request_id: str | None) -> bool:
+        """One of the dataset's requests (not the client's look at /metrics)."""
+        return request_id is not None and request_id.startswith(self.id_prefix)
+
     def pick(self, request_id: str | None) -> int:
         target = route_of(request_id, self.id_prefix, self.routes)
-        if request_id is not None and request_id.startswith(self.id_prefix):
-            with self._lock:  # count the client's requests only, not its /metrics look
+        if self.is_client_request(request_id):
+            with self._lock:  # count the client's requests only
                 self.counts[target] += 1
         return target
+
+    def add_prefill(self, instance: int, seconds: float) -> None:
+        with self._lock:
+            self.counts[instance] += 1
+            self.prefill_s.append(seconds)
 
     def close(self) -> None:
         self._server.shutdown()

@@ -13,6 +13,7 @@ from pathlib import Path
 from kvport.bench.common.command import JsonObject
 from kvport.bench.serve.config import (
     MULTI_TURN,
+    PREFILL_DECODE,
     SHARED_PREFIX,
     TWO_INSTANCES,
     PoolPlan,
@@ -21,11 +22,13 @@ from kvport.bench.serve.config import (
 )
 from kvport.bench.serve.datasets import (
     WORDS,
+    Answer,
     Turn,
     alternating_instances,
     check_prompt_tokens,
     conversation_turns,
     prefix_repetition_args,
+    random_args,
     sharegpt_args,
     single_token_words,
     write_sharegpt,
@@ -48,6 +51,9 @@ class Dataset:
     working_set_blocks: int  # full blocks of the prefixes worth keeping (see `prepare`)
     turns: tuple[int, ...] | None = None  # row -> turn (multi-turn files)
     routes: tuple[int, ...] | None = None  # row -> instance (two-instances)
+    # row -> the model's reply its conversation's next prompt carries (model replies only):
+    # what the server should answer that row again during the run
+    replies: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,10 @@ class Encoder:
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def prepare(cfg: ServeBenchConfig, encoder: Encoder, out_dir: Path) -> Prepared:
-    """Each scenario's dataset (multi-turn files written to `out_dir`) and the pool.
+def prepare(cfg: ServeBenchConfig, encoder: Encoder, out_dir: Path,
+            answer: Answer | None = None) -> Prepared:
+    """Each scenario's dataset (multi-turn files written to `out_dir`; `answer`: their replies,
+    see datasets.conversation_turns) and the pool.
 
     Working sets, what a cache must keep for every reuse to hit: the shared prefixes' full
     blocks (shared-prefix); every conversation's last transcript's full blocks (multi-turn; in
@@ -97,15 +105,20 @@ def prepare(cfg: ServeBenchConfig, encoder: Encoder, out_dir: Path) -> Prepared:
             sp.num_prefixes * (sp.prefix_len // VLLM_CPU_BLOCK_SIZE))
     for scenario, offset in ((MULTI_TURN, 0), (TWO_INSTANCES, TWO_INSTANCES_SEED_OFFSET)):
         if scenario in cfg.scenarios:
-            turns = conversation_turns(cfg.conversation, cfg.seed + offset, words)
+            turns = conversation_turns(cfg.conversation, cfg.seed + offset, words, answer)
             datasets[scenario] = _conversation_dataset(cfg, scenario, turns, encoder.count,
-                                                       out_dir)
+                                                       out_dir, answer is not None)
+    if PREFILL_DECODE in cfg.scenarios:  # prompts that share nothing: no working set
+        rs = cfg.random
+        datasets[PREFILL_DECODE] = Dataset(PREFILL_DECODE, tuple(random_args(rs)),
+                                           rs.num_requests, rs.input_len + rs.output_len, 0)
     longest = max(d.longest_request_tokens for d in datasets.values())
     return Prepared(datasets, pool_plan(longest, cfg.concurrency, cfg.kv_blocks))
 
 
 def _conversation_dataset(cfg: ServeBenchConfig, scenario: str, turns: list[Turn],
-                          count_tokens: Callable[[str], int], out_dir: Path) -> Dataset:
+                          count_tokens: Callable[[str], int], out_dir: Path,
+                          answered: bool) -> Dataset:
     longest = check_prompt_tokens(turns, count_tokens)
     path = out_dir / f"{scenario}.sharegpt.json"
     write_sharegpt(turns, path)
@@ -115,4 +128,5 @@ def _conversation_dataset(cfg: ServeBenchConfig, scenario: str, turns: list[Turn
     routes = tuple(alternating_instances(turns)) if scenario == TWO_INSTANCES else None
     return Dataset(scenario, tuple(sharegpt_args(path, cfg.conversation)), len(turns),
                    longest + cfg.conversation.output_len, working,
-                   tuple(t.turn for t in turns), routes)
+                   tuple(t.turn for t in turns), routes,
+                   tuple(t.reply for t in turns) if answered else None)

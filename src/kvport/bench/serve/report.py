@@ -46,6 +46,9 @@ def verdict_line(v: Verdict) -> str:
     sign = "<=" if t.at_most else ">="
     state = "not measured" if v.ratio is None else (
         "not judged (failed requests)" if v.met is None else "met" if v.met else "NOT met")
+    if t.versus is None:
+        value = "-" if v.ratio is None else f"{v.ratio:.1f}"
+        return f"target {t.scenario}: {t.system} {t.metric}: {value} {sign} {t.limit:g}: {state}"
     value = "-" if v.ratio is None else f"{v.ratio:.3f}x"
     return (f"target {t.scenario}: {t.system} {t.metric} vs {t.versus}: {value} {sign} "
             f"{t.limit:.3f}x: {state}")

@@ -15,8 +15,18 @@ from dataclasses import asdict, dataclass, field
 
 from kvport.bench.common.command import JsonObject
 from kvport.bench.common.stats import percentile, ratio
-from kvport.bench.serve.config import BASELINE, HOST, HOST_REDIS, SHARED_PREFIX, TWO_INSTANCES
+from kvport.bench.serve.config import (
+    BASELINE,
+    DECODE,
+    HOST,
+    HOST_REDIS,
+    PREFILL_DECODE,
+    SHARED_PREFIX,
+    SPLIT_REDIS,
+    TWO_INSTANCES,
+)
 from kvport.bench.serve.metrics import HitSummary
+from kvport.bench.vllm.engine import VLLM_CPU_BLOCK_SIZE
 
 MS = 1e-3
 
@@ -79,15 +89,40 @@ class RunResult:
     figures: ClientFigures
     hits: HitSummary
     counters: dict[str, float]  # the servers' counters' change over the run, summed
-    requests_per_instance: list[int] | None  # two-instances: as the forwarder routed them
+    requests_per_instance: list[int] | None  # through the forwarder: as it routed them
     other_load_cores: float | None  # CPU other processes used meanwhile (common.machine)
     raw: JsonObject = field(repr=False)  # vLLM's saved result, whole
+    instance_hits: list[HitSummary] | None = None  # several servers: each one's
+    prefill_p50_s: float | None = None  # split+redis: the prefill server's answer, p50
+    # model replies: rows whose answer now equals the reply the transcripts carry
+    replies_matched: int | None = None
+
+    @property
+    def decode_computed_per_request(self) -> float | None:
+        """split+redis: prompt tokens the decode server computed per finished request."""
+        if self.system != SPLIT_REDIS or not self.instance_hits or not self.figures.completed:
+            return None
+        return self.instance_hits[DECODE].computed_tokens / self.figures.completed
+
+    def value(self, metric: str) -> float | None:
+        """A client figure, or DECODE_COMPUTED."""
+        if metric == DECODE_COMPUTED:
+            return self.decode_computed_per_request
+        value: float | None = getattr(self.figures, metric)
+        return value
 
     def to_json(self) -> JsonObject:
         return {"scenario": self.scenario, "system": self.system, "instances": self.instances,
                 **asdict(self.figures), "hits": self.hits.to_json(), "counters": self.counters,
                 "requests_per_instance": self.requests_per_instance,
+                "instance_hits": None if self.instance_hits is None else [
+                    h.to_json() for h in self.instance_hits],
+                "prefill_p50_s": self.prefill_p50_s, "replies_matched": self.replies_matched,
+                DECODE_COMPUTED: self.decode_computed_per_request,
                 "other_load_cores": self.other_load_cores, "vllm_bench_serve": self.raw}
+
+
+DECODE_COMPUTED = "decode_computed_prompt_tokens_per_request"
 
 
 METRICS = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "ttft_p50_after_first_turn_s",
@@ -100,8 +135,7 @@ def versus(runs: Sequence[RunResult], scenario: str, system: str, other: str,
     by_name = {r.system: r for r in runs if r.scenario == scenario}
     if system not in by_name or other not in by_name:
         return None
-    return ratio(getattr(by_name[system].figures, metric),
-                 getattr(by_name[other].figures, metric))
+    return ratio(by_name[system].value(metric), by_name[other].value(metric))
 
 
 def ratios(runs: Sequence[RunResult], run: RunResult) -> dict[str, float | None]:
@@ -114,25 +148,27 @@ class Target:
     scenario: str
     system: str
     metric: str
-    versus: str  # the system it is compared with, in the same scenario
-    limit: float
-    at_most: bool  # True: ratio <= limit; False: ratio >= limit
+    versus: str | None  # the system it is compared with, in the same scenario; None: the
+    limit: float  # value itself is held to the limit
+    at_most: bool  # True: value <= limit; False: value >= limit
 
 
 # The issue's targets: shared prefix, host tier vs no connector at the same request rate; two
-# instances on one Redis vs the same two instances without it.
+# instances on one Redis vs the same two instances without it; a decode server that computes at
+# most the last, partial block of each prompt.
 TARGETS = (
     Target(SHARED_PREFIX, HOST, "ttft_p50_s", BASELINE, 1 / 5, at_most=True),
     Target(SHARED_PREFIX, HOST, "output_tokens_per_s", BASELINE, 1.0, at_most=False),
     Target(TWO_INSTANCES, HOST_REDIS, "ttft_p50_after_first_turn_s", HOST, 1 / 3, at_most=True),
     Target(TWO_INSTANCES, HOST_REDIS, "total_tokens_per_s", HOST, 1.8, at_most=False),
+    Target(PREFILL_DECODE, SPLIT_REDIS, DECODE_COMPUTED, None, VLLM_CPU_BLOCK_SIZE, at_most=True),
 )
 
 
 @dataclass(frozen=True)
 class Verdict:
     target: Target
-    ratio: float | None
+    ratio: float | None  # of the two systems; for a target without `versus`, the value
     met: bool | None  # None: not measured
 
     def to_json(self) -> JsonObject:
@@ -146,7 +182,11 @@ def evaluate_targets(runs: Sequence[RunResult]) -> list[Verdict]:
     for t in TARGETS:
         if not any(r.scenario == t.scenario for r in runs):
             continue
-        value = versus(runs, t.scenario, t.system, t.versus, t.metric)
+        if t.versus is None:
+            value = next((r.value(t.metric) for r in runs
+                          if r.scenario == t.scenario and r.system == t.system), None)
+        else:
+            value = versus(runs, t.scenario, t.system, t.versus, t.metric)
         clean = all(r.figures.failed == 0 for r in runs if r.scenario == t.scenario)
         met = None if value is None or not clean else (
             value <= t.limit if t.at_most else value >= t.limit)

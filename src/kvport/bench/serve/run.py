@@ -28,13 +28,19 @@ from types import FrameType
 from kvport.bench.common.command import JsonObject
 from kvport.bench.common.machine import OtherLoadMeter, machine_info
 from kvport.bench.common.models import resolve_model_dir
+from kvport.bench.common.stats import percentile
 from kvport.bench.serve.client import REQUEST_ID_PREFIX, ClientRun, run_client
 from kvport.bench.serve.config import (
+    DECODE,
     HOST_DISK,
     HOST_REDIS,
+    MODEL_REPLIES,
     MULTI_TURN,
+    PREFILL,
+    PREFILL_DECODE,
     SCENARIOS,
     SHARED_PREFIX,
+    SPLIT_REDIS,
     TWO_INSTANCES,
     ServeBenchConfig,
     kv_transfer_config,
@@ -48,6 +54,7 @@ from kvport.bench.serve.metrics import (
     sum_deltas,
 )
 from kvport.bench.serve.prepare import Dataset, Encoder, Prepared, prepare
+from kvport.bench.serve.replies import ModelReplies, start_reply_server
 from kvport.bench.serve.result import RunResult, ServeBenchResult, client_figures
 from kvport.bench.serve.server import ServerProcess, ServerSpec, start_server
 from kvport.bench.soak.redis_server import LocalRedis, free_port
@@ -131,7 +138,7 @@ def run_serve_bench(cfg: ServeBenchConfig, log_dir: str | None = None) -> ServeB
         logs = Path(log_dir) if log_dir else work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         (work / "results").mkdir()
-        prepared = prepare(cfg, Encoder(model_dir), work)
+        prepared = _prepare(cfg, model_dir, work, logs, stack)
         redis = _redis_tier(cfg, stack, work)
         for system in cfg.systems:
             if any(cfg.runs(system, s) for s in SCENARIOS):
@@ -147,9 +154,26 @@ def run_serve_bench(cfg: ServeBenchConfig, log_dir: str | None = None) -> ServeB
         wall_s=time.monotonic() - start, notes=_notes(cfg, runs, machine))
 
 
+def _prepare(cfg: ServeBenchConfig, model_dir: Path, work: Path, logs: Path,
+             stack: contextlib.ExitStack) -> Prepared:
+    """The datasets; the model's replies for the multi-turn ones from a server of their own,
+    stopped before anything is measured."""
+    encoder = Encoder(model_dir)
+    if cfg.replies != MODEL_REPLIES or not {MULTI_TURN, TWO_INSTANCES} & set(cfg.scenarios):
+        return prepare(cfg, encoder, work)
+    say("starting a server for the model's own replies in the multi-turn transcripts")
+    server = start_reply_server(cfg, model_dir, free_port(), logs)
+    stack.callback(server.stop)  # on an error; idempotent
+    replies = ModelReplies(server, str(model_dir), cfg.conversation.output_len, cfg.concurrency)
+    prepared = prepare(cfg, encoder, work, replies)
+    server.stop()
+    say(f"{replies.num_requests} replies made")
+    return prepared
+
+
 def _redis_tier(cfg: ServeBenchConfig, stack: contextlib.ExitStack,
                 work: Path) -> RedisTier | None:
-    if not any(cfg.runs(HOST_REDIS, s) for s in SCENARIOS):
+    if not any(cfg.runs(system, s) for s in SCENARIOS for system in (HOST_REDIS, SPLIT_REDIS)):
         return None
     url = cfg.redis_url
     if url is None:
@@ -171,15 +195,16 @@ def _run_system(cfg: ServeBenchConfig, system: str, prepared: Prepared, model_di
         if system == HOST_DISK:
             disk_dir = tempfile.mkdtemp(prefix="disk-", dir=work)
             stack.callback(shutil.rmtree, disk_dir, True)  # after the servers stopped
-        ktc = kv_transfer_config(cfg, system, disk_dir,
-                                 redis.entry() if redis is not None else None)
         count = cfg.instances(system)
+        ktcs = [kv_transfer_config(cfg, system, disk_dir,
+                                   redis.entry() if redis is not None else None, i)
+                for i in range(count)]
         say(f"starting {system} ({count} server{'s' if count > 1 else ''})")
         servers: list[ServerProcess] = []
         for i in range(count):  # all at once: they load while the others do
             spec = ServerSpec(f"{system}#{i}", str(model_dir), cfg.dtype,
                               prepared.pool.max_model_len, prepared.pool.kv_blocks,
-                              cfg.concurrency, cfg.seed, ktc, cfg.threads)
+                              cfg.concurrency, cfg.seed, ktcs[i], cfg.threads)
             server = start_server(spec, free_port(), logs)
             stack.callback(server.stop)
             servers.append(server)
@@ -196,6 +221,16 @@ def _run_system(cfg: ServeBenchConfig, system: str, prepared: Prepared, model_di
             assert data.routes is not None, "two-instances routes every row"
             with Forwarder([s.port for s in servers], data.routes, REQUEST_ID_PREFIX) as fwd:
                 results.append(_measure(cfg, system, data, servers, fwd, model_dir, work, logs))
+        if cfg.runs(system, PREFILL_DECODE):
+            data = prepared.datasets[PREFILL_DECODE]
+            if system == SPLIT_REDIS:  # each request prefilled, then decoded where it loads
+                with Forwarder([s.port for s in servers], [DECODE] * data.num_requests,
+                               REQUEST_ID_PREFIX, prefill=PREFILL) as fwd:
+                    results.append(_measure(cfg, system, data, servers, fwd, model_dir, work,
+                                            logs))
+            else:  # one server doing both
+                results.append(_measure(cfg, system, data, servers[:1], None, model_dir, work,
+                                        logs))
         say(f"stopping {system}")
     return results
 
@@ -219,13 +254,25 @@ def _measure(cfg: ServeBenchConfig, system: str, data: Dataset, servers: list[Se
     for server in servers:  # a server that died fails the run with its own error, not the
         server.check_running()  # client's failed requests
     after = [counter_values(parse_prometheus(s.metrics_text())) for s in servers]
-    delta = sum_deltas(counter_delta(b, a) for b, a in zip(before, after))
+    deltas = [counter_delta(b, a) for b, a in zip(before, after)]
+    delta = sum_deltas(deltas)
     figures = client_figures(raw, data.turns)
     if figures.requests != data.num_requests:  # e.g. rows vLLM's loader dropped
         raise RuntimeError(f"{data.scenario}: {system}: vLLM's client sent "
                            f"{figures.requests} requests, the dataset has {data.num_requests}")
     return RunResult(data.scenario, system, len(servers), figures, hit_summary(delta), delta,
-                     list(forwarder.counts) if forwarder is not None else None, other, raw)
+                     list(forwarder.counts) if forwarder is not None else None, other, raw,
+                     [hit_summary(d) for d in deltas] if len(servers) > 1 else None,
+                     percentile(forwarder.prefill_s, 50) if forwarder is not None else None,
+                     _replies_matched(raw, data))
+
+
+def _replies_matched(raw: JsonObject, data: Dataset) -> int | None:
+    """Rows whose answer in this run equals the model's reply made before it (datasets.py)."""
+    if data.replies is None:
+        return None
+    texts = raw.get("generated_texts") or []
+    return sum(1 for text, reply in zip(texts, data.replies) if text == reply)
 
 
 def _vllm_version() -> str | None:
@@ -245,6 +292,13 @@ def _notes(cfg: ServeBenchConfig, runs: list[RunResult], machine: JsonObject) ->
                      f"{machine.get('cpu_count')} cores busy during the runs (median "
                      f"{sorted(loads)[len(loads) // 2]:.2f}): the machine was shared, so "
                      f"absolute numbers and ratios scatter")
+    differ = [f"{r.scenario}/{r.system}: {r.figures.requests - r.replies_matched}"
+              for r in runs if r.replies_matched is not None
+              and r.replies_matched < r.figures.requests]
+    if differ:
+        notes.append("answers that differ from the model's replies the transcripts carry "
+                     "(greedy output changed with the batch; the next turn's hit ends there): "
+                     + "; ".join(differ))
     failed = [f"{r.scenario}/{r.system}: {r.figures.failed} ({r.figures.first_error})"
               for r in runs if r.figures.failed]
     if failed:
@@ -253,4 +307,9 @@ def _notes(cfg: ServeBenchConfig, runs: list[RunResult], machine: JsonObject) ->
     if any(r.scenario == TWO_INSTANCES for r in runs):
         notes.append("two-instances: vLLM's client sends to a forwarder in the bench that "
                      "routes each request to the instance its row names (turns alternate)")
+    if any(r.system == SPLIT_REDIS for r in runs):
+        notes.append("prefill-decode: split+redis is two servers (each with the engine threads "
+                     "of one), no-connector one; the forwarder in the bench sends each request "
+                     "to the prefill server for one token, then to the decode server: TTFT "
+                     "includes both")
     return notes
