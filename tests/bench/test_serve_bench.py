@@ -242,6 +242,9 @@ def test_each_systems_connector_config_is_one_kvport_accepts() -> None:
         kv_transfer_config(cfg, HOST_DISK)
     roles = [kv_transfer_config(cfg, SPLIT_REDIS, redis=redis, instance=i) for i in (0, 1)]
     assert [r["kv_role"] for r in roles if r is not None] == ["kv_producer", "kv_consumer"]
+    timeouts = [r["kv_connector_extra_config"]["secondary_tiers"][0].get("lookup_timeout_ms")
+                for r in roles if r is not None]
+    assert timeouts == [None, 500.0]  # a decode server's miss is a whole prompt computed
     for ktc in roles:
         config = KVTransferConfig.from_any(ktc)
         assert config is not None

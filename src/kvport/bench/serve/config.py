@@ -49,6 +49,11 @@ SPLIT_SYSTEMS = (BASELINE, SPLIT_REDIS)  # the systems prefill-decode runs
 # the multi-turn transcripts' replies: the model's own (replies.py), or drawn text
 MODEL_REPLIES, DRAWN_REPLIES = "model", "drawn"
 PREFILL, DECODE = 0, 1  # split+redis: its servers, in order
+# split+redis's decode server waits this long for Redis to say which blocks it holds (the
+# default, 50 ms, is for an instance whose miss costs the prompt's new part; a decode server's
+# miss costs the whole prompt, and on a 2-vCPU machine running two servers, Redis and the
+# client, a lookup past 50 ms is common: every one of them was a whole prompt computed).
+CONSUMER_LOOKUP_TIMEOUT_MS = 500.0
 # a transcript's token count is the tokenizer's; this covers a special token the server adds
 LENGTH_MARGIN_TOKENS = 8
 
@@ -178,6 +183,8 @@ def kv_transfer_config(cfg: ServeBenchConfig, system: str, disk_dir: str | None 
     if system == SPLIT_REDIS:
         if redis is None:
             raise ValueError("split+redis needs its Redis tier")
+        if instance == DECODE:
+            redis = {**redis, "lookup_timeout_ms": CONSUMER_LOOKUP_TIMEOUT_MS}
         config = offloading_config(cfg.host_bytes, engine="vllm", redis=redis)
         config["kv_role"] = "kv_producer" if instance == PREFILL else "kv_consumer"
         return config
