@@ -10,6 +10,8 @@ REDIS_CLUSTER_CHAOS = "tests/offloading/test_redis_cluster_chaos.py"
 REDIS_VALUES = "tests/offloading/test_redis_values.py"
 
 
+REMOVALS = "tests/offloading/test_redis_removals.py"
+
 MUTANTS: list[Mutant] = [
     # ---- the Redis tier ------------------------------------------------------------------------
     Mutant(
@@ -191,4 +193,23 @@ MUTANTS: list[Mutant] = [
         ("tests/offloading/test_redis_engine.py::"
          "test_a_producers_answer_comes_after_its_kv_is_in_redis",),
         "sync_write_through is on by default for kv_producer"),
+    Mutant(
+        "redis-removals-announced", "src/kvport/connectors/offloading/tiers/redis/notifications.py",
+        "        self._sink.add([key])\n",
+        "        pass\n",
+        (f"{REMOVALS}::test_removals_redis_makes_are_announced_without_a_lookup",),
+        "a key Redis evicted, expired or deleted is announced removed without a lookup"),
+    Mutant(
+        "redis-removals-own-keys-only",
+        "src/kvport/connectors/offloading/tiers/redis/notifications.py",
+        "        if not isinstance(data, bytes) or not data.startswith(self._prefix):\n",
+        "        if not isinstance(data, bytes):\n",
+        (f"{REMOVALS}::test_removals_redis_makes_are_announced_without_a_lookup",),
+        "another namespace's removal of the same blocks is not this tier's"),
+    Mutant(
+        "redis-listener-only-when-read", "src/kvport/connectors/offloading/tiers/redis/lookup.py",
+        "        if listen and config.keyspace_events:\n",
+        "        if config.keyspace_events:\n",
+        (f"{REMOVALS}::test_the_listener_starts_only_when_asked_for_and_someone_reads_events",),
+        "no subscriber thread in an engine that reads no events"),
 ]

@@ -79,6 +79,11 @@ class RedisTierConfig:
     mac_key_env: str | None = None
     lookup_timeout_ms: float = 50.0  # the scheduler's existence query, in all; later: a miss
     io_timeout_s: float = 2.0  # a worker's reads and writes, per round trip; later: failed
+    # Announce Redis's own removals of the tier's values (evicted, expired, deleted) as they
+    # happen, from the server's keyevent notifications, instead of at the next lookup that finds
+    # them gone. Needs `notify-keyspace-events` with E, e, x and g on the server (the operator's
+    # setting: kvport only warns), one server (a cluster notifies per node), and KV events on.
+    keyspace_events: bool = False
 
     def __post_init__(self) -> None:
         url = self.url
@@ -109,6 +114,10 @@ class RedisTierConfig:
                              f"{self.tenant!r}")
         check_seconds("lookup_timeout_ms", self.lookup_timeout_ms, MAX_TIMEOUT_S * 1000)
         check_seconds("io_timeout_s", self.io_timeout_s, MAX_TIMEOUT_S)
+        check_bool("keyspace_events", self.keyspace_events)
+        if self.keyspace_events and self.cluster:
+            raise ValueError("keyspace_events needs one Redis server: a cluster publishes each "
+                             "key's notifications on its own node only")
         if url.startswith("redis://") and self.tls_ca_file is not None:
             raise ValueError("tls_ca_file needs a rediss:// url (TLS)")
 
@@ -199,7 +208,8 @@ TIER_TYPES: dict[str, TierType] = {
     "redis": TierType(RedisTierConfig, ("url",), 1, _record_parser(RedisTierConfig),
                       optional=("cluster", "startup_nodes", "username_env", "password_env",
                                 "tls_ca_file", "tenant", "tenant_salt", "tenant_salt_env",
-                                "mac_key_env", "lookup_timeout_ms", "io_timeout_s"), rank=1),
+                                "mac_key_env", "lookup_timeout_ms", "io_timeout_s",
+                                "keyspace_events"), rank=1),
 }
 
 

@@ -85,7 +85,8 @@ class OffloadingScheduler:
         self.observations = Observations()  # single measurements, for histograms
         self._changes: list[TierChange] = []  # lower tiers' reports, for the next take_events
         self._settle: list[bytes] = []  # keys whose jobs ended, for the next take_events
-        self.lower = LowerLookup(config, geometry, self.observations)  # disk, Redis: which keys
+        # disk, Redis: which keys (and, with KV events on, Redis's own removals as they happen)
+        self.lower = LowerLookup(config, geometry, self.observations, removals=events)
         self.waits = InflightWaits(config.inflight_wait_s, clock)  # tests/sim moves the clock
         self.stats = SchedulerCounters()
         # In flight (planned, not every stage reported by every worker: one per TP rank).

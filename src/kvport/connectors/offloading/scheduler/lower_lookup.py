@@ -35,7 +35,9 @@ REDIS_GRACE_S = 0.05  # past Redis's deadline: its watchdog's cut and the reply'
 
 class LowerLookup:
     def __init__(self, config: OffloadingConfig, geometry: OffloadGeometry,
-                 observations: Observations | None = None) -> None:
+                 observations: Observations | None = None, removals: bool = False) -> None:
+        """`removals`: someone reads removal events (the Redis tier then listens for its
+        server's own removals, if its config asks: keyspace_events)."""
         self.observations = observations if observations is not None else Observations()
         namespace = geometry.namespace
         disk = config.disk_tier
@@ -48,7 +50,7 @@ class LowerLookup:
             # Imported here: redis-py is an optional dependency (kvport[redis]).
             from kvport.connectors.offloading.tiers.redis.lookup import RedisLookup
 
-            self.redis = RedisLookup(config.redis_tier, namespace)
+            self.redis = RedisLookup(config.redis_tier, namespace, listen=removals)
             self._timeout_s += config.redis_tier.lookup_timeout_ms / 1000.0 + REDIS_GRACE_S
         self._bounded = BoundedCall("disk-lookup") if disk is not None else None
         # The lower tiers top down; stores are written through to each of them.

@@ -136,6 +136,22 @@ class RedisConnection:
     def __repr__(self) -> str:
         return f"RedisConnection({self.url!r}, cluster={self.config.cluster})"
 
+    def single_client(self, timeout_s: float) -> redis.Redis:
+        """A client of the tier's one server (its credentials and TLS), whose socket waits at
+        most `timeout_s`: for Pub/Sub and server questions, outside the command pipelines."""
+        assert self._node is not None, "a client of one server; a cluster has several"
+        base = self._node.pool
+        kwargs = {**base.connection_kwargs, "socket_timeout": timeout_s,
+                  "socket_connect_timeout": timeout_s}
+        return redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=base.connection_class, **kwargs))
+
+    @property
+    def db(self) -> int:
+        """The database number of the tier's one server."""
+        assert self._node is not None, "a cluster has only database 0"
+        return int(self._node.pool.connection_kwargs.get("db", 0) or 0)
+
     def close(self) -> None:
         """Close the sockets (never waits on a server). A later call reconnects."""
         if self._node is not None:
