@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -327,8 +328,10 @@ def test_factory_hands_the_header_to_recorders_and_a_multi_connectors_children(
     got = groups(read_events(path))
     assert sorted(connector for _, _, connector in got) == [
         "FakeConnector", "FakeConnector#2", "MultiConnector"]
+    # FakeConnector shares no storage: its recorders say they see all its stores
+    private = dataclasses.replace(header, sees_all_stores=True)
     for records in got.values():
-        assert TraceHeader.from_event(records[0]) == header
+        assert TraceHeader.from_event(records[0]) == private
         assert [e.method for e in records[1:]] == ["has_pending_work"]
 
 
@@ -374,8 +377,9 @@ def test_a_recorder_given_the_engine_header_writes_it_first(tmp_path: Path) -> N
     got = groups(read_events(path))
     for role in ("worker", "scheduler"):
         first, *rest = got[(os.getpid(), role, "FakeConnector")]
-        assert (first.method, first.step, first.result) == (HEADER, None, header.to_result())
-        assert TraceHeader.from_event(first) == header
+        private = dataclasses.replace(header, sees_all_stores=True)  # FakeConnector's own store
+        assert (first.method, first.step, first.result) == (HEADER, None, private.to_result())
+        assert TraceHeader.from_event(first) == private
         assert all(e.method != HEADER for e in rest)  # once per group
         assert [e.seq for e in [first, *rest]] == sorted(e.seq for e in [first, *rest])
     assert [e.method for e in got[(os.getpid(), "scheduler", "outside")]] == ["take_events"]
@@ -438,8 +442,8 @@ def test_engine_run_with_example_connector_checks_clean(tmp_path: Path, worker: 
     by_group = groups(events)
     assert len({pid for pid, _, _ in by_group}) == (2 if worker == "process" else 1)
     for records in by_group.values():
-        assert TraceHeader.from_event(records[0]) == TraceHeader("kvport", kvport.__version__,
-                                                                 call_order)
+        assert TraceHeader.from_event(records[0]) == TraceHeader(  # its store is shared
+            "kvport", kvport.__version__, call_order, sees_all_stores=False)
     # The sync loads of the second run are flagged in their start_load_kv records.
     flags = [e.ints for e in events if e.method == "start_load_kv"]
     assert [1] in flags and [0] in flags and set(map(len, flags)) == {1}

@@ -1,5 +1,5 @@
 """One process of the vLLM engine pool (engine_pool.py): reads one JSON job per stdin line,
-{"kind": "trace" | "e2e" | "load_failures" | "events" | "params", "cfg": {...}}, runs it with that module's main (a fresh
+{"kind": "trace" | "e2e" | "load_failures" | "events" | "params" | "claims", "cfg": {...}}, runs it with that module's main (a fresh
 vLLM engine per job, in this process) and prints one "RESULT <json>" line per job. Importing
 vLLM costs about 11 s of the 15 s an engine process takes to start: a worker pays it once for
 all its jobs.
@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Any
 
+import run_claims
 import run_events
 import run_load_failures
 import run_params
@@ -22,7 +23,7 @@ import run_trace
 import run_vllm
 
 MAINS = {"trace": run_trace.main, "e2e": run_vllm.main, "load_failures": run_load_failures.main,
-         "events": run_events.main, "params": run_params.main}
+         "events": run_events.main, "params": run_params.main, "claims": run_claims.main}
 
 
 def answer(job: dict[str, Any]) -> dict[str, Any]:

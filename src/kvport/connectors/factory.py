@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 _REGISTRY: dict[str, tuple[str, str]] = {}
 
 # extra-config keys every connector accepts; the framework consumes them
-FRAMEWORK_KEYS = ("record_trace",)
+FRAMEWORK_KEYS = ("record_trace", "sees_all_stores")
 
 T = TypeVar("T")
 

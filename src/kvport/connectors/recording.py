@@ -23,6 +23,8 @@ not (from the worker driver's StepContext; a plain ForwardContext counts as none
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from kvport.connectors.base import (
@@ -47,7 +49,8 @@ from kvport.trace.fields import (
     schedule_fields,
     sorted_ids,
 )
-from kvport.trace.writer import TraceWriter
+from kvport.trace.identity import BLOCKS_MARKER, BlockLog
+from kvport.trace.writer import Record, TraceWriter
 
 if TYPE_CHECKING:
     import torch
@@ -62,9 +65,18 @@ class RecordingConnector(KVConnectorBase):
     def __init__(self, inner: KVConnectorBase, path: str, header: TraceHeader | None = None
                  ) -> None:
         self._inner = inner
-        name = inner.kv_transfer_config.kv_connector_extra_config.get("name")
-        self._writer = TraceWriter(path, inner.role.value, str(name or type(inner).__name__),
-                                   header)
+        extra = inner.kv_transfer_config.kv_connector_extra_config
+        if header is not None and (not inner.shares_storage()
+                                   or extra.get("sees_all_stores") is True):
+            # a private store (or one its user declares so) holds only what it was handed here
+            header = dataclasses.replace(header, sees_all_stores=True)
+        self._writer = TraceWriter(path, inner.role.value,
+                                   str(extra.get("name") or type(inner).__name__), header)
+        self._blocks = BlockLog(_describe)  # the requests' blocks, for the claim rules
+
+    def _note_blocks(self, records: Iterable[Record]) -> None:
+        for fields in records:
+            self._writer.note(BLOCKS_MARKER, fields)
 
     def __getattr__(self, name: str) -> Any:
         # Reached only when normal lookup fails: connector-specific attributes of the inner one.
@@ -183,6 +195,7 @@ class RecordingConnector(KVConnectorBase):
     def get_num_new_matched_tokens(
         self, request: RequestView, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
+        self._note_blocks(self._blocks.seen(request.request_id, request))
         return self._writer.call("get_num_new_matched_tokens",
                                  self._inner.get_num_new_matched_tokens, request,
                                  num_computed_tokens,
@@ -199,8 +212,13 @@ class RecordingConnector(KVConnectorBase):
                                                 block_ids=block_ids))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutputView) -> KVConnectorMetadata:
-        fields = schedule_fields(scheduler_output.num_scheduled_tokens,
-                                 scheduler_output.total_num_scheduled_tokens)
+        scheduled = scheduler_output.num_scheduled_tokens
+        for rid in sorted(scheduled):
+            self._note_blocks(self._blocks.new_blocks(rid))
+        before = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        before.update((r.req_id, r.num_computed_tokens)
+                      for r in scheduler_output.scheduled_cached_reqs)
+        fields = schedule_fields(scheduled, scheduler_output.total_num_scheduled_tokens, before)
         return self._writer.call("build_connector_meta", self._inner.build_connector_meta,
                                  scheduler_output, fields=fields)
 
@@ -214,6 +232,7 @@ class RecordingConnector(KVConnectorBase):
     def request_finished(
         self, request: RequestView, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        self._blocks.forget(request.request_id)
         return self._writer.call("request_finished", self._inner.request_finished, request,
                                  block_ids,
                                  fields=request_fields(request.request_id, block_ids=block_ids),
@@ -243,10 +262,17 @@ class HMARecordingConnector(RecordingConnector, SupportsHMA):
         self, request: RequestView, block_ids: tuple[list[int], ...],
     ) -> tuple[bool, dict[str, Any] | None]:
         inner = cast(SupportsHMA, self._inner)
+        self._blocks.forget(request.request_id)
         return self._writer.call("request_finished_all_groups",
                                  inner.request_finished_all_groups, request, block_ids,
                                  fields=request_fields(request.request_id, block_ids=block_ids),
                                  summary=kept_result)
+
+
+def _describe(request: RequestView) -> tuple[Any, Any, str | None, str | None, int]:
+    """What trace_blocks records of a kvport request (kvport's engine has no cache_salt)."""
+    return (request.block_hashes, request.all_token_ids, getattr(request, "cache_salt", None),
+            getattr(request, "lora_name", None), request.block_size)
 
 
 def recorder_for(inner: KVConnectorBase, path: str,

@@ -15,9 +15,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kvport.trace.events import HEADER, LEGACY, SCHEDULER, STEP_MARKER, TraceEvent, read_events
+from kvport.trace.claim_rules import check_claims
+from kvport.trace.events import (
+    HEADER,
+    LEGACY,
+    SCHEDULER,
+    STEP_MARKER,
+    TraceEvent,
+    TraceHeader,
+    read_events,
+)
 from kvport.trace.findings import Findings, Violation
 from kvport.trace.profiles import PROFILES, ProfileChoice, choose_profile, get_profile
 from kvport.trace.scheduler_rules import REQUEST_CALLS, check_scheduler
@@ -53,6 +62,7 @@ class GroupCheck:
 class TraceCheck:
     groups: list[GroupCheck]  # in order of their first record
     violations: list[Violation]  # in the order of the records they are reported at
+    notes: list[str] = field(default_factory=list)  # what could not be judged, and why
 
 
 def check_file(path: str, profile: str | None = None) -> list[Violation]:
@@ -74,14 +84,28 @@ def analyze(events: Iterable[TraceEvent], profile: str | None = None) -> TraceCh
         groups[(event.pid, event.role, event.connector)].append((pos, event))
     checked: list[GroupCheck] = []
     found: list[Violation] = []
+    notes: list[str] = []
     for (pid, role, connector), group in groups.items():
         out = Findings(f"{role} {connector} pid {pid}")
         choice: ProfileChoice = choose_profile(group, out.where, profile)
         checked.append(GroupCheck(pid, role, connector, choice.profile.name, choice.source))
         if role == SCHEDULER:
             check_scheduler(group, out)
+            notes += check_claims(group, out, _sees_all_stores(group))
         else:
             check_worker(group, out, choice.profile)
         found.extend(out.items)
     found.sort(key=lambda v: v.pos)  # stable: one record's violations keep their rule order
-    return TraceCheck(checked, found)
+    return TraceCheck(checked, found, notes)
+
+
+def _sees_all_stores(group: list[tuple[int, TraceEvent]]) -> bool:
+    """The group's header declares that its connector's store holds only what the trace shows
+    being handed to it (a malformed header was reported by choose_profile already)."""
+    for _, event in group:
+        if event.method == HEADER:
+            try:
+                return TraceHeader.from_event(event).sees_all_stores
+            except (ValueError, TypeError):
+                return False
+    return False

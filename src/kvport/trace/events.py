@@ -48,14 +48,21 @@ class TraceHeader:
     engine: str  # "kvport" or "vllm"
     version: str  # the engine's version, e.g. "0.1.0" or "0.32.0"
     call_order: str  # one of CALL_ORDERS
+    # The recorded connector's store started empty and only this engine writes it: whatever it
+    # holds, the trace shows being handed to it, so its claims can be judged (claim_rules.py).
+    sees_all_stores: bool = False
 
     def __post_init__(self) -> None:
         if self.call_order not in CALL_ORDERS:
             raise ValueError(f"trace header call_order must be one of {CALL_ORDERS}, "
                              f"got {self.call_order!r}")
 
-    def to_result(self) -> dict[str, str]:
-        return {"engine": self.engine, "version": self.version, "call_order": self.call_order}
+    def to_result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"engine": self.engine, "version": self.version,
+                               "call_order": self.call_order}
+        if self.sees_all_stores:
+            out["sees_all_stores"] = True
+        return out
 
     @classmethod
     def from_event(cls, event: TraceEvent) -> TraceHeader:
@@ -63,7 +70,8 @@ class TraceHeader:
         if event.method != HEADER or not isinstance(data, dict):
             raise ValueError(f"not a trace header record: {event!r}")
         try:
-            return cls(str(data["engine"]), str(data["version"]), str(data["call_order"]))
+            return cls(str(data["engine"]), str(data["version"]), str(data["call_order"]),
+                       data.get("sees_all_stores") is True)
         except KeyError as exc:
             raise ValueError(f"trace header lacks {exc}: {data!r}") from None
 
@@ -87,6 +95,8 @@ class TraceEvent:
     finished_sending: list[str] = field(default_factory=list)
     finished_recving: list[str] = field(default_factory=list)
     invalid_block_ids: list[int] = field(default_factory=list)
+    # build_connector_meta: per request of req_ids, its tokens computed by the end of the step
+    computed: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Only the fields that carry something: the first six always, the rest if non-empty."""

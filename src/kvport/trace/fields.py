@@ -5,7 +5,7 @@ the checker's rules read them). Arguments are taken by what they are, not by eit
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvport.trace.writer import Record
@@ -33,9 +33,16 @@ def request_fields(req_id: str, ints: list[int] | None = None,
     return fields
 
 
-def schedule_fields(scheduled: Iterable[str], total_num_scheduled_tokens: int) -> Record:
-    """build_connector_meta: the step's scheduled requests and its token count."""
-    return {"req_ids": sorted(scheduled), "ints": [total_num_scheduled_tokens]}
+def schedule_fields(scheduled: Mapping[str, int], total_num_scheduled_tokens: int,
+                    computed_before: Mapping[str, int] | None = None) -> Record:
+    """build_connector_meta: the step's scheduled requests (id -> tokens scheduled), its token
+    count and, when the caller knows each request's tokens computed before the step, their
+    tokens computed by its end (the claim rules' "handed for saving")."""
+    ids = sorted(scheduled)
+    fields: Record = {"req_ids": ids, "ints": [total_num_scheduled_tokens]}
+    if computed_before is not None and all(r in computed_before for r in ids):
+        fields["computed"] = [computed_before[r] + scheduled[r] for r in ids]
+    return fields
 
 
 def output_fields(finished_sending: Iterable[str] | None, finished_recving: Iterable[str] | None,

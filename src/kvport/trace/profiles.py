@@ -48,7 +48,20 @@ _COMMON: dict[str, str] = {
     "G1": "every block-table argument of one connector holds the same number of KV cache groups",
     "G2": "a request with several KV cache groups finishes through request_finished_all_groups "
           "(request_finished takes one group's table)",
+    "C1": "a match claims only blocks that a request computed, with this connector attached, in "
+          "an earlier step (judged when the connector's store starts empty and only this engine "
+          "writes it: the recorder's sees_all_stores)",
+    "C2": "a match never crosses a cache_salt or LoRA boundary: the blocks it claims were "
+          "computed under the request's own salt and LoRA",
 }
+# Why the rules that every profile shares matter, where a report should say it.
+COMMON_WHY: Mapping[str, str] = MappingProxyType({
+    "C1": "a claim beyond what was stored makes the engine load KV nobody wrote: garbage "
+          "attention state, or a load that fails (vLLM's ExampleConnector stopped the engine with "
+          "'shape mismatch' after chunked prefill: vLLM issue 16928)",
+    "C2": "a hit across a salt or LoRA boundary serves one tenant's (or adapter's) KV to another: "
+          "a data leak between tenants (vLLM issues 53495, 56643)",
+})
 
 _LEGACY_RULES: dict[str, str] = {
     "W3": "start_load_kv is called exactly once per step, after bind_connector_metadata",
@@ -101,7 +114,8 @@ class Profile:
 
 def _rules(specific: dict[str, str]) -> Mapping[str, str]:
     merged = {**_COMMON, **specific}
-    order = [f"W{i}" for i in range(10)] + [f"S{i}" for i in range(8)] + ["G1", "G2"]
+    order = [f"W{i}" for i in range(10)] + [f"S{i}" for i in range(8)] + ["G1", "G2", "C1",
+                                                                           "C2"]
     return MappingProxyType({rule: merged[rule] for rule in order})
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from kvport.trace.checker import CHECKED_METHODS, TraceCheck
 from kvport.trace.events import LEGACY, TraceEvent
 from kvport.trace.findings import Violation
-from kvport.trace.profiles import PROFILE_RULES, PROFILES
+from kvport.trace.profiles import COMMON_WHY, PROFILE_RULES, PROFILES
 
 _RULE_ORDER = {rule: i for i, rule in enumerate(PROFILES[LEGACY].rules)}
 _MAX_IDS = 4  # request ids shown on one line before "+N"
@@ -112,12 +112,15 @@ def text_report(path: str, events: list[TraceEvent], check: TraceCheck, *, show:
             lines.append(f"  rule ({name}): {PROFILES[name].rules.get(rule, '?')}")
             if rule in PROFILE_RULES:
                 lines.append(f"  why ({name}): {PROFILES[name].why[rule]}")
+            elif rule in COMMON_WHY:
+                lines.append(f"  why: {COMMON_WHY[rule]}")
         for v in found[:show]:
             lines.append(f"  {v}")
             lines.extend("    " + line for line in ctx.around(v.pos, context))
         if len(found) > show:
             lines.append(f"  ... {len(found) - show} more {rule} violation(s) "
                          f"(--show N shows more)")
+    lines.extend(f"  note: {note}" for note in check.notes)
     return lines
 
 
@@ -139,6 +142,7 @@ def json_file_entry(path: str, events: list[TraceEvent], check: TraceCheck) -> d
         "violations": [{"rule": v.rule, "step": v.step, "req_id": v.req_id,
                         "message": v.message, "pos": v.pos} for v in check.violations],
         "counts_by_rule": counts_by_rule(check.violations),
+        "notes": list(check.notes),
     }
 
 

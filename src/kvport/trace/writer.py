@@ -70,6 +70,12 @@ class TraceWriter:
         self.step = step
         self._write(self._record(STEP_MARKER))
 
+    def note(self, method: str, fields: Record) -> None:
+        """A record that is not a call (a marker such as identity.BLOCKS_MARKER)."""
+        rec = self._record(method)
+        rec.update(fields)
+        self._write(rec)
+
     def call(self, method: str, fn: Callable[..., Any], /, *args: Any,
              fields: Record | None = None, summary: Callable[[Any], Any] | None = None,
              **kwargs: Any) -> Any:

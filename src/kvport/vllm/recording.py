@@ -36,6 +36,7 @@ from kvport.trace.fields import (
     request_fields,
     sorted_ids,
 )
+from kvport.trace.identity import BlockLog
 from kvport.trace.writer import TraceWriter
 from kvport.vllm.compat import require_vllm
 from kvport.vllm.recording_inner import (
@@ -109,12 +110,13 @@ class RecordingConnector(KVConnectorBase_V1):
         self._stats_ref = stats_ref(inner_ktc)
         self._block_size = vllm_config.cache_config.block_size
         self._num_blocks = kv_cache_config.num_blocks
+        self._blocks = BlockLog(self._describe)  # the requests' blocks, for the claim rules
         writer = None
         if spec.record_trace is not None:
             writer = TraceWriter(
                 spec.record_trace, SCHEDULER if role == KVConnectorRole.SCHEDULER else WORKER,
                 spec.name or type(self._inner).__name__,
-                TraceHeader("vllm", str(vllm.__version__), CALL_ORDER))
+                TraceHeader("vllm", str(vllm.__version__), CALL_ORDER, spec.sees_all_stores))
         else:
             for name in _DIRECT_WHEN_OFF:
                 setattr(self, name, getattr(self._inner, name))
@@ -138,6 +140,15 @@ class RecordingConnector(KVConnectorBase_V1):
     @property
     def recording(self) -> bool:
         return self._rec.writer is not None
+
+    def _describe(self, request: Request) -> tuple[Any, Any, str | None, str | None, int]:
+        """What trace_blocks records of a vLLM request: its block hashes (vLLM's, over its
+        tokens, cache_salt, LoRA and multimodal keys), tokens, salt, LoRA and block size."""
+        lora = getattr(request, "lora_request", None)
+        return (request.block_hashes, request.all_token_ids,
+                getattr(request, "cache_salt", None),
+                getattr(lora, "lora_name", None) if lora is not None else None,
+                self._block_size)
 
     # ---- properties and class-level hooks: the inner connector's ------------------------------
 
@@ -288,6 +299,9 @@ class RecordingConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self.recording:
+            self._rec.blocks("get_num_new_matched_tokens",
+                             self._blocks.seen(request.request_id, request))
         return self._rec.call("get_num_new_matched_tokens", self._inner.get_num_new_matched_tokens,
                               request, num_computed_tokens,
                               fields=request_fields(request.request_id, [num_computed_tokens]),
@@ -315,6 +329,9 @@ class RecordingConnector(KVConnectorBase_V1):
                                                    for k, v in out.items()})
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        if self.recording:
+            for rid in sorted(scheduler_output.num_scheduled_tokens):
+                self._rec.blocks("build_connector_meta", self._blocks.new_blocks(rid))
         return self._rec.build(self._inner.build_connector_meta, scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -326,6 +343,7 @@ class RecordingConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._blocks.forget(request.request_id)
         return self._rec.call("request_finished", self._inner.request_finished, request, block_ids,
                               fields=request_fields(request.request_id, block_ids=block_ids),
                               summary=kept_result)
@@ -365,6 +383,7 @@ class HMARecordingConnector(RecordingConnector, SupportsHMA):
         self, request: Request, block_ids: tuple[list[int], ...],
     ) -> tuple[bool, dict[str, Any] | None]:
         finish = self._inner.request_finished_all_groups  # type: ignore[attr-defined]
+        self._blocks.forget(request.request_id)
         return self._rec.call("request_finished_all_groups", finish, request, block_ids,
                               fields=request_fields(request.request_id, block_ids=block_ids),
                               summary=kept_result)

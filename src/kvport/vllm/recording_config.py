@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 WRAPPER = "kvport.vllm RecordingConnector"
-EXTRA_KEYS = ("connector", "record_trace", "name")
+EXTRA_KEYS = ("connector", "record_trace", "name", "sees_all_stores")
 # KVTransferConfig fields the inner config inherits from the outer one unless it sets them.
 INHERITED = ("engine_id", "kv_buffer_device", "kv_role", "kv_port", "enable_permute_local_kv",
              "kv_load_failure_policy")
@@ -34,6 +34,9 @@ class RecordingSpec:
     inner: dict[str, Any]  # the inner kv_transfer_config, inherited fields filled in
     record_trace: str | None  # None: recording off, every call only forwarded
     name: str | None  # the trace's connector label (default: the inner connector's class name)
+    # The recorded connector's store starts empty and only this engine writes it: its claims
+    # are judged (kvport.trace.claim_rules). The user declares it; a recorder cannot know.
+    sees_all_stores: bool = False
 
 
 def parse_recording_config(extra: dict[str, Any] | None,
@@ -88,4 +91,10 @@ def parse_recording_config(extra: dict[str, Any] | None,
     if label is not None and (not isinstance(label, str) or not label):
         raise ValueError(f"{WRAPPER}: name={label!r}; give a non-empty string (the trace's "
                          f"connector label) or leave it out")
-    return RecordingSpec(merged, path, label)
+    sees = extra.get("sees_all_stores", False)
+    if not isinstance(sees, bool):
+        raise ValueError(  # noqa: TRY004  # a bad config value, like the others
+            f"{WRAPPER}: sees_all_stores={sees!r}; true when the recorded connector's store "
+            f"starts empty and only this engine writes it (its claims are then judged), else "
+            f"false")
+    return RecordingSpec(merged, path, label, sees)

@@ -22,10 +22,11 @@ Without a writer (recording off) every call only runs, and no metadata is wrappe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvport.trace.fields import schedule_fields
+from kvport.trace.identity import BLOCKS_MARKER
 from kvport.trace.writer import Record, TraceWriter
 from kvport.vllm.compat import require_vllm
 
@@ -76,11 +77,25 @@ class CallRecorder:
         writer = self.writer
         if writer is None:
             return fn(*args, **kwargs)
+        self._enter(method, writer)
+        return writer.call(method, fn, *args, fields=fields, summary=summary, **kwargs)
+
+    def _enter(self, method: str, writer: TraceWriter) -> None:
+        """A scheduling call after a build opens the next step."""
         if method in SCHEDULE_CALLS and self._after_build:
             self._after_build = False
             self._next_step += 1
             writer.start_step(self._next_step - 1)
-        return writer.call(method, fn, *args, fields=fields, summary=summary, **kwargs)
+
+    def blocks(self, before: str, records: Iterable[Record]) -> None:
+        """`trace_blocks` records (kvport.trace.identity), written ahead of the call `before`
+        (in its step)."""
+        writer = self.writer
+        if writer is None:
+            return
+        for fields in records:
+            self._enter(before, writer)
+            writer.note(BLOCKS_MARKER, fields)
 
     def build(self, fn: Callable[[SchedulerOutput], KVConnectorMetadata],
               scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -88,7 +103,8 @@ class CallRecorder:
         if self.writer is None:
             return fn(scheduler_output)
         fields = schedule_fields(scheduler_output.num_scheduled_tokens,
-                                 scheduler_output.total_num_scheduled_tokens)
+                                 scheduler_output.total_num_scheduled_tokens,
+                                 computed_before(scheduler_output))
         try:
             inner = self.call("build_connector_meta", fn, scheduler_output, fields=fields)
         finally:
@@ -110,6 +126,15 @@ class CallRecorder:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def computed_before(scheduler_output: SchedulerOutput) -> dict[str, int]:
+    """Each scheduled request's tokens computed before the step (vLLM's new and cached
+    requests' num_computed_tokens)."""
+    before = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    before.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return before
 
 
 def load_fields(meta: Any) -> Record | None:

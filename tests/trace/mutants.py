@@ -1,0 +1,59 @@
+"""Mutants of the claim rules (trace/claim_rules.py, trace/identity.py) and of what the recorders
+write for them: each removes one guard, and the tests named with it must then fail."""
+
+from __future__ import annotations
+
+from tools.mutation import Mutant
+
+RULES = "tests/trace/test_claim_rules.py"
+ENGINE = "tests/trace/test_claims_in_engine.py"
+CLAIMS = "src/kvport/trace/claim_rules.py"
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        "claim-blocks-must-be-handed", CLAIMS,
+        "            if names.hashes[j] in self.by_hash:\n",
+        "            if True:\n",
+        (f"{RULES}::test_a_claim_beyond_the_first_chunk_of_a_chunked_prompt_is_c1",
+         f"{ENGINE}::test_a_connector_that_claims_what_it_was_only_asked_about_is_c1"),
+        "a claimed block must have been computed with the connector attached"),
+    Mutant(
+        "claim-handed-only-up-to-computed", CLAIMS,
+        "        full = min(end // names.block_size, len(names.hashes))\n",
+        "        full = len(names.hashes)\n",
+        (f"{RULES}::test_a_claim_beyond_the_first_chunk_of_a_chunked_prompt_is_c1",),
+        "only the blocks a step computed are handed, not the whole prompt"),
+    Mutant(
+        "claim-salt-boundary", CLAIMS,
+        "            if other is not None and (other.salt, other.lora) != (names.salt, "
+        "names.lora):\n",
+        "            if False:\n",
+        (f"{RULES}::test_a_hit_across_a_salt_is_c2_and_names_both",
+         f"{RULES}::test_a_hit_across_a_lora_is_c2"),
+        "a hit on tokens computed under another salt or LoRA is told apart (C2)"),
+    Mutant(
+        "claim-judged-only-when-all-stores-seen", CLAIMS,
+        "            if not self.judged:\n",
+        "            if False:\n",
+        (f"{RULES}::test_a_store_others_may_write_is_not_judged_and_a_note_says_so",),
+        "a store others may write is not judged: a note, not a violation"),
+    Mutant(
+        "claim-partial-block-not-judged", CLAIMS,
+        "        first, end = -(-local // bs), min((local + tokens) // bs, len(names.hashes))\n",
+        "        first, end = -(-local // bs), min(-(-(local + tokens) // bs), "
+        "len(names.hashes))\n",
+        (f"{RULES}::test_the_block_a_claim_ends_inside_and_the_local_blocks_are_not_judged",),
+        "the block a claim ends inside is not judged (never hashed by the engine)"),
+    Mutant(
+        "blocks-recorded-once", "src/kvport/trace/identity.py",
+        "    state.recorded = upto\n",
+        "    pass\n",
+        (f"{RULES}::test_blocks_are_recorded_once_in_bounded_records",),
+        "a request's blocks are written once"),
+    Mutant(
+        "recorder-private-store-is-judged", "src/kvport/connectors/recording.py",
+        "        if header is not None and (not inner.shares_storage()\n",
+        "        if header is not None and (False\n",
+        (f"{ENGINE}::test_kvports_offloading_connector_is_judged_and_keeps_its_claims",),
+        "a connector with a private store is judged (its recorder says it sees all its stores)"),
+]

@@ -1,0 +1,80 @@
+"""The claim rules against connectors inside vLLM's CPU build (run_claims.py: SmolLM2-135M,
+float32, the RecordingConnector declaring that the recorded store starts empty):
+
+- vLLM's ExampleConnector on a staggered chunked prefill (two 600-token prompts, each computed
+  128 tokens a step: vLLM's long_prefill_token_threshold, which it applies when more than one
+  request is eligible; the first prompt arrives again one step later): it saved "the prompt"
+  after its first chunk and claims the whole prompt for the repeat, which the checker reports
+  (C1) at that claim, with its step and request, whatever the load then does;
+- the ExampleConnector on the same prompt under two cache_salts: its key is the tokens alone, so
+  the second tenant is served the first one's KV (C2);
+- kvport's OffloadingConnector on both workloads: every claim judged, none beyond what it was
+  handed, no salt crossed, and the engine ran to the end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_pool import EnginePool
+
+PROMPT = [(t * 7) % 500 + 3 for t in range(600)]
+OTHER = [(t * 11) % 500 + 3 for t in range(600)]
+CHUNKED = {"steps": [[{"id": "a", "prompt": PROMPT}, {"id": "x", "prompt": OTHER}],
+                     [{"id": "b", "prompt": PROMPT}]],
+           "long_prefill_token_threshold": 128}
+SALTED = {"steps": [[{"id": "a", "prompt": PROMPT, "salt": "tenant-a"}]] + [[]] * 8
+          + [[{"id": "b", "prompt": PROMPT, "salt": "tenant-b"}]]}
+OFFLOADING = {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
+              "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20}}
+
+
+def example(tmp: Path) -> dict[str, Any]:
+    return {"kv_connector": "ExampleConnector",
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp / "kv")}}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory,
+         engine_pool: EnginePool) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, workload, connector in (("example_chunked", CHUNKED, "example"),
+                                      ("example_salted", SALTED, "example"),
+                                      ("offloading_chunked", CHUNKED, "offloading"),
+                                      ("offloading_salted", SALTED, "offloading")):
+        tmp = tmp_path_factory.mktemp(name)
+        inner = example(tmp) if connector == "example" else OFFLOADING
+        out[name], _ = engine_pool.run("claims", {**workload, "connector": inner,
+                                                  "trace": str(tmp / "trace.jsonl")})
+    return out
+
+
+def rules(run: dict[str, Any]) -> list[str]:
+    return [v["rule"] for v in run["violations"]]
+
+
+def test_the_example_connector_claims_a_chunked_prompt_it_saved_one_chunk_of(
+        runs: dict[str, dict[str, Any]]) -> None:
+    run = runs["example_chunked"]
+    c1 = [v for v in run["violations"] if v["rule"] == "C1"]
+    assert c1, run
+    assert c1[0]["req_id"].startswith("b-") and c1[0]["step"] is not None  # vLLM's suffix
+    assert "never computed with this connector attached" in c1[0]["message"]
+
+
+def test_the_example_connector_serves_one_salts_kv_to_another(
+        runs: dict[str, dict[str, Any]]) -> None:
+    run = runs["example_salted"]
+    assert "C2" in rules(run), run
+    c2 = next(v for v in run["violations"] if v["rule"] == "C2")
+    assert c2["req_id"].startswith("b-") and "tenant" not in c2["message"]  # salts: digests
+
+
+@pytest.mark.parametrize("name", ["offloading_chunked", "offloading_salted"])
+def test_kvports_offloading_connector_keeps_its_claims(
+        runs: dict[str, dict[str, Any]], name: str) -> None:
+    run = runs[name]
+    assert "error" not in run, run.get("traceback")
+    assert run["violations"] == [] and run["notes"] == []
