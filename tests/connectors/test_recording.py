@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import os
@@ -328,10 +327,8 @@ def test_factory_hands_the_header_to_recorders_and_a_multi_connectors_children(
     got = groups(read_events(path))
     assert sorted(connector for _, _, connector in got) == [
         "FakeConnector", "FakeConnector#2", "MultiConnector"]
-    # FakeConnector shares no storage: its recorders say they see all its stores
-    private = dataclasses.replace(header, sees_all_stores=True)
     for records in got.values():
-        assert TraceHeader.from_event(records[0]) == private
+        assert TraceHeader.from_event(records[0]) == header
         assert [e.method for e in records[1:]] == ["has_pending_work"]
 
 
@@ -377,9 +374,8 @@ def test_a_recorder_given_the_engine_header_writes_it_first(tmp_path: Path) -> N
     got = groups(read_events(path))
     for role in ("worker", "scheduler"):
         first, *rest = got[(os.getpid(), role, "FakeConnector")]
-        private = dataclasses.replace(header, sees_all_stores=True)  # FakeConnector's own store
-        assert (first.method, first.step, first.result) == (HEADER, None, private.to_result())
-        assert TraceHeader.from_event(first) == private
+        assert (first.method, first.step, first.result) == (HEADER, None, header.to_result())
+        assert TraceHeader.from_event(first) == header
         assert all(e.method != HEADER for e in rest)  # once per group
         assert [e.seq for e in [first, *rest]] == sorted(e.seq for e in [first, *rest])
     assert [e.method for e in got[(os.getpid(), "scheduler", "outside")]] == ["take_events"]

@@ -52,7 +52,7 @@ MUTANTS: list[Mutant] = [
         "a request's blocks are written once"),
     Mutant(
         "recorder-private-store-is-judged", "src/kvport/connectors/recording.py",
-        "        if header is not None and (not inner.shares_storage()\n",
+        "        if header is not None and (inner.holds_only_what_it_was_handed()\n",
         "        if header is not None and (False\n",
         (f"{ENGINE}::test_kvports_offloading_connector_is_judged_and_keeps_its_claims",),
         "a connector with a private store is judged (its recorder says it sees all its stores)"),

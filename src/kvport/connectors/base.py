@@ -310,6 +310,13 @@ class KVConnectorBase(ABC):
         of them come from each medium ("HOST", "DISK", "REDIS", ...). Empty: not known."""
         return {}
 
+    def holds_only_what_it_was_handed(self) -> bool:
+        """Scheduler: whether everything this connector can load is what this instance stored
+        from what the engine computed (a private store, empty at start). Its claims can then be
+        judged from a trace (kvport.trace.claim_rules). False (the default): it may load what
+        others wrote (a shared store, a remote producer, a test's pretend hits)."""
+        return False
+
     def shares_storage(self) -> bool:
         """Either side, after construction: whether what this connector stores is read by other
         engines or outlives this one (files, a shared store). An engine whose block hashes do

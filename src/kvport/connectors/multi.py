@@ -259,6 +259,9 @@ class MultiConnector(KVConnectorBase):
     def shares_storage(self) -> bool:
         return any(c.shares_storage() for c in self.connectors)
 
+    def holds_only_what_it_was_handed(self) -> bool:
+        return all(c.holds_only_what_it_was_handed() for c in self.connectors)
+
     def storage_namespace(self) -> str | None:
         return next((n for c in self.connectors if (n := c.storage_namespace()) is not None),
                     None)

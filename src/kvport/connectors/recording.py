@@ -66,7 +66,7 @@ class RecordingConnector(KVConnectorBase):
                  ) -> None:
         self._inner = inner
         extra = inner.kv_transfer_config.kv_connector_extra_config
-        if header is not None and (not inner.shares_storage()
+        if header is not None and (inner.holds_only_what_it_was_handed()
                                    or extra.get("sees_all_stores") is True):
             # a private store (or one its user declares so) holds only what it was handed here
             header = dataclasses.replace(header, sees_all_stores=True)
@@ -184,6 +184,9 @@ class RecordingConnector(KVConnectorBase):
 
     def shares_storage(self) -> bool:
         return self._inner.shares_storage()  # configuration: unrecorded
+
+    def holds_only_what_it_was_handed(self) -> bool:
+        return self._inner.holds_only_what_it_was_handed()  # configuration: unrecorded
 
     def storage_namespace(self) -> str | None:
         return self._inner.storage_namespace()  # configuration: unrecorded

@@ -79,6 +79,10 @@ class OffloadingConnector(KVConnectorBase, SupportsHMA):
         """Disk and Redis entries are read by other processes and outlive this one."""
         return bool(self.offloading_config.tiers)
 
+    def holds_only_what_it_was_handed(self) -> bool:
+        """A host tier alone: this process's memory, empty at start."""
+        return not self.offloading_config.tiers
+
     def storage_namespace(self) -> str | None:
         return self.offloading_config.namespace
 
