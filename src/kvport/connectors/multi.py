@@ -11,11 +11,10 @@
   the first error is raised after the last child, and completions (and worker metadata) gathered
   by a call that raised are carried into the next step, never lost.
 
-KV cache groups: HMAMultiConnector, the class the factory builds when every child's config builds
-a SupportsHMA connector (vLLM's rule; MultiConnector.class_for_config), is SupportsHMA too: the
-engine keeps a hybrid model's groups and every child gets the tables per group, and finishes
-through request_finished_all_groups. With any other child the engine keeps one group and every
-child gets one table, HMA or not.
+KV cache groups: HMAMultiConnector, built when every child's config builds a SupportsHMA connector
+(vLLM's rule; class_for_config), is SupportsHMA too: the engine keeps a hybrid model's groups,
+every child gets the tables per group and finishes through request_finished_all_groups. With any
+other child the engine keeps one group and every child gets one table, HMA or not.
 
 NOTE: a finished request's savers ride in the metadata of the step whose `finished_req_ids` first
 names it, bound before any child can report the request; an async load's owner rides in the step
