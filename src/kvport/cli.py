@@ -1,4 +1,4 @@
-"""`kvport` command line: generate, bench, trace."""
+"""`kvport` command line: generate, bench, trace, conformance."""
 
 from __future__ import annotations
 
@@ -108,10 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     from kvport.bench.cli import add_bench_parser
+    from kvport.conformance.cli import add_conformance_parser
     from kvport.trace.cli import add_trace_parser
 
     add_bench_parser(sub)
     add_trace_parser(sub)
+    add_conformance_parser(sub)
     return parser
 
 

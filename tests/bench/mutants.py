@@ -104,7 +104,7 @@ MUTANTS: list[Mutant] = [
     # ---- connector-overhead: comparisons only vLLM has ---------------------------------------
     Mutant(
         "overhead-vllm-only-flags", "src/kvport/bench/overhead/cli.py",
-        "        if args.engine == \"kvport\" and (args.events or args.recorder):\n",
+        "        if args.engine == \"kvport\" and (args.events or args.recorder or args.recording):\n",
         "        if False:\n",
         ("tests/vllm/test_vllm_trace.py::"
          "test_the_vllm_only_overhead_comparisons_refuse_kvports_engine",),

@@ -213,6 +213,10 @@ def test_one_overhead_config_for_both_engines_with_each_engines_defaults() -> No
     assert (vllm.engine, vllm.prompt_len, vllm.decode_tokens, vllm.rounds, vllm.recorder) == \
         ("vllm", 256, 256, 9, True)
     assert vllm.target == ("example-in-recorder-off", "example", 0.98)
+    recording = OverheadConfig.for_engine("vllm", "m", recording=True)
+    assert recording.target == ("example-in-recorder-recording", "example", 0.95)
+    with pytest.raises(ValueError, match="pick one"):
+        OverheadConfig("m", engine="vllm", recorder=True, recording=True)
     with pytest.raises(ValueError, match="engine must be one of .*'sglang'"):
         OverheadConfig.for_engine("sglang", "m")
     with pytest.raises(ValueError, match="decode_tokens must be >= 2, got 1"):

@@ -11,6 +11,12 @@ CLAIMS = "src/kvport/trace/claim_rules.py"
 
 MUTANTS: list[Mutant] = [
     Mutant(
+        "match-answer-never-negative", "src/kvport/trace/scheduler_rules.py",
+        "            elif isinstance(answer[0], int) and answer[0] < 0:\n",
+        "            elif False:\n",
+        ("tests/trace/test_checker.py::test_scheduler_contract_breaks_are_flagged",),
+        "a negative match count is S3 (vLLM's ExampleConnector answers -128)"),
+    Mutant(
         "claim-blocks-must-be-handed", CLAIMS,
         "            if names.hashes[j] in self.by_hash:\n",
         "            if True:\n",

@@ -222,6 +222,8 @@ OUT2 = GOOD.index(output(2, sending=("a",)))
     (replaced(GOOD, B0, build(0), ev("update_state_after_alloc", 0, "c", (0,))),
      [("S2", 0, "c")]),
     (GOOD[:B0] + admit(0, "c", [0, True], 0) + GOOD[B0:], [("S3", 0, "c")]),
+    # vLLM's ExampleConnector after a prompt shorter than a block was saved (docs/vllm.md)
+    (GOOD[:B0] + admit(0, "c", [-128, False], 0) + GOOD[B0:], [("S3", 0, "c")]),
     (GOOD + [ev("request_finished", 3, "a", result=False)], [("S4", 3, "a")]),
     # a preemption reported as a finish: the request comes back
     (GOOD + [mark(4), *admit(4, "b", [0, False], 0), build(4)], [("S5", 4, "b")]),
@@ -232,7 +234,7 @@ OUT2 = GOOD.index(output(2, sending=("a",)))
     (replaced(GOOD, GOOD.index(output(0, recving=("b",))), output(0)), [("S7", 0, "b")]),
     (GOOD + [output(3, recving=("b",))], [("S7", 3, "b")]),
     (GOOD + [output(3, recving=("c",))], [("S7", 3, "c")]),
-], ids=["S0-no-step", "S1-two-builds", "S1-no-build", "S2-alloc-after-build", "S3-zero-async",
+], ids=["S0-no-step", "S1-two-builds", "S1-no-build", "S2-alloc-after-build", "S3-zero-async", "S3-negative",
         "S4-finished-twice", "S5-preemption-as-finish", "S6-never-sent", "S6-duplicate-send",
         "S6-send-after-false", "S6-send-without-finish", "S7-never-received",
         "S7-duplicate-recv", "S7-recv-without-load"])

@@ -574,6 +574,6 @@ def test_the_vllm_only_overhead_comparisons_refuse_kvports_engine(
         capsys: pytest.CaptureFixture[str]) -> None:
     from kvport.cli import main
 
-    for flag in ("--events", "--recorder"):
+    for flag in ("--events", "--recorder", "--recording"):
         assert main(["bench", "connector-overhead", flag]) == 2
         assert "add --engine vllm" in capsys.readouterr().err

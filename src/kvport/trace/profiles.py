@@ -38,7 +38,7 @@ _COMMON: dict[str, str] = {
     "S0": "build_connector_meta and update_state_after_alloc run inside an announced step",
     "S1": "build_connector_meta is called exactly once per scheduler step",
     "S2": "update_state_after_alloc of step N comes before build_connector_meta of step N",
-    "S3": "get_num_new_matched_tokens never answers (0, True)",
+    "S3": "get_num_new_matched_tokens answers None or a count >= 0, never (0, True)",
     "S4": "request_finished is called at most once per request",
     "S5": "no scheduler call names a request after its request_finished (except finished_* sets)",
     "S6": "request_finished True is followed by exactly one finished_sending; False by none; "

@@ -76,6 +76,11 @@ class _SchedulerCheck:
             if answer[0] == 0 and answer[1] is True:
                 self.out.add(pos, "S3", e.step, rid,
                              "get_num_new_matched_tokens answered (0, True)")
+            elif isinstance(answer[0], int) and answer[0] < 0:
+                # vLLM takes the count as tokens to allocate past num_computed_tokens: a negative
+                # one shrinks the request's computed prefix and indexes outside its block table.
+                self.out.add(pos, "S3", e.step, rid,
+                             f"get_num_new_matched_tokens answered {answer[0]} tokens (< 0)")
             self.asked_async[rid] = bool(answer[0] and answer[1])
         elif e.method == "update_state_after_alloc" and rid is not None:
             if e.step is not None and self.builds[e.step]:

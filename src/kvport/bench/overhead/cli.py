@@ -32,6 +32,9 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--recorder", action="store_true",
                    help="with --engine vllm: vLLM's ExampleConnector unwrapped vs inside "
                         "kvport.vllm's RecordingConnector with recording off")
+    p.add_argument("--recording", action="store_true",
+                   help="with --engine vllm: vLLM's ExampleConnector unwrapped vs inside "
+                        "kvport.vllm's RecordingConnector writing its trace")
     p.add_argument("--events", action="store_true",
                    help="with --engine vllm: kvport storing without vs with vLLM's KV events "
                         "(ZMQ publisher) and stats logging on")
@@ -48,8 +51,9 @@ def run_command(args: argparse.Namespace) -> int:
                                ("decode_tokens", args.decode_tokens)) if v is not None}
 
     def config() -> OverheadConfig:
-        if args.engine == "kvport" and (args.events or args.recorder):
-            raise ValueError("--events and --recorder compare vLLM engines: add --engine vllm")
+        if args.engine == "kvport" and (args.events or args.recorder or args.recording):
+            raise ValueError("--events, --recorder and --recording compare vLLM engines: add "
+                             "--engine vllm")
         if args.engine == "kvport":
             return OverheadConfig.for_engine("kvport", args.model or "builtin:tiny-llama",
                                              dtype=args.dtype, batch=args.batch, **given)
@@ -60,7 +64,7 @@ def run_command(args: argparse.Namespace) -> int:
         return OverheadConfig.for_engine(
             "vllm", args.model or default_model().model, dtype=args.dtype, batch=args.batch,
             vllm_python=args.vllm_python, threads=args.threads, recorder=args.recorder,
-            events=args.events, **given)
+            recording=args.recording, events=args.events, **given)
 
     return run_bench_command("connector-overhead", args.json, config, run_overhead,
                              format_overhead)

@@ -17,6 +17,7 @@ from kvport.bench.common.machine import MachineInfo
 ENGINES = ("kvport", "vllm")
 NO_CONNECTOR, STORING = "no-connector", "offloading-stores-no-hits"
 EXAMPLE, WRAPPED = "example", "example-in-recorder-off"
+RECORDED = "example-in-recorder-recording"  # writing the trace, claim records included
 EVENTS = "offloading-stores-events-metrics"  # STORING with KV events and stats on
 # each engine's (prompt_len, decode_tokens, rounds): vLLM's are longer runs, fewer of them
 _DEFAULTS = {"kvport": (128, 128, 7), "vllm": (256, 256, 5)}
@@ -35,6 +36,7 @@ class OverheadConfig:
     vllm_python: str | None = None  # vLLM: the interpreter (default: this one)
     threads: int | None = None  # vLLM: OMP threads per engine (default: one per core)
     recorder: bool = False  # vLLM: ExampleConnector unwrapped vs in a RecordingConnector, off
+    recording: bool = False  # vLLM: ... vs in a RecordingConnector writing its trace
     events: bool = False  # vLLM: kvport storing, without vs with KV events and metrics
 
     def __post_init__(self) -> None:
@@ -45,8 +47,8 @@ class OverheadConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.decode_tokens < 2:
             raise ValueError(f"decode_tokens must be >= 2, got {self.decode_tokens}")
-        if self.recorder and self.events:
-            raise ValueError("recorder and events are two different comparisons: pick one")
+        if self.recorder + self.recording + self.events > 1:
+            raise ValueError("recorder, recording and events are different comparisons: pick one")
 
     @classmethod
     def for_engine(cls, engine: str, model: str, **given: Any) -> OverheadConfig:
@@ -62,6 +64,8 @@ class OverheadConfig:
         """(system, baseline, the least paired ratio) of the vLLM run's verdict."""
         if self.recorder:
             return WRAPPED, EXAMPLE, 0.98
+        if self.recording:
+            return RECORDED, EXAMPLE, 0.95
         return (EVENTS, STORING, 0.98) if self.events else (STORING, NO_CONNECTOR, 0.97)
 
     def to_json(self) -> JsonObject:

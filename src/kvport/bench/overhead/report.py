@@ -21,6 +21,9 @@ def _format_vllm(result: OverheadResult) -> str:
     if cfg.recorder:
         what = ("vLLM's ExampleConnector in kvport.vllm's RecordingConnector with recording off "
                 "vs unwrapped")
+    elif cfg.recording:
+        what = ("vLLM's ExampleConnector in kvport.vllm's RecordingConnector writing its trace "
+                "vs unwrapped")
     elif cfg.events:
         what = "kvport storing with KV events (ZMQ) and stats on vs off"
     else:
@@ -37,4 +40,6 @@ def _format_vllm(result: OverheadResult) -> str:
     ratio = result.system(target).paired_ratio or 0.0
     lines.append(f"target {target} decode tokens/s vs {base_name} (paired): "
                  f"{ratio:.3f}x >= {goal:.3f}x: {'met' if ratio >= goal else 'NOT met'}")
+    if result.trace_lines_written is not None:
+        lines.append(f"trace lines written: {result.trace_lines_written}")
     return "\n".join(lines)

@@ -18,7 +18,8 @@ view costs when nothing hits.
 
 `recorder` compares two other engines the same way: vLLM's ExampleConnector, and the same
 connector inside kvport.vllm's RecordingConnector with recording off (no `record_trace`): what
-the wrapper costs when it only forwards. Each engine's ExampleConnector writes to a directory of
+the wrapper costs when it only forwards. `recording`: the same with recording on (every call
+written, the claim records too, as `kvport conformance` records). Each engine's ExampleConnector writes to a directory of
 its own, removed at the end.
 """
 
@@ -38,6 +39,7 @@ from kvport.bench.overhead.config import (
     EVENTS,
     EXAMPLE,
     NO_CONNECTOR,
+    RECORDED,
     STORING,
     WRAPPED,
     OverheadConfig,
@@ -60,17 +62,21 @@ def engine_kwargs(cfg: OverheadConfig, model_dir: str, storage: str = "") -> dic
     storing = {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
                "kv_role": "kv_producer",
                "kv_connector_extra_config": {"cpu_bytes_to_use": 4 << 30}}
-    if cfg.recorder:
+    if cfg.recorder or cfg.recording:
         def example(name: str) -> JsonObject:
             return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                     "kv_connector_extra_config": {
                         "shared_storage_path": os.path.join(storage, name)}}
 
+        name = RECORDED if cfg.recording else WRAPPED
+        extra: JsonObject = {"connector": example(name)}
+        if cfg.recording:  # every call, the claim records too (kvport conformance's setting)
+            extra.update(record_trace=os.path.join(storage, "trace.jsonl"), sees_all_stores=True)
         wrapped = {"kv_connector": "RecordingConnector",
                    "kv_connector_module_path": "kvport.vllm", "kv_role": "kv_both",
-                   "kv_connector_extra_config": {"connector": example(WRAPPED)}}
+                   "kv_connector_extra_config": extra}
         return {EXAMPLE: {**common, "kv_transfer_config": example(EXAMPLE)},
-                WRAPPED: {**common, "kv_transfer_config": wrapped}}
+                name: {**common, "kv_transfer_config": wrapped}}
     if cfg.events:
         events = {"enable_kv_cache_events": True, "publisher": "zmq",
                   "endpoint": f"tcp://127.0.0.1:{free_port()}", "topic": "kv"}
@@ -91,7 +97,8 @@ def run_vllm_overhead(cfg: OverheadConfig, log: Callable[[str], None]) -> Overhe
     model_dir = resolve_model_dir(cfg.model)
     draw = prompt_sampler(model_dir, cfg.seed)
     engines: dict[str, VllmEngineProcess] = {}
-    storage = tempfile.mkdtemp(prefix="kvport-overhead-") if cfg.recorder else ""
+    storage = (tempfile.mkdtemp(prefix="kvport-overhead-") if cfg.recorder or cfg.recording
+               else "")
     _, base_name, _ = cfg.target
     try:
         for name, kwargs in engine_kwargs(cfg, str(model_dir), storage).items():
@@ -121,12 +128,19 @@ def run_vllm_overhead(cfg: OverheadConfig, log: Callable[[str], None]) -> Overhe
                 host = (engines[name].metrics().get("connector") or {}).get("host") or {}
                 stored[name] = int(host.get("bytes_stored") or 0)
         info = engines[base_name].info
+        lines = _count_lines(os.path.join(storage, "trace.jsonl")) if cfg.recording else None
     finally:
         for engine in engines.values():
             engine.shutdown()
         if storage:
             shutil.rmtree(storage, ignore_errors=True)
-    return OverheadResult(cfg, machine_info(), _systems(rates, base_name, stored), vllm_info=info)
+    return OverheadResult(cfg, machine_info(), _systems(rates, base_name, stored),
+                          trace_lines_written=lines, vllm_info=info)
+
+
+def _count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
 def _systems(rates: dict[str, list[float]], base_name: str,
