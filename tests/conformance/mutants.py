@@ -44,7 +44,8 @@ MUTANTS: list[Mutant] = [
         "a shrunk workload breaks its rule alone, not through an earlier workload's store"),
     Mutant(
         "conformance-shrink-budget", SEARCH,
-        "            if self._shrink_plays >= self._max_shrink_plays:\n",
+        "            if self._shrink_plays >= self._max_shrink_plays or self._played >= "
+        "self._limit:\n",
         "            if False:\n",
         (f"{T_SEARCH}::test_the_shrink_budget_bounds_the_plays_and_the_best_workload_still_fails",),
         "shrinking one finding plays at most --max-shrink workloads, each on a fresh engine"),

@@ -146,3 +146,14 @@ def test_records_are_read_whole_lines_at_a_time(tmp_path: Path) -> None:
     events, offset = _read_from(path, offset)
     assert len(events) == 1 and offset == 2 * len(line)
     assert _read_from(tmp_path / "missing", 5) == ([], 5)
+
+
+def test_a_finding_is_reported_at_its_own_rule_in_workload_steps_and_ids() -> None:
+    from kvport.conformance.run import _first
+    from kvport.conformance.search import Finding
+
+    outcome = Outcome((Violation("S3", 12, "r1-ab12cd34", "S3 [..] answered -128", 0),
+                       Violation("C1", 13, "r3-00ff00ff", "C1 [..] claims [0, 640)", 1)),
+                      (), None, (), 10, 4, 1, 1)
+    text = _first(Finding("C1", Workload(()), outcome))
+    assert text == "workload step 3, request r3: C1 [..] claims [0, 640)"

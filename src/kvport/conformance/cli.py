@@ -38,7 +38,8 @@ def add_conformance_parser(subparsers: Any) -> None:
                         "(a class of yours: kv_connector_module_path); \"{store}\" in it is a "
                         "fresh directory per engine. Repeat to test several.")
     p.add_argument("--examples", type=_positive, default=200,
-                   help="workloads per connector, shrinking included (default 200)")
+                   help="workloads per connector, shrinking included (default 200; a shrink "
+                        "under way stops there)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="conformance-out", help="where findings are written")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")

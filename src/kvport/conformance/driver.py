@@ -205,13 +205,16 @@ class EngineSession:
     def _drop(self) -> None:
         """Forget an engine that raised: its state is unknown, so it is never shut down
         (that may raise again), only released."""
-        from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+        from vllm.distributed.kv_transfer import kv_transfer_state
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         self._llm = None
         # The worker's connector is a process global that a new engine would reuse (with the
         # old engine's storage and KV caches) unless it is shut down first.
-        ensure_kv_transfer_shutdown()
+        try:
+            kv_transfer_state.ensure_kv_transfer_shutdown()
+        except Exception:  # noqa: BLE001  # the connector under test may fail its shutdown too
+            kv_transfer_state._KV_CONNECTOR_AGENT = None  # what a clean shutdown leaves
         gc.collect()
         cleanup_dist_env_and_memory()
 

@@ -17,6 +17,7 @@ from kvport.conformance.repro import STORE, write_finding
 from kvport.conformance.search import Finding, Search, SearchResult
 from kvport.conformance.workload import EngineShape, Workload
 from kvport.trace.checker import analyze
+from kvport.trace.findings import Violation
 from kvport.trace.profiles import COMMON_WHY, PROFILES
 from kvport.trace.report import text_report
 
@@ -56,12 +57,17 @@ def _rule_text(key: str) -> str:
     return _WHAT.get(key) or PROFILES["vllm-0.32"].rules.get(key, key)
 
 
+def _violation(f: Finding) -> Violation | None:
+    """The finding's first violation of its own rule (a workload may break others first)."""
+    return next((v for v in f.outcome.violations if v.rule == f.key), None)
+
+
 def _first(f: Finding) -> str:
     """The first violation, its step counted from the workload's first and the request by the
     id the workload gave it (vLLM adds a suffix); else the engine's error."""
-    if not f.outcome.violations:
+    v = _violation(f)
+    if v is None:
         return f.outcome.error or ""
-    v = f.outcome.violations[0]
     step = "-" if v.step is None else v.step - f.outcome.first_step
     req = "-" if v.req_id is None else v.req_id.rsplit("-", 1)[0]
     return f"workload step {step}, request {req}: {v.message}"
@@ -130,10 +136,11 @@ def run_connector(connector: ConnectorUnderTest, shape: EngineShape, model_dir: 
 
 def _calls_around(f: Finding) -> list[str]:
     """The first violation with the records around it, as `kvport trace check` shows them."""
-    if not f.outcome.violations:
+    v = _violation(f)
+    if v is None:
         return []
     events = list(f.outcome.events)
-    check = replace(analyze(events), violations=list(f.outcome.violations[:1]))
+    check = replace(analyze(events), violations=[v])
     lines = text_report("trace", events, check, show=1, context=3)
     start = next((i for i, line in enumerate(lines) if line.startswith("  step ")), len(lines))
     return lines[start:]

@@ -91,6 +91,7 @@ class Search:
         self._on_example = on_example
         self._played = self._clean = self._preempted = self._hit = self._salted = 0
         self._max_shrink_plays = max_shrink_plays
+        self._limit = 0  # run()'s max_examples: shrinking stops there too
         self._last: dict[str, tuple[Workload, Outcome]] = {}
         self._best: dict[str, WorkloadPlan] = {}  # per key, the shortest plan that did it
         self._shrink_plays = -1  # in this round: -1 while generating, then plays since
@@ -105,7 +106,7 @@ class Search:
             raise self._start_error  # Hypothesis's shrinking of it ends at once
         shrinking = self._shrink_plays >= 0
         if shrinking:
-            if self._shrink_plays >= self._max_shrink_plays:
+            if self._shrink_plays >= self._max_shrink_plays or self._played >= self._limit:
                 # Shrink budget spent: only the best plan found still fails, as it did.
                 for key, best in self._best.items():
                     if best == plan:
@@ -178,6 +179,7 @@ class Search:
 
     def run(self, max_examples: int) -> SearchResult:
         start = time.monotonic()
+        self._limit = max_examples
         set_aside: set[str] = set()
         findings: list[Finding] = []
         while self._played < max_examples:
