@@ -17,6 +17,7 @@ from kvport.conformance.repro import STORE, write_finding
 from kvport.conformance.search import Finding, Search, SearchResult
 from kvport.conformance.workload import EngineShape, Workload
 from kvport.trace.checker import analyze
+from kvport.trace.events import VLLM_0_32
 from kvport.trace.findings import Violation
 from kvport.trace.profiles import COMMON_WHY, PROFILES
 from kvport.trace.report import text_report
@@ -54,7 +55,7 @@ class ConnectorRun:
 
 
 def _rule_text(key: str) -> str:
-    return _WHAT.get(key) or PROFILES["vllm-0.32"].rules.get(key, key)
+    return _WHAT.get(key) or PROFILES[VLLM_0_32].rules.get(key, key)
 
 
 def _violation(f: Finding) -> Violation | None:

@@ -108,9 +108,9 @@ class Search:
         if shrinking:
             if self._shrink_plays >= self._max_shrink_plays or self._played >= self._limit:
                 # Shrink budget spent: only the best plan found still fails, as it did.
-                for key, best in self._best.items():
+                for best_key, best in self._best.items():
                     if best == plan:
-                        raise _failure(key)(f"{key}: {self._last[key][0].summary()}")
+                        raise _failure(best_key)(best_key)
                 return
             self._shrink_plays += 1
         self._played += 1
@@ -120,13 +120,12 @@ class Search:
         # not because of what an earlier one left in the connector's store.
         try:
             outcome = self._session.run(workload, fresh=shrinking)
-            if not shrinking and finding_key(outcome, set_aside) is not None:
+            shared_key = None if shrinking else finding_key(outcome, set_aside)
+            if shared_key is not None:
                 # Found on the shared engine: does it do it alone? Only then is it shrunk.
                 alone = self._session.run(workload, fresh=True)
                 if finding_key(alone, set_aside) is None:
-                    key = finding_key(outcome, set_aside)
-                    assert key is not None, "checked above"
-                    self._history.setdefault(key, (workload, outcome))
+                    self._history.setdefault(shared_key, (workload, outcome))
                 outcome = alone
         except EngineStartError as exc:
             self._start_error = exc
