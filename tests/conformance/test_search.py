@@ -29,8 +29,9 @@ def _outcome(rules: list[str], error: str | None = None) -> Outcome:
 
 class ScriptedSession:
     """Breaks C2 when two requests of a workload share a prompt under different salts (a
-    connector keyed by tokens alone); then "crashes". Breaks S3 on a one-token prompt only when
-    an earlier workload on the same engine had one too (ExampleConnector's empty-prefix key).
+    connector keyed by tokens alone); then "crashes". Breaks S3 on a request of one output token, but
+    only on an engine that ran a workload before (as ExampleConnector's empty-prefix key needs
+    an earlier sub-block prompt saved).
     With `length_rule`, breaks C1 on a prompt as long as one this engine saw before: alone
     with two such prompts, or with one after an earlier workload."""
 
@@ -39,14 +40,14 @@ class ScriptedSession:
         self.length_rule = length_rule  # C1 on a prompt length this engine saw before
         self.lengths: set[int] = set()
         self.engines_started = 1
-        self.short_seen = False
+        self.runs_since_fresh = 0
         self.fresh_runs = 0
 
     def run(self, workload: Workload, *, fresh: bool = False) -> Outcome:
         if fresh:
             self.engines_started += 1
             self.fresh_runs += 1
-            self.short_seen = False
+            self.runs_since_fresh = 0
             self.lengths = set()
         rules: list[str] = []
         seen: dict[tuple[int, ...], str | None] = {}
@@ -54,10 +55,10 @@ class ScriptedSession:
             if a.prompt in seen and seen[a.prompt] != a.cache_salt:
                 rules.append("C2")
             seen.setdefault(a.prompt, a.cache_salt)
-        short = any(len(a.prompt) == 1 for a in workload.arrivals)
-        if short and self.short_seen and self.history_rule:
+        if self.runs_since_fresh and self.history_rule and any(
+                a.max_tokens == 1 for a in workload.arrivals):
             rules.append("S3")
-        self.short_seen |= short
+        self.runs_since_fresh += 1
         for a in workload.arrivals:
             if self.length_rule and len(a.prompt) in self.lengths:
                 rules.append("C1")
@@ -91,7 +92,7 @@ def test_a_rule_broken_only_after_other_workloads_is_told_apart() -> None:
     result = Search(ScriptedSession(), seed=3).run(300)  # type: ignore[arg-type]
     assert "S3" not in {f.key for f in result.findings}  # never alone: nothing to shrink
     s3 = [f for f in result.after_others if f.key == "S3"]
-    assert s3 and any(len(a.prompt) == 1 for a in s3[0].workload.arrivals)
+    assert s3 and any(a.max_tokens == 1 for a in s3[0].workload.arrivals)
 
 
 def test_the_shrink_budget_bounds_the_plays_and_the_best_workload_still_fails() -> None:
