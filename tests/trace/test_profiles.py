@@ -163,7 +163,7 @@ def test_any_vllm_step_sequence_in_its_order_is_clean(shape: list[tuple[bool, in
 
 
 def test_every_profile_states_every_rule_and_why_the_differing_ones_differ() -> None:
-    ids = {f"W{i}" for i in range(10)} | {f"S{i}" for i in range(8)} | {"G1", "G2", "C1", "C2"}
+    ids = {f"W{i}" for i in range(10)} | {f"S{i}" for i in range(8)} | {"G1", "G2", "C1", "C2", "C3"}
     for profile in PROFILES.values():
         assert set(profile.rules) == ids
         assert set(profile.why) == PROFILE_RULES

@@ -7,6 +7,10 @@ engine raised (a connector's defect may stop it), the violations and the notes.
     cfg = {"connector": {...inner kv_transfer_config...}, "trace": PATH,
            "steps": [[{"id": "a", "prompt": [...], "salt": null}], [], [...]],
            "max_num_batched_tokens": 512, "long_prefill_token_threshold": 128}
+
+A request may give its own "max_tokens" (else cfg's, 4); "num_gpu_blocks" sizes vLLM's KV pool.
+The result also lists every loaded block's distance from the KV computed for it (rule C3's
+`trace_loaded` records: None where not judged).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     from kvport.model.builtin import builtin_model_dir
     from kvport.trace.checker import analyze
     from kvport.trace.events import read_events
+    from kvport.trace.loaded import LOADED_MARKER
 
     ktc = {"kv_connector": "RecordingConnector", "kv_connector_module_path": "kvport.vllm",
            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
@@ -38,7 +43,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
               max_model_len=1024, max_num_seqs=4, seed=0,
               max_num_batched_tokens=cfg.get("max_num_batched_tokens", 512),
               long_prefill_token_threshold=cfg.get("long_prefill_token_threshold", 0),
-              kv_transfer_config=ktc)
+              num_gpu_blocks_override=cfg.get("num_gpu_blocks"), kv_transfer_config=ktc)
     engine = llm.llm_engine
     params = SamplingParams(max_tokens=cfg.get("max_tokens", 4), temperature=0.0,
                             ignore_eos=True)
@@ -49,7 +54,9 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
                 prompt: dict[str, Any] = {"prompt_token_ids": req["prompt"]}
                 if req.get("salt"):
                     prompt["cache_salt"] = req["salt"]
-                engine.add_request(req["id"], prompt, params)
+                engine.add_request(req["id"], prompt, SamplingParams(
+                    max_tokens=req.get("max_tokens", params.max_tokens), temperature=0.0,
+                    ignore_eos=True))
             engine.step()
         for _ in range(MAX_STEPS):
             if not engine.has_unfinished_requests():
@@ -62,7 +69,10 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     result["violations"] = [{"rule": v.rule, "step": v.step, "req_id": v.req_id,
                              "message": v.message, "pos": v.pos} for v in check.violations]
     result["notes"] = check.notes
-    result["num_records"] = len(read_events(cfg["trace"]))
+    events = read_events(cfg["trace"])
+    result["num_records"] = len(events)
+    result["loaded"] = [d for e in events if e.method == LOADED_MARKER
+                        for d in e.result["distances"]]
     if "error" not in result:
         engine.engine_core.shutdown()
     return result

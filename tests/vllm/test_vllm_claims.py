@@ -9,7 +9,13 @@ float32, the RecordingConnector declaring that the recorded store starts empty):
 - the ExampleConnector on the same prompt under two cache_salts: its key is the tokens alone, so
   the second tenant is served the first one's KV (C2);
 - kvport's OffloadingConnector on both workloads: every claim judged, none beyond what it was
-  handed, no salt crossed, and the engine ran to the end.
+  handed, no salt crossed, and the engine ran to the end;
+- a planted connector that stores late (trace_connectors.LateStoreExample: the ExampleConnector
+  with each step's saves run at the end of the next step) on a workload whose first request
+  finishes at once and whose blocks go to the next one: a later hit loads the other request's KV
+  (C3, at the load, with its step, request and block), and nothing else notices; vLLM's own
+  ExampleConnector and kvport's OffloadingConnector on the same workload load exactly what was
+  computed, every loaded block judged.
 """
 
 from __future__ import annotations
@@ -27,12 +33,21 @@ CHUNKED = {"steps": [[{"id": "a", "prompt": PROMPT}, {"id": "x", "prompt": OTHER
            "long_prefill_token_threshold": 128}
 SALTED = {"steps": [[{"id": "a", "prompt": PROMPT, "salt": "tenant-a"}]] + [[]] * 8
           + [[{"id": "b", "prompt": PROMPT, "salt": "tenant-b"}]]}
+# a: 400 tokens, done after one step; b: 896 tokens, given most of a's freed blocks in a 9-block
+# pool; c: a again, once b is done (block 0 still in vLLM's prefix cache, the rest from the store)
+A_PROMPT = [(t * 7) % 500 + 3 for t in range(400)]
+B_PROMPT = [(t * 11) % 500 + 5 for t in range(896)]
+REUSED = {"steps": [[{"id": "a", "prompt": A_PROMPT, "max_tokens": 1}],
+                    [{"id": "b", "prompt": B_PROMPT, "max_tokens": 2}],
+                    [{"id": "c", "prompt": A_PROMPT, "max_tokens": 2}]],
+          "num_gpu_blocks": 9, "max_num_batched_tokens": 1024}
 OFFLOADING = {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
               "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20}}
 
 
-def example(tmp: Path) -> dict[str, Any]:
-    return {"kv_connector": "ExampleConnector",
+def example(tmp: Path, name: str = "ExampleConnector") -> dict[str, Any]:
+    module = {"kv_connector_module_path": "trace_connectors"} if name != "ExampleConnector" else {}
+    return {"kv_connector": name, **module,
             "kv_connector_extra_config": {"shared_storage_path": str(tmp / "kv")}}
 
 
@@ -43,9 +58,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory,
     for name, workload, connector in (("example_chunked", CHUNKED, "example"),
                                       ("example_salted", SALTED, "example"),
                                       ("offloading_chunked", CHUNKED, "offloading"),
-                                      ("offloading_salted", SALTED, "offloading")):
+                                      ("offloading_salted", SALTED, "offloading"),
+                                      ("late_reused", REUSED, "LateStoreExample"),
+                                      ("example_reused", REUSED, "example"),
+                                      ("offloading_reused", REUSED, "offloading")):
         tmp = tmp_path_factory.mktemp(name)
-        inner = example(tmp) if connector == "example" else OFFLOADING
+        inner = (OFFLOADING if connector == "offloading"
+                 else example(tmp, "ExampleConnector" if connector == "example" else connector))
         out[name], _ = engine_pool.run("claims", {**workload, "connector": inner,
                                                   "trace": str(tmp / "trace.jsonl")})
     return out
@@ -78,3 +97,24 @@ def test_kvports_offloading_connector_keeps_its_claims(
     run = runs[name]
     assert "error" not in run, run.get("traceback")
     assert run["violations"] == [] and run["notes"] == []
+
+
+def test_a_store_that_reads_blocks_after_they_were_given_to_another_request_is_c3(
+        runs: dict[str, dict[str, Any]]) -> None:
+    run = runs["late_reused"]
+    assert "error" not in run, run.get("traceback")  # nothing crashed: only C3 sees it
+    assert rules(run) and set(rules(run)) == {"C3"}, run["violations"]
+    c3 = run["violations"][0]
+    assert c3["req_id"].startswith("c-") and c3["step"] is not None
+    assert "the load of block 1" in c3["message"]
+    assert max(d for d in run["loaded"] if d is not None) > 0.5
+
+
+@pytest.mark.parametrize("name", ["example_reused", "offloading_reused"])
+def test_connectors_that_store_in_time_load_what_was_computed(
+        runs: dict[str, dict[str, Any]], name: str) -> None:
+    run = runs[name]
+    assert "error" not in run, run.get("traceback")
+    assert run["violations"] == [] and run["notes"] == []
+    assert len(run["loaded"]) >= 2 and None not in run["loaded"]  # every loaded block judged
+    assert max(run["loaded"]) <= 0.001

@@ -152,3 +152,26 @@ class PreemptionsAfterBindMulti(MultiConnector):
         late, self._late = self._late, None
         if late is not None:
             super().handle_preemptions(late)
+
+
+class LateStoreExample(ExampleConnector):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._this_step: list[tuple[str, torch.Tensor, Any, Any]] = []
+        self._last_step: list[tuple[str, torch.Tensor, Any, Any]] = []
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        self._this_step.append((layer_name, kv_layer, attn_metadata,
+                                self._get_connector_metadata()))
+
+    def wait_for_save(self) -> None:
+        # The defect: the previous step's saves run now, from whatever those slots hold now.
+        late, self._last_step, self._this_step = self._last_step, self._this_step, []
+        bound = self._connector_metadata
+        try:
+            for layer_name, kv_layer, attn_metadata, meta in late:
+                self._connector_metadata = meta
+                super().save_kv_layer(layer_name, kv_layer, attn_metadata)
+        finally:
+            self._connector_metadata = bound

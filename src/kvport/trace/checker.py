@@ -5,6 +5,7 @@ half, the worker half and each child of a MultiConnector have their own contract
 held to one contract profile (profiles.py): the call order its header names, "legacy" without a
 header, or the one the caller forces. Worker rules (worker_rules.py) are checked per step,
 scheduler rules (scheduler_rules.py) per step and per request, in file order within one group;
+the claim rules (claim_rules.py) on scheduler groups, the load rule (loaded.py) on worker groups;
 nothing depends on positions across groups, since file order means nothing across processes.
 
 Each violation names a rule id, the step, the request (or None), what went wrong and the
@@ -28,6 +29,7 @@ from kvport.trace.events import (
     read_events,
 )
 from kvport.trace.findings import Findings, Violation
+from kvport.trace.loaded import check_loads
 from kvport.trace.profiles import PROFILES, ProfileChoice, choose_profile, get_profile
 from kvport.trace.scheduler_rules import REQUEST_CALLS, check_scheduler
 from kvport.trace.worker_rules import WORKER_STEP_METHODS, check_worker
@@ -94,6 +96,7 @@ def analyze(events: Iterable[TraceEvent], profile: str | None = None) -> TraceCh
             notes += check_claims(group, out, _sees_all_stores(group))
         else:
             check_worker(group, out, choice.profile)
+            notes += check_loads(group, out)
         found.extend(out.items)
     found.sort(key=lambda v: v.pos)  # stable: one record's violations keep their rule order
     return TraceCheck(checked, found, notes)

@@ -121,6 +121,11 @@ class BlockLog:
         state = self._state.setdefault(req_id, RequestBlocks())
         yield from block_records(req_id, state, hashes, tokens, block_size, salt, lora)
 
+    def hashes(self, req_id: str) -> Sequence[Any]:
+        """A known request's engine block hashes so far (none for an unknown one)."""
+        request = self._requests.get(req_id)
+        return () if request is None else self._describe(request)[0]
+
     def forget(self, req_id: str) -> None:
         self._requests.pop(req_id, None)
         self._state.pop(req_id, None)

@@ -53,6 +53,9 @@ _COMMON: dict[str, str] = {
           "writes it: the recorder's sees_all_stores)",
     "C2": "a match never crosses a cache_salt or LoRA boundary: the blocks it claims were "
           "computed under the request's own salt and LoRA",
+    "C3": "a load brings back the KV computed for its tokens: each loaded block matches the "
+          "fingerprint the engine's own forward left in it (judged where the recorder saw the "
+          "tokens computed)",
 }
 # Why the rules that every profile shares matter, where a report should say it.
 COMMON_WHY: Mapping[str, str] = MappingProxyType({
@@ -61,6 +64,10 @@ COMMON_WHY: Mapping[str, str] = MappingProxyType({
           "'shape mismatch' after chunked prefill: vLLM issue 16928)",
     "C2": "a hit across a salt or LoRA boundary serves one tenant's (or adapter's) KV to another: "
           "a data leak between tenants (vLLM issues 53495, 56643)",
+    "C3": "a load of the wrong KV crashes nothing: the request decodes from another request's "
+          "attention state. A store that reads a block after it was freed and handed to "
+          "another request does that (vLLM issue 46951), and so does one that reads before "
+          "the forward wrote the block",
 })
 
 _LEGACY_RULES: dict[str, str] = {
@@ -115,7 +122,7 @@ class Profile:
 def _rules(specific: dict[str, str]) -> Mapping[str, str]:
     merged = {**_COMMON, **specific}
     order = [f"W{i}" for i in range(10)] + [f"S{i}" for i in range(8)] + ["G1", "G2", "C1",
-                                                                           "C2"]
+                                                                           "C2", "C3"]
     return MappingProxyType({rule: merged[rule] for rule in order})
 
 

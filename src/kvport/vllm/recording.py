@@ -37,6 +37,7 @@ from kvport.trace.fields import (
     sorted_ids,
 )
 from kvport.trace.identity import BlockLog
+from kvport.trace.loaded import LOADED_MARKER
 from kvport.trace.writer import TraceWriter
 from kvport.vllm.compat import require_vllm
 from kvport.vllm.recording_inner import (
@@ -45,8 +46,9 @@ from kvport.vllm.recording_inner import (
     requires_piecewise_for_cudagraph,
     supports_sleep_mode,
 )
+from kvport.vllm.recording_kv import LoadChecks
 from kvport.vllm.recording_stats import RecordingStats, prom_metrics, rebuild_stats, stats_ref
-from kvport.vllm.recording_steps import CallRecorder, load_fields
+from kvport.vllm.recording_steps import CallRecorder, group_tables, load_fields, transfer_result
 
 vllm = require_vllm()
 
@@ -90,18 +92,6 @@ def _as_is(out: Any) -> Any:
     return out
 
 
-def _group_tables(blocks: Any) -> Any:
-    """KVCacheBlocks' blocks: one tuple of blocks per KV cache group (None if it has none)."""
-    return getattr(blocks, "blocks", None) or None
-
-
-def _transfer_result(out: Any) -> list[list[str]]:
-    """get_transfer_results' answer as get_finished's, plus the failed loads when any."""
-    result = [sorted_ids(out.finished_sending), sorted_ids(out.finished_recving)]
-    failed = getattr(out, "failed_recving", None)
-    return [*result, sorted_ids(failed)] if failed else result
-
-
 class RecordingConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig) -> None:
@@ -121,6 +111,9 @@ class RecordingConnector(KVConnectorBase_V1):
             for name in _DIRECT_WHEN_OFF:
                 setattr(self, name, getattr(self._inner, name))
         self._rec = CallRecorder(writer)
+        one_group = len(kv_cache_config.kv_cache_groups) == 1
+        self._loads = LoadChecks(writer is not None and spec.check_loads and one_group,
+                                 self._block_size, self._num_blocks, self._blocks.hashes)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: the inner connector's own attributes
@@ -174,6 +167,7 @@ class RecordingConnector(KVConnectorBase_V1):
                               summary=_kind)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._loads.registered(kv_caches)
         return self._rec.call("register_kv_caches", self._inner.register_kv_caches, kv_caches,
                               fields={"ints": [self._num_blocks, self._block_size, len(kv_caches)]})
 
@@ -194,6 +188,7 @@ class RecordingConnector(KVConnectorBase_V1):
                               inner)
 
     def clear_connector_metadata(self) -> None:
+        self._rec.note(LOADED_MARKER, self._loads.records())
         try:
             return self._rec.call("clear_connector_metadata", self._inner.clear_connector_metadata)
         finally:
@@ -226,19 +221,25 @@ class RecordingConnector(KVConnectorBase_V1):
         return self._rec.call("reset_capture_state", self._inner.reset_capture_state)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return self._rec.call("get_finished", self._inner.get_finished, finished_req_ids,
+        done = self._rec.call("get_finished", self._inner.get_finished, finished_req_ids,
                               fields={"req_ids": sorted_ids(finished_req_ids)},
                               summary=finished_result)
+        self._loads.finished(self._connector_metadata, done[1] if done else None)
+        return done
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
         """Recorded as kvport's get_finished (the checker knows that name)."""
-        return self._rec.call("get_finished", self._inner.get_transfer_results, finished_req_ids,
-                              fields={"req_ids": sorted_ids(finished_req_ids)},
-                              summary=_transfer_result)
+        out = self._rec.call("get_finished", self._inner.get_transfer_results, finished_req_ids,
+                             fields={"req_ids": sorted_ids(finished_req_ids)},
+                             summary=transfer_result)
+        self._loads.finished(self._connector_metadata, out.finished_recving)
+        return out
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._rec.call("get_block_ids_with_load_errors",
-                              self._inner.get_block_ids_with_load_errors, summary=sorted)
+        failed = self._rec.call("get_block_ids_with_load_errors",
+                                self._inner.get_block_ids_with_load_errors, summary=sorted)
+        self._loads.load_errors(failed or ())
+        return failed
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         stats = self._rec.call("get_kv_connector_stats", self._inner.get_kv_connector_stats)
@@ -302,10 +303,13 @@ class RecordingConnector(KVConnectorBase_V1):
         if self.recording:
             self._rec.blocks("get_num_new_matched_tokens",
                              self._blocks.seen(request.request_id, request))
-        return self._rec.call("get_num_new_matched_tokens", self._inner.get_num_new_matched_tokens,
-                              request, num_computed_tokens,
-                              fields=request_fields(request.request_id, [num_computed_tokens]),
-                              summary=matched_result)
+        answer = self._rec.call("get_num_new_matched_tokens",
+                                self._inner.get_num_new_matched_tokens, request,
+                                num_computed_tokens,
+                                fields=request_fields(request.request_id, [num_computed_tokens]),
+                                summary=matched_result)
+        self._loads.asked(request.request_id, num_computed_tokens, answer)
+        return answer
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         return self._rec.call("get_loaded_kv_cache_group_ids",
@@ -314,10 +318,11 @@ class RecordingConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
+        self._loads.allocated(request.request_id, blocks, num_external_tokens)
         return self._rec.call("update_state_after_alloc", self._inner.update_state_after_alloc,
                               request, blocks, num_external_tokens,
                               fields=request_fields(request.request_id, [num_external_tokens],
-                                                    block_ids=_group_tables(blocks)))
+                                                    block_ids=group_tables(blocks)))
 
     def get_external_cache_hit_sources(self, request: Request,
                                        num_external_tokens: int) -> dict[Any, int]:
@@ -332,7 +337,8 @@ class RecordingConnector(KVConnectorBase_V1):
         if self.recording:
             for rid in sorted(scheduler_output.num_scheduled_tokens):
                 self._rec.blocks("build_connector_meta", self._blocks.new_blocks(rid))
-        return self._rec.build(self._inner.build_connector_meta, scheduler_output)
+        return self._rec.build(self._inner.build_connector_meta, scheduler_output,
+                               self._loads.plan)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         return self._rec.call("update_connector_output", self._inner.update_connector_output,
@@ -344,6 +350,7 @@ class RecordingConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._blocks.forget(request.request_id)
+        self._loads.forget(request.request_id)
         return self._rec.call("request_finished", self._inner.request_finished, request, block_ids,
                               fields=request_fields(request.request_id, block_ids=block_ids),
                               summary=kept_result)
@@ -384,6 +391,7 @@ class HMARecordingConnector(RecordingConnector, SupportsHMA):
     ) -> tuple[bool, dict[str, Any] | None]:
         finish = self._inner.request_finished_all_groups  # type: ignore[attr-defined]
         self._blocks.forget(request.request_id)
+        self._loads.forget(request.request_id)
         return self._rec.call("request_finished_all_groups", finish, request, block_ids,
                               fields=request_fields(request.request_id, block_ids=block_ids),
                               summary=kept_result)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 WRAPPER = "kvport.vllm RecordingConnector"
-EXTRA_KEYS = ("connector", "record_trace", "name", "sees_all_stores")
+EXTRA_KEYS = ("connector", "record_trace", "name", "sees_all_stores", "check_loads")
 # KVTransferConfig fields the inner config inherits from the outer one unless it sets them.
 INHERITED = ("engine_id", "kv_buffer_device", "kv_role", "kv_port", "enable_permute_local_kv",
              "kv_load_failure_policy")
@@ -37,6 +37,8 @@ class RecordingSpec:
     # The recorded connector's store starts empty and only this engine writes it: its claims
     # are judged (kvport.trace.claim_rules). The user declares it; a recorder cannot know.
     sees_all_stores: bool = False
+    # Fingerprint computed and loaded blocks for rule C3 (kvport.trace.loaded) while recording.
+    check_loads: bool = True
 
 
 def parse_recording_config(extra: dict[str, Any] | None,
@@ -97,4 +99,9 @@ def parse_recording_config(extra: dict[str, Any] | None,
             f"{WRAPPER}: sees_all_stores={sees!r}; true when the recorded connector's store "
             f"starts empty and only this engine writes it (its claims are then judged), else "
             f"false")
-    return RecordingSpec(merged, path, label, sees)
+    check = extra.get("check_loads", True)
+    if not isinstance(check, bool):
+        raise ValueError(  # noqa: TRY004  # a bad config value, like the others
+            f"{WRAPPER}: check_loads={check!r}; true (the default) to fingerprint what each "
+            f"load brings back (rule C3), false to record calls only")
+    return RecordingSpec(merged, path, label, sees, check)

@@ -13,7 +13,8 @@ step N's output is processed) update_from_output's records carry step N+1. Per-r
 (S3-S7) do not depend on steps.
 
 Worker side: the step travels inside the metadata. `build` wraps the inner connector's metadata
-in a RecordingMetadata (the step, its has_sync_kv_loads, the scheduled request ids); the worker
+in a RecordingMetadata (the step, its has_sync_kv_loads, the scheduled request ids, the blocks
+to fingerprint for rule C3: recording_kv.py); the worker
 enters the step when the metadata first arrives (handle_preemptions, else bind: `received`) and
 hands the inner connector only the inner metadata.
 
@@ -25,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvport.trace.fields import schedule_fields
+from kvport.trace.fields import schedule_fields, sorted_ids
 from kvport.trace.identity import BLOCKS_MARKER
 from kvport.trace.writer import Record, TraceWriter
 from kvport.vllm.compat import require_vllm
+from kvport.vllm.recording_kv import KvPlan
 
 require_vllm()
 
@@ -48,11 +50,12 @@ class RecordingMetadata(KVConnectorMetadata):
     """Scheduler -> worker: the inner connector's metadata and what the worker records with it."""
 
     def __init__(self, inner: KVConnectorMetadata, step: int, has_sync_kv_loads: bool,
-                 req_ids: list[str]) -> None:
+                 req_ids: list[str], kv_plan: KvPlan | None = None) -> None:
         self.inner = inner
         self.step = step
         self.has_sync_kv_loads = has_sync_kv_loads
         self.req_ids = req_ids  # scheduled in the step, sorted
+        self.kv_plan = kv_plan  # what the worker fingerprints for rule C3 (recording_kv.py)
 
     def __repr__(self) -> str:
         return (f"RecordingMetadata(step={self.step}, sync={self.has_sync_kv_loads}, "
@@ -97,14 +100,23 @@ class CallRecorder:
             self._enter(before, writer)
             writer.note(BLOCKS_MARKER, fields)
 
+    def note(self, method: str, records: Iterable[Record]) -> None:
+        """Marker records of the worker's current step."""
+        if self.writer is not None:
+            for fields in records:
+                self.writer.note(method, fields)
+
     def build(self, fn: Callable[[SchedulerOutput], KVConnectorMetadata],
-              scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        """build_connector_meta: it ends the step; the metadata is wrapped for the worker."""
+              scheduler_output: SchedulerOutput,
+              plan: Callable[[SchedulerOutput, dict[str, int]], KvPlan | None] | None = None,
+              ) -> KVConnectorMetadata:
+        """build_connector_meta: it ends the step; the metadata is wrapped for the worker, with
+        `plan`'s KvPlan when given."""
         if self.writer is None:
             return fn(scheduler_output)
+        before = computed_before(scheduler_output)
         fields = schedule_fields(scheduler_output.num_scheduled_tokens,
-                                 scheduler_output.total_num_scheduled_tokens,
-                                 computed_before(scheduler_output))
+                                 scheduler_output.total_num_scheduled_tokens, before)
         try:
             inner = self.call("build_connector_meta", fn, scheduler_output, fields=fields)
         finally:
@@ -113,7 +125,8 @@ class CallRecorder:
         assert step is not None  # the build opened it, if no call before it did
         return RecordingMetadata(inner, step,
                                  bool(getattr(scheduler_output, "has_sync_kv_loads", False)),
-                                 fields["req_ids"])
+                                 fields["req_ids"],
+                                 plan(scheduler_output, before) if plan is not None else None)
 
     def received(self, meta: Any) -> Any:
         """Worker: the step's metadata arrived; enters its step (once). Returns the inner
@@ -143,3 +156,15 @@ def load_fields(meta: Any) -> Record | None:
     if not isinstance(meta, RecordingMetadata):
         return None
     return {"req_ids": meta.req_ids, "ints": [1 if meta.has_sync_kv_loads else 0]}
+
+
+def group_tables(blocks: Any) -> Any:
+    """KVCacheBlocks' blocks: one tuple of blocks per KV cache group (None if it has none)."""
+    return getattr(blocks, "blocks", None) or None
+
+
+def transfer_result(out: Any) -> list[list[str]]:
+    """get_transfer_results' answer as get_finished's, plus the failed loads when any."""
+    result = [sorted_ids(out.finished_sending), sorted_ids(out.finished_recving)]
+    failed = getattr(out, "failed_recving", None)
+    return [*result, sorted_ids(failed)] if failed else result
