@@ -62,4 +62,18 @@ MUTANTS: list[Mutant] = [
         "        if header is not None and (False\n",
         (f"{ENGINE}::test_kvports_offloading_connector_is_judged_and_keeps_its_claims",),
         "a connector with a private store is judged (its recorder says it sees all its stores)"),
+    Mutant(
+        "load-distance-judged", "src/kvport/trace/loaded.py",
+        "            if float(distance) > MAX_DISTANCE:\n",
+        "            if float(distance) > 1.0:\n",
+        ("tests/trace/test_load_rule.py::test_rounding_is_not_c3_and_a_later_bad_load_is",),
+        "a loaded block far from its computed KV is C3"),
+    Mutant(
+        "load-unjudged-not-a-violation", "src/kvport/trace/loaded.py",
+        "            if distance is None:\n                self.unjudged += 1\n"
+        "                continue\n",
+        "            if distance is None:\n                distance = 1.0\n",
+        ("tests/trace/test_load_rule.py::"
+         "test_blocks_never_seen_computed_are_not_judged_and_a_note_counts_them",),
+        "a block never seen computed is not judged: a note, not a violation"),
 ]

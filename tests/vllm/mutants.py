@@ -188,4 +188,50 @@ MUTANTS: list[Mutant] = [
         "        pass\n",
         ("tests/vllm/test_vllm_params.py::test_a_bad_value_fails_its_request_alone",),
         "a bad kv_transfer_params value is refused at admission, for that request alone"),
+    # ---- the recorder's half of rule C3 (vllm/recording_kv.py) ---------------------------------
+    Mutant(
+        "c3-load-starts-after-the-local-hit", "src/kvport/vllm/recording_kv.py",
+        "        first = -(-local // bs)\n",
+        "        first = 0\n",
+        ("tests/vllm/test_vllm_recording_kv.py::test_a_load_covers_the_full_blocks_after_the_local_hit_and_keeps_its_kind",),
+        "a load covers the blocks after the local hit, not the local ones"),
+    Mutant(
+        "c3-async-load-measured-when-done", "src/kvport/vllm/recording_kv.py",
+        "                if load.is_async:\n",
+        "                if False:\n",
+        ("tests/vllm/test_vllm_recording_kv.py::test_an_async_load_is_measured_when_its_request_is_reported_finished",),
+        "an async load is measured when get_finished reports it, not when it starts"),
+    Mutant(
+        "c3-failed-load-not-judged", "src/kvport/vllm/recording_kv.py",
+        "            judged = [None if b in failed else d for b, d in zip(load.block_ids, "
+        "distances)]\n",
+        "            judged = list(distances)\n",
+        ("tests/vllm/test_vllm_recording_kv.py::test_failed_and_never_computed_blocks_have_no_distance",),
+        "a block whose load failed is recomputed by vLLM: not judged"),
+    Mutant(
+        "c3-first-fingerprint-wins", "src/kvport/vllm/recording_kv.py",
+        "                if key not in self._seen:\n",
+        "                if True:\n",
+        ("tests/vllm/test_vllm_recording_kv.py::test_the_first_fingerprint_of_a_hash_wins",),
+        "a hash keeps the fingerprint of its first compute"),
+    Mutant(
+        "c3-resumed-table-replaced", "src/kvport/vllm/recording_kv.py",
+        "                self._tables[rid] = []  # a resumed request's ids are given whole\n",
+        "                pass\n",
+        ("tests/vllm/test_vllm_recording_kv.py::test_a_resumed_request_is_given_its_block_ids_whole",),
+        "a resumed request's block ids replace the old ones"),
+    Mutant(
+        "c3-checks-never-stop-the-engine", "src/kvport/vllm/recording_kv.py",
+        "        except Exception:  # noqa: BLE001  # a checker's failure is never the engine's\n",
+        "        except ZeroDivisionError:\n",
+        ("tests/vllm/test_vllm_recording_kv.py::test_a_failure_inside_the_checks_turns_them_off_without_raising",),
+        "a failure inside the load checks turns them off, never the engine"),
+    Mutant(
+        "c3-recorder-fingerprints", "src/kvport/vllm/recording.py",
+        "        self._loads.finished(self._connector_metadata, out.finished_recving)\n",
+        "        pass\n",
+        ("tests/vllm/test_vllm_claims.py::"
+         "test_a_store_that_reads_blocks_after_they_were_given_to_another_request_is_c3",),
+        "the recorder measures what loads bring back inside vLLM (0.32 calls "
+        "get_transfer_results)"),
 ]

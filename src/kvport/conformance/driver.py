@@ -104,7 +104,7 @@ def _before_first_step(records: list[TraceEvent]) -> list[TraceEvent]:
 
 
 # Rules reported at the offending call itself: a crash after it does not make it up.
-_AT_THE_CALL = frozenset({"C1", "C2", "S2", "S3", "S4", "S5", "G1", "G2"})
+_AT_THE_CALL = frozenset({"C1", "C2", "C3", "S2", "S3", "S4", "S5", "G1", "G2"})
 
 
 def _before_crash(violations: list[Violation], crashed: int | None,

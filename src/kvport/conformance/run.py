@@ -124,6 +124,10 @@ def run_connector(connector: ConnectorUnderTest, shape: EngineShape, model_dir: 
             report.append(f"    why: {COMMON_WHY[f.key]}")
         if f.outcome.error and f.outcome.violations:
             report.append(f"    then the engine stopped: {f.outcome.error}")
+        if f.outcome.error_traceback:  # where the engine stopped, beside the script
+            where = script.parent / "traceback.txt"
+            where.write_text(f.outcome.error_traceback)
+            report.append(f"    traceback: {where}")
         if f.flaky:
             report.append("    (the shrunk workload did not do it again on replay)")
         report += ["    " + line for line in _calls_around(f)]
