@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 from kvport.conformance.connectors import PRESETS
@@ -28,7 +29,10 @@ def test_a_finding_is_written_as_a_script_with_everything_it_needs(tmp_path: Pat
     names = {n.targets[0].id: n for n in tree.body if isinstance(n, ast.Assign)
              and isinstance(n.targets[0], ast.Name)}
     assert {"CONNECTOR", "SHAPE", "STEPS", "EXPECTED", "SEES_ALL_STORES"} <= set(names)
-    assert "hypothesis" not in text and "kvport.conformance" not in text  # stands alone
+    # stands alone: kvport's recorder and checker, and the adapters' weights (kvport.conformance
+    # .lora: torch and safetensors), nothing of the search
+    assert "hypothesis" not in text
+    assert set(re.findall(r"kvport\.conformance\.\w+", text)) == {"kvport.conformance.lora"}
     steps = json.loads(ast.literal_eval(names["STEPS"].value.args[0]))  # type: ignore[attr-defined]
     assert Workload.from_json(steps) == workload
     connector = ast.literal_eval(names["CONNECTOR"].value.args[0])  # type: ignore[attr-defined]

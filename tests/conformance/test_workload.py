@@ -14,6 +14,7 @@ from kvport.conformance.strategies import workload_plans
 from kvport.conformance.workload import (
     TOKEN_HIGH,
     TOKEN_LOW,
+    Arrival,
     EngineShape,
     RequestPlan,
     Step,
@@ -24,7 +25,7 @@ from kvport.conformance.workload import (
 PLAN = WorkloadPlan(
     segment_lengths=(300, 50),
     requests=(RequestPlan((0,), arrive=0, salt=1), RequestPlan((0, 1), arrive=2, abort_after=1),
-              RequestPlan((0,), arrive=2, salt=2, max_tokens=3)),
+              RequestPlan((0,), arrive=2, salt=2, max_tokens=3, lora=1)),
     resets=((1, "running"),), extra_steps=1)
 
 
@@ -34,11 +35,12 @@ def test_a_plan_materializes_to_prompts_that_share_its_segments() -> None:
     assert len(r0.prompt) == 300 and r1.prompt[:300] == r0.prompt and len(r1.prompt) == 350
     assert r2.prompt == r0.prompt and (r0.cache_salt, r2.cache_salt) == ("tenant-1", "tenant-2")
     assert r1.cache_salt is None and r2.max_tokens == 3
+    assert (r0.lora, r2.lora) == (None, "adapter-1")
     assert [s.reset for s in w.steps] == [None, "running", None, None, None]
     assert w.steps[3].aborts == ("r1",) and [a.req_id for a in w.steps[2].arrivals] == ["r1", "r2"]
     assert all(TOKEN_LOW <= t <= TOKEN_HIGH for t in r1.prompt)
     assert w.summary() == ("step 0: r0:300/tenant-1; step 1: reset running; "
-                           "step 2: r1:350, r2:300/tenant-2; step 3: abort r1")
+                           "step 2: r1:350, r2:300/tenant-2@adapter-1; step 3: abort r1")
 
 
 def test_seeds_give_other_tokens_and_prompts_are_cut_to_the_limit() -> None:
@@ -67,8 +69,29 @@ def test_every_drawn_plan_is_a_workload_vllm_accepts(plan: WorkloadPlan) -> None
     assert added == {f"r{i}" for i in range(len(plan.requests))}
 
 
+@settings(max_examples=40, deadline=None)
+@given(workload_plans(loras=2))
+def test_with_adapters_requests_draw_one_of_them_or_none(plan: WorkloadPlan) -> None:
+    assert all(0 <= r.lora <= 2 for r in plan.requests)
+
+
+@settings(max_examples=40, deadline=None)
+@given(workload_plans())
+def test_without_adapters_no_request_has_one(plan: WorkloadPlan) -> None:
+    assert all(r.lora == 0 for r in plan.requests)
+
+
+def test_a_session_refuses_a_workload_whose_adapter_its_engine_lacks(tmp_path: Path) -> None:
+    from kvport.conformance.driver import EngineSession
+
+    session = EngineSession(lambda store: {}, EngineShape(max_loras=1), tmp_path, tmp_path)
+    lora_2 = Workload((Step((Arrival("r0", (5, 6), lora="adapter-2"),)),))
+    with pytest.raises(ValueError, match=r"\['adapter-2'\]; the engine shape has max_loras=1"):
+        session.run(lora_2)
+
+
 @pytest.mark.parametrize("bad", [{"num_gpu_blocks": 0}, {"max_num_seqs": -1},
-                                 {"long_prefill_token_threshold": -2}])
+                                 {"long_prefill_token_threshold": -2}, {"max_loras": -1}])
 def test_an_engine_shape_names_its_bad_value(bad: dict[str, int]) -> None:
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):

@@ -8,7 +8,8 @@ engine raised (a connector's defect may stop it), the violations and the notes.
            "steps": [[{"id": "a", "prompt": [...], "salt": null}], [], [...]],
            "max_num_batched_tokens": 512, "long_prefill_token_threshold": 128}
 
-A request may give its own "max_tokens" (else cfg's, 4); "num_gpu_blocks" sizes vLLM's KV pool.
+A request may give its own "max_tokens" (else cfg's, 4) and a "lora" ("adapter-1", ...: adapters
+with random weights, kvport.conformance.lora; LoRA is then enabled); "num_gpu_blocks" sizes vLLM's KV pool.
 The result also lists every loaded block's distance from the KV computed for it (rule C3's
 `trace_loaded` records: None where not judged).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -30,6 +32,7 @@ MAX_STEPS = 200  # after the last arrival: a bound, not a wait
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
+    from kvport.conformance.lora import adapters_for
     from kvport.model.builtin import builtin_model_dir
     from kvport.trace.checker import analyze
     from kvport.trace.events import read_events
@@ -39,7 +42,10 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
            "kv_connector_extra_config": {"record_trace": cfg["trace"], "sees_all_stores": True,
                                          "connector": cfg["connector"]}}
-    llm = LLM(model=str(builtin_model_dir("smollm2-135m")), dtype="float32", enforce_eager=True,
+    base = builtin_model_dir("smollm2-135m")
+    loras = {r["lora"] for step in cfg["steps"] for r in step if r.get("lora")}
+    lora_args, adapters = adapters_for(base, Path(cfg["trace"]).parent, len(loras))
+    llm = LLM(model=str(base), dtype="float32", enforce_eager=True, **lora_args,
               max_model_len=1024, max_num_seqs=4, seed=0,
               max_num_batched_tokens=cfg.get("max_num_batched_tokens", 512),
               long_prefill_token_threshold=cfg.get("long_prefill_token_threshold", 0),
@@ -56,7 +62,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
                     prompt["cache_salt"] = req["salt"]
                 engine.add_request(req["id"], prompt, SamplingParams(
                     max_tokens=req.get("max_tokens", params.max_tokens), temperature=0.0,
-                    ignore_eos=True))
+                    ignore_eos=True), lora_request=adapters.get(req.get("lora", "")))
             engine.step()
         for _ in range(MAX_STEPS):
             if not engine.has_unfinished_requests():

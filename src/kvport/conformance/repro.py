@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -51,6 +52,7 @@ EXPECTED = {key!r}
 def main() -> int:
     from vllm import LLM, SamplingParams
 
+    from kvport.conformance.lora import adapters_for
     from kvport.trace.checker import analyze
     from kvport.trace.events import read_events
 
@@ -63,6 +65,8 @@ def main() -> int:
     else:
         from kvport.model.builtin import builtin_model_dir
         model = str(builtin_model_dir("smollm2-135m"))
+    # LoRA adapters with random weights, the same ones the run used (seeded)
+    lora_args, adapters = adapters_for(Path(model), Path(work), SHAPE.get("max_loras", 0))
     llm = LLM(model=model, dtype="float32", enforce_eager=True, seed=0,
               gpu_memory_utilization=0.3, max_model_len=SHAPE["max_model_len"],
               max_num_seqs=SHAPE["max_num_seqs"],
@@ -73,7 +77,8 @@ def main() -> int:
                   "kv_connector": "RecordingConnector", "kv_connector_module_path": "kvport.vllm",
                   "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                   "kv_connector_extra_config": {{"record_trace": trace, "connector": inner,
-                                                "sees_all_stores": SEES_ALL_STORES}}}})
+                                                "sees_all_stores": SEES_ALL_STORES}}}},
+              **lora_args)
     engine = llm.llm_engine
     error = None
     try:
@@ -92,7 +97,8 @@ def main() -> int:
                 if a["cache_salt"]:
                     prompt["cache_salt"] = a["cache_salt"]
                 engine.add_request(a["req_id"], prompt, SamplingParams(
-                    max_tokens=a["max_tokens"], temperature=0.0, ignore_eos=True))
+                    max_tokens=a["max_tokens"], temperature=0.0, ignore_eos=True),
+                    lora_request=adapters.get(a.get("lora") or ""))
             engine.step()
         for _ in range(400):
             if not engine.has_unfinished_requests():

@@ -48,7 +48,7 @@ class ConnectorRun:
         return {"connector": self.name, "examples": r.examples, "clean": r.clean,
                 "seconds": round(r.seconds, 1),
                 "examples_per_minute": round(r.examples_per_minute, 1), "engines": r.engines,
-                "preempted": r.preempted, "hit": r.hit, "salted": r.salted,
+                "preempted": r.preempted, "hit": r.hit, "salted": r.salted, "lora": r.lora,
                 "findings": [vars(f) for f in self.findings],
                 "after_others": [{"key": f.key, "workload": f.workload.summary(),
                                   "first": _first(f)} for f in r.after_others]}
@@ -99,13 +99,15 @@ def run_connector(connector: ConnectorUnderTest, shape: EngineShape, model_dir: 
                                 sees_all_stores=connector.store_starts_empty)
         try:
             result = Search(session, seed=seed, max_shrink_plays=max_shrink,
+                            loras=shape.max_loras,
                             on_example=_Progress(connector.name, examples)).run(examples)
         finally:
             session.close()
     r = result
     report = [f"{connector.name}: {r.examples} workloads in {r.seconds:.0f} s "
               f"({r.examples_per_minute:.0f}/min, {r.engines} engine(s)); {r.preempted} with "
-              f"preemptions, {r.hit} with hits, {r.salted} with cache_salts; "
+              f"preemptions, {r.hit} with hits, {r.salted} with cache_salts"
+              + (f", {r.lora} with LoRAs" if shape.max_loras else "") + "; "
               + (f"{len(r.findings)} rule(s) broken" if r.findings else "no rule broken")]
     written = []
     for f in r.findings:

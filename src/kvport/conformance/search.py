@@ -46,6 +46,7 @@ class SearchResult:
     # Rules broken only after earlier workloads on the same engine, never alone: each with the
     # workload that did it (what the connector kept from the earlier ones matters).
     after_others: tuple[Finding, ...] = ()
+    lora: int = 0  # workloads with a LoRA adapter on some request
 
     @property
     def examples_per_minute(self) -> float:
@@ -82,7 +83,7 @@ def breaks(outcome: Outcome, key: str) -> bool:
 
 class Search:
     def __init__(self, session: EngineSession, *, seed: int = 0, max_requests: int = 6,
-                 max_prompt_len: int = 1000, max_shrink_plays: int = 60,
+                 max_prompt_len: int = 1000, max_shrink_plays: int = 60, loras: int = 0,
                  on_example: Callable[[Workload, Outcome], None] | None = None) -> None:
         self._session = session
         self._seed = seed
@@ -90,6 +91,7 @@ class Search:
         self._max_prompt_len = max_prompt_len
         self._on_example = on_example
         self._played = self._clean = self._preempted = self._hit = self._salted = 0
+        self._loras, self._lora = loras, 0  # adapters the engine has; workloads using one
         self._max_shrink_plays = max_shrink_plays
         self._limit = 0  # run()'s max_examples: shrinking stops there too
         self._last: dict[str, tuple[Workload, Outcome]] = {}
@@ -133,6 +135,7 @@ class Search:
         self._preempted += outcome.preemptions > 0
         self._hit += outcome.hits > 0
         self._salted += any(a.cache_salt for a in workload.arrivals)
+        self._lora += any(a.lora for a in workload.arrivals)
         if self._on_example is not None:
             self._on_example(workload, outcome)
         if outcome.key is None:
@@ -156,7 +159,7 @@ class Search:
         @settings(max_examples=budget, database=None, deadline=None, derandomize=False,
                   phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
                   suppress_health_check=list(HealthCheck), print_blob=False)
-        @given(workload_plans(self._max_requests))
+        @given(workload_plans(self._max_requests, self._loras))
         def body(plan: WorkloadPlan) -> None:
             self._play(plan, set_aside)
 
@@ -192,4 +195,4 @@ class Search:
                             self._session.engines_started, tuple(findings), self._preempted,
                             self._hit, self._salted,
                             tuple(Finding(k, w, o) for k, (w, o) in self._history.items()
-                                  if k not in set_aside))
+                                  if k not in set_aside), self._lora)

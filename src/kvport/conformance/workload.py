@@ -23,6 +23,11 @@ TOKEN_LOW, TOKEN_HIGH = 3, 31_999
 RESETS = ("prefix", "running")  # reset_prefix_cache(), and with reset_running_requests=True
 
 
+def adapter_name(k: int) -> str:
+    """The k-th LoRA adapter of a workload (k >= 1; lora.py writes its weights)."""
+    return f"adapter-{k}"
+
+
 @dataclass(frozen=True)
 class EngineShape:
     """The engine a workload runs on: a small token budget makes chunked prefill, a small KV
@@ -34,11 +39,13 @@ class EngineShape:
     num_gpu_blocks: int = 16  # of 128 tokens on vLLM's CPU build
     max_num_seqs: int = 4
     max_model_len: int = 1024
+    # LoRA adapters with random weights (lora.py) that requests may run under; 0: LoRA off
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if not isinstance(value, int) or value < 0 or (value == 0 and name !=
-                                                           "long_prefill_token_threshold"):
+            if not isinstance(value, int) or value < 0 or (value == 0 and name not in (
+                    "long_prefill_token_threshold", "max_loras")):
                 raise ValueError(f"engine shape {name} must be a whole number > 0, got {value!r}")
 
 
@@ -50,6 +57,7 @@ class Arrival:
     prompt: tuple[int, ...]
     max_tokens: int = 2
     cache_salt: str | None = None
+    lora: str | None = None  # an adapter's name (adapter_name), None: the base model
 
 
 @dataclass(frozen=True)
@@ -75,22 +83,25 @@ class Workload:
 
     def to_json(self) -> list[dict[str, Any]]:
         return [{"arrivals": [{"req_id": a.req_id, "prompt": list(a.prompt),
-                               "max_tokens": a.max_tokens, "cache_salt": a.cache_salt}
+                               "max_tokens": a.max_tokens, "cache_salt": a.cache_salt,
+                               "lora": a.lora}
                               for a in s.arrivals],
                  "aborts": list(s.aborts), "reset": s.reset} for s in self.steps]
 
     @classmethod
     def from_json(cls, steps: list[dict[str, Any]]) -> Workload:
         return cls(tuple(Step(tuple(Arrival(a["req_id"], tuple(a["prompt"]), a["max_tokens"],
-                                            a.get("cache_salt")) for a in s.get("arrivals", ())),
+                                            a.get("cache_salt"), a.get("lora"))
+                                    for a in s.get("arrivals", ())),
                               tuple(s.get("aborts", ())), s.get("reset")) for s in steps))
 
     def summary(self) -> str:
-        """One line a reader can picture: per step what arrived (length, salt), aborts, resets."""
+        """One line a reader can picture: per step what arrived (length, /salt, @LoRA), aborts,
+        resets."""
         parts = []
         for i, step in enumerate(self.steps):
             what = [f"{a.req_id}:{len(a.prompt)}" + (f"/{a.cache_salt}" if a.cache_salt else "")
-                    for a in step.arrivals]
+                    + (f"@{a.lora}" if a.lora else "") for a in step.arrivals]
             what += [f"abort {r}" for r in step.aborts]
             if step.reset:
                 what.insert(0, f"reset {step.reset}")
@@ -105,6 +116,7 @@ class RequestPlan:
     arrive: int  # the step it arrives at
     max_tokens: int = 2
     salt: int = 0  # 0: no cache_salt; n: the n-th tenant
+    lora: int = 0  # 0: the base model; n: the n-th LoRA adapter
     abort_after: int | None = None  # steps after arrival; None: runs to the end
 
 
@@ -131,7 +143,8 @@ class WorkloadPlan:
             prompt = tuple(t for s in r.segments for t in content[s])[:max_prompt_len]
             req_id = f"r{i}"
             arrivals[r.arrive].append(Arrival(req_id, prompt, r.max_tokens,
-                                              f"tenant-{r.salt}" if r.salt else None))
+                                              f"tenant-{r.salt}" if r.salt else None,
+                                              adapter_name(r.lora) if r.lora else None))
             if r.abort_after is not None:
                 aborts[r.arrive + r.abort_after].append(req_id)
         resets = dict(self.resets)
