@@ -196,6 +196,13 @@ MUTANTS: list[Mutant] = [
         ("tests/vllm/test_vllm_recording_kv.py::test_a_load_covers_the_full_blocks_after_the_local_hit_and_keeps_its_kind",),
         "a load covers the blocks after the local hit, not the local ones"),
     Mutant(
+        "c3-negative-computed-count", "src/kvport/vllm/recording_kv.py",
+        "            start = max(before, 0) // bs\n",
+        "            start = before // bs\n",
+        ("tests/vllm/test_vllm_recording_kv.py::"
+         "test_a_negative_computed_count_hands_over_nothing_before_block_zero",),
+        "a negative computed count (after a connector's negative match) plans nothing"),
+    Mutant(
         "c3-async-load-measured-when-done", "src/kvport/vllm/recording_kv.py",
         "                if load.is_async:\n",
         "                if False:\n",

@@ -103,3 +103,12 @@ def test_a_planted_composite_named_by_module_path_is_caught(tmp_path: Path) -> N
     assert keys & {"W1", "W2"}, doc
     first = next(f["first"] for f in doc["connectors"][0]["findings"] if f["key"] in keys)
     assert "[worker child-" in first, first  # reported in the child that saw it
+
+
+def test_requests_under_lora_adapters_are_played_and_kvports_connector_keeps_them_apart(
+        tmp_path: Path) -> None:
+    code, stdout, doc = conformance(tmp_path, "--connector", "kvport-offloading", "--loras", "2",
+                                    "--examples", "6")
+    assert code == 0, stdout[-3000:]
+    (run,) = doc["connectors"]
+    assert run["lora"] > 0 and f"{run['lora']} with LoRAs" in stdout

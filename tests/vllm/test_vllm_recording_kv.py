@@ -43,6 +43,13 @@ def test_a_step_hands_over_the_blocks_its_forward_completes_by_id_and_hash() -> 
     assert plan.computed == ((9, key("r1", 2)), (10, key("r1", 3)))
 
 
+def test_a_negative_computed_count_hands_over_nothing_before_block_zero() -> None:
+    # vLLM's count after a connector answered a negative match (S3): the plan stays whole
+    planner = LoadPlanner(BS)
+    plan = planner.plan(output({"r1": []}, {"r1": 8}), {"r1": -4}, HASHES.__getitem__)
+    assert plan.computed == ()
+
+
 def test_a_resumed_request_is_given_its_block_ids_whole() -> None:
     planner = LoadPlanner(BS)
     planner.plan(output({"r1": [7, 8]}, {"r1": 8}), {"r1": 0}, HASHES.__getitem__)

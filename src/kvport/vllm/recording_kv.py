@@ -106,7 +106,9 @@ class LoadPlanner:
             before = computed_before.get(rid, 0)
             table, hashes = self._tables.get(rid, []), hashes_of(rid)
             end = min((before + num_scheduled) // bs, len(table), len(hashes))
-            computed += [(table[j], short_hash(hashes[j])) for j in range(before // bs, end)]
+            # max: a connector's negative match (rule S3) leaves vLLM a negative count
+            start = max(before, 0) // bs
+            computed += [(table[j], short_hash(hashes[j])) for j in range(start, end)]
         loads, self._loads = tuple(self._loads), []
         return KvPlan(tuple(computed), loads)
 
