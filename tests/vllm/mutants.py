@@ -188,6 +188,21 @@ MUTANTS: list[Mutant] = [
         "        pass\n",
         ("tests/vllm/test_vllm_params.py::test_a_bad_value_fails_its_request_alone",),
         "a bad kv_transfer_params value is refused at admission, for that request alone"),
+    # ---- a GPU is refused at once (vllm/compat.py, vllm/connector.py) ---------------------------
+    Mutant(
+        "gpu-refused-before-the-host-tier", "src/kvport/vllm/connector.py",
+        "        refuse_device(str(getattr(vllm_config.device_config, \"device_type\", None) or "
+        "\"cpu\"), where)\n",
+        "        pass\n",
+        ("tests/vllm/test_vllm_devices.py::test_a_gpu_worker_refuses_before_its_host_tier_exists",),
+        "a worker on a GPU refuses before its host tier allocates its buffer"),
+    Mutant(
+        "gpu-pool-refused-when-registered", "src/kvport/vllm/connector.py",
+        "            refuse_device(device, f\"kvport.vllm {self.kvport_name}\")\n",
+        "            pass\n",
+        ("tests/vllm/test_vllm_devices.py::"
+         "test_a_kv_pool_on_another_device_is_refused_when_registered",),
+        "a KV pool on another device is refused when vLLM registers it"),
     # ---- the recorder's half of rule C3 (vllm/recording_kv.py) ---------------------------------
     Mutant(
         "c3-load-starts-after-the-local-hit", "src/kvport/vllm/recording_kv.py",

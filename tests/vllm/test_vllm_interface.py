@@ -31,7 +31,8 @@ DELIBERATELY_INHERITED = {
     "get_kv_connector_kv_cache_events": "kvport's events come from the scheduler half",
     "get_loaded_kv_cache_group_ids": "a hash-addressed store: the prefix-cacheable groups",
     "get_mem_pool_context": "the KV caches live in vLLM's own memory pool",
-    "get_required_kvcache_layout": "any layout with blocks first (or K/V, then blocks) works",
+    "get_required_kvcache_layout": "vLLM's CPU backend has one layout, the one kvport reads; "
+                                   "GPU layouts are refused with the GPU itself",
     "has_pending_block_frees": "inside vLLM stores end in their step: no block is held",
     "register_finished_partial_tail": "only full blocks are offloaded",
     "requires_piecewise_for_cudagraph": "the per-layer hooks do nothing",

