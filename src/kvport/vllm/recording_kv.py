@@ -38,7 +38,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SAMPLES = 256
-MAX_FINGERPRINTS = 1 << 16  # the oldest are forgotten first (a load of one is then not judged)
+# At most 64 MiB of fingerprints (1 KiB each); the oldest are forgotten first (a later load of
+# one of them is then not judged).
+MAX_FINGERPRINTS = 1 << 16
 
 
 @dataclass(frozen=True)
