@@ -203,6 +203,13 @@ MUTANTS: list[Mutant] = [
         ("tests/vllm/test_vllm_devices.py::"
          "test_a_kv_pool_on_another_device_is_refused_when_registered",),
         "a KV pool on another device is refused when vLLM registers it"),
+    Mutant(
+        "c3-check-loads-must-be-a-bool", "src/kvport/vllm/recording_config.py",
+        "    if not isinstance(check, bool):\n",
+        "    if False:\n",
+        ("tests/vllm/test_vllm_recording_config.py::"
+         "test_a_check_loads_that_is_not_a_bool_is_refused_naming_it",),
+        "the recorder's check_loads key is a bool, a bad value named"),
     # ---- the recorder's half of rule C3 (vllm/recording_kv.py) ---------------------------------
     Mutant(
         "c3-load-starts-after-the-local-hit", "src/kvport/vllm/recording_kv.py",
