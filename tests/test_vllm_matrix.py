@@ -37,6 +37,11 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
   <failure message="AssertionError: assert 0 == 5&#10;+  where 0 = hits">trace</failure></testcase>
 <testcase classname="tests.vllm.test_vllm_events" name="test_events" time="1.0">
   <error message="failed on setup with &quot;ImportError: no module x&quot;">trace</error></testcase>
+<testcase classname="" name="tests.vllm.test_vllm_objects" time="0.0">
+  <error message="collection failure">tests/vllm/test_vllm_objects.py:12: in &lt;module&gt;
+    from kvport.vllm import x
+E   ImportError: cannot import name 'to_event_extra_keys'
+E   second line</error></testcase>
 <testcase classname="tests.vllm.test_vllm_e2e" name="test_equal[host]" time="0.0">
   <error message="failed on teardown">trace</error></testcase>
 <testcase classname="tests.vllm.test_vllm_load_failures" name="test_xfail" time="0.1">
@@ -55,12 +60,15 @@ def result(version: str, counts: Counts, status: str = "passed", note: str = "")
 def test_a_junit_report_gives_counts_and_each_failing_tests_first_line() -> None:
     counts = parse_junit(JUNIT)
     # the teardown error of a test that failed counts once, as failed
-    assert (counts.passed, counts.failed, counts.errors, counts.skipped) == (1, 1, 1, 1)
+    assert (counts.passed, counts.failed, counts.errors, counts.skipped) == (1, 1, 2, 1)
     assert counts.failures == (
         Failure("tests.vllm.test_vllm_e2e::test_equal[host]", "failed",
                 "AssertionError: assert 0 == 5"),
         Failure("tests.vllm.test_vllm_events::test_events", "error",
-                'failed on setup with "ImportError: no module x"'))
+                'failed on setup with "ImportError: no module x"'),
+        # a file that did not import: its first E line, not "collection failure"
+        Failure("tests.vllm.test_vllm_objects", "error",
+                "ImportError: cannot import name 'to_event_extra_keys'"))
 
 
 @pytest.mark.parametrize("text", ["not xml", "<html><body/></html>"])

