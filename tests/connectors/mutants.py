@@ -83,7 +83,7 @@ MUTANTS: list[Mutant] = [
         "            finished_recving=set(recv_owner),\n",
         ("tests/connectors/test_multi.py::test_each_child_is_told_only_of_its_own_completions",
          "tests/connectors/test_call_orders.py::"
-         "test_loads_give_the_output_of_no_connector_in_either_order"),
+         "test_loads_give_the_output_of_no_connector_in_each_order"),
         "a MultiConnector child hears only of the async loads it owns (S7 in its own trace)"),
     # ---- the example connector's directory (connectors/example.py) -----------------------------
     Mutant(

@@ -1,7 +1,9 @@
-"""kvport's connectors under both worker call orders the engine runs (kv_connector_call_order):
+"""kvport's connectors under the worker call orders the engine runs (kv_connector_call_order):
 stored prompts come back into a zeroed pool with the output of no connector, nothing leaks, the
 recorded trace carries the engine's header and checks clean, and its worker calls follow the
-order the engine was asked for."""
+order the engine was asked for. Every connector kind runs under legacy and vllm-0.32; vllm-mrv2
+(vllm-0.32's order plus finish_forward) runs the ExampleConnector and the OffloadingConnector,
+whose loads take both of its paths (sync: before the forward; async: after finish_forward)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,14 @@ from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER, KVTransferConfig
 from kvport.connectors.factory import connector_class_for
 from kvport.trace.checker import check_file
 from kvport.trace.events import (
-    CALL_ORDERS, HEADER, LEGACY, VLLM_0_32, TraceEvent, TraceHeader, read_events,
+    CALL_ORDERS,
+    HEADER,
+    LEGACY,
+    VLLM_0_32,
+    VLLM_MRV2,
+    TraceEvent,
+    TraceHeader,
+    read_events,
 )
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -65,8 +74,10 @@ KINDS: dict[str, bool | None] = {
 }
 MODES: dict[str, dict[str, Any]] = {"sync": {}, "async": {"async_scheduling": True},
                                     "process": {"worker": "process"}}
-CASES = [(kind, mode) for kind in KINDS for mode in ("sync", "async")] + [
-    ("example", "process"), ("offloading", "process")]
+CASES = [(order, kind, mode) for order in (LEGACY, VLLM_0_32) for kind in KINDS
+         for mode in ("sync", "async")] + [
+    (order, kind, "process") for order in (LEGACY, VLLM_0_32) for kind in ("example", "offloading")
+] + [(VLLM_MRV2, "example", "sync"), (VLLM_MRV2, "offloading-async", "async")]
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +115,18 @@ def assert_follows(order: str, steps: list[list[TraceEvent]]) -> None:
             assert at == 2 and all(i > at for i in layers), names  # right after bind
         else:
             assert all(i < at for i in layers), names  # after the forward
-        assert ("wait_for_save" in names) == (order == VLLM_0_32 or bool(layers)), names
+        assert ("wait_for_save" in names) == (order != LEGACY or bool(layers)), names
+        # vllm-mrv2: finish_forward once, when the forward (if any) has ended
+        assert names.count("finish_forward") == (order == VLLM_MRV2), names
+        if order == VLLM_MRV2:
+            ff = names.index("finish_forward")
+            assert all(i < ff for i in layers) and names[ff + 1:ff + 3] == (
+                ["wait_for_save", "get_finished"] if load.ints == [1]
+                else ["start_load_kv", "wait_for_save"]), names
 
 
-@pytest.mark.parametrize("call_order", CALL_ORDERS)
-@pytest.mark.parametrize("kind, mode", CASES)
-def test_loads_give_the_output_of_no_connector_in_either_order(
+@pytest.mark.parametrize("call_order, kind, mode", CASES)
+def test_loads_give_the_output_of_no_connector_in_each_order(
     tmp_path: Path, reference: list[list[int]], kind: str, mode: str, call_order: str,
 ) -> None:
     config = connector_config(kind, tmp_path)
@@ -147,7 +164,9 @@ def test_loads_give_the_output_of_no_connector_in_either_order(
             TraceHeader.from_event(group[0]), sees_all_stores=False) == header
     for c in recorded:
         # recorded under the class the factory built (HMAMultiConnector: every child is HMA)
-        steps = worker_steps(events, connector_class_for(KVTransferConfig.from_any(c)).__name__)
+        ktc = KVTransferConfig.from_any(c)
+        assert ktc is not None
+        steps = worker_steps(events, connector_class_for(ktc).__name__)
         assert_follows(call_order, steps)
         sync_flags = {load.ints[0] for calls in steps for load in calls
                       if load.method == "start_load_kv"}
@@ -156,14 +175,15 @@ def test_loads_give_the_output_of_no_connector_in_either_order(
 
 def test_the_default_order_is_vllm_0_32_and_a_bad_one_is_named() -> None:
     assert DEFAULT_KV_CONNECTOR_CALL_ORDER == VLLM_0_32
-    assert {LEGACY, VLLM_0_32} == set(CALL_ORDERS)
+    assert (LEGACY, VLLM_0_32, VLLM_MRV2) == CALL_ORDERS
     llm = LLM("builtin:tiny-llama", block_size=BLOCK_SIZE, max_model_len=64,
               kv_transfer_config={"kv_connector": "NoOpConnector"})
     assert llm.config.kv_connector_call_order == VLLM_0_32
     assert llm.engine.runner.driver is not None and llm.engine.runner.driver.call_order == VLLM_0_32
     llm.shutdown()
     with pytest.raises(ValueError, match=r"kv_connector_call_order must be one of "
-                                         r"\('legacy', 'vllm-0.32'\), got 'vllm-0.31'"):
+                                         r"\('legacy', 'vllm-0.32', 'vllm-mrv2'\), "
+                                         r"got 'vllm-0.31'"):
         LLM("builtin:tiny-llama", kv_connector_call_order="vllm-0.31")
 
 
@@ -172,5 +192,7 @@ def test_the_command_line_takes_the_order() -> None:
     assert _engine_kwargs(parser.parse_args(["generate"]))["kv_connector_call_order"] == VLLM_0_32
     args = parser.parse_args(["generate", "--kv-connector-call-order", "legacy"])
     assert _engine_kwargs(args)["kv_connector_call_order"] == LEGACY
+    args = parser.parse_args(["generate", "--kv-connector-call-order", "vllm-mrv2"])
+    assert _engine_kwargs(args)["kv_connector_call_order"] == VLLM_MRV2
     with pytest.raises(SystemExit):  # argparse names the choices
         parser.parse_args(["generate", "--kv-connector-call-order", "vllm-0.31"])

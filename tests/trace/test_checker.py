@@ -246,7 +246,7 @@ def test_scheduler_contract_breaks_are_flagged(
 
 
 def test_every_rule_has_a_description() -> None:
-    assert set(RULES) == ({f"W{i}" for i in range(10)} | {f"S{i}" for i in range(8)}
+    assert set(RULES) == ({f"W{i}" for i in range(11)} | {f"S{i}" for i in range(8)}
                           | {"G1", "G2", "C1", "C2", "C3"})
 
 

@@ -163,15 +163,19 @@ def test_any_vllm_step_sequence_in_its_order_is_clean(shape: list[tuple[bool, in
 
 
 def test_every_profile_states_every_rule_and_why_the_differing_ones_differ() -> None:
-    ids = {f"W{i}" for i in range(10)} | {f"S{i}" for i in range(8)} | {"G1", "G2", "C1", "C2", "C3"}
+    ids = {f"W{i}" for i in range(11)} | {f"S{i}" for i in range(8)} | {"G1", "G2", "C1", "C2", "C3"}
     for profile in PROFILES.values():
         assert set(profile.rules) == ids
         assert set(profile.why) == PROFILE_RULES
     differ = {r for r in ids if PROFILES["legacy"].rules[r] != PROFILES["vllm-0.32"].rules[r]}
-    assert differ == PROFILE_RULES == {"W3", "W4", "W5", "W8"}
+    assert differ == {"W3", "W4", "W5", "W8"}
+    # Model Runner V2 adds finish_forward (W10) and the drafter's deferred save (W4, W5)
+    mrv2 = {r for r in ids if PROFILES["vllm-0.32"].rules[r] != PROFILES["vllm-mrv2"].rules[r]}
+    assert mrv2 == {"W4", "W5", "W10"}
+    assert differ | mrv2 == PROFILE_RULES
     assert RULES == PROFILES["legacy"].rules
     with pytest.raises(ValueError, match="unknown contract profile 'v2'; choose one of legacy, "
-                                         "vllm-0.32"):
+                                         "vllm-0.32, vllm-mrv2"):
         get_profile("v2")
     with pytest.raises(ValueError, match="'v2'"):
         check_trace([], "v2")

@@ -219,6 +219,13 @@ class KVConnectorBase(ABC):
         """Worker, inside each attention layer after it wrote this step's KV: start saving.
         kv_layer is the layer's view of the pool, (num_blocks, 2, block_size, heads, head_dim)."""
 
+    def finish_forward(self) -> None:
+        """Worker, under vLLM Model Runner V2's order ("vllm-mrv2") only: once per step, as soon
+        as the forward no longer reads the step's KV (no-forward steps too), after the layer
+        hooks and before a start_load_kv deferred past the forward, wait_for_save and
+        get_finished. The other orders never call it, so nothing a connector needs may live
+        only here. A no-op by default."""
+
     @abstractmethod
     def wait_for_save(self) -> None:
         """Worker, after the forward. Under vLLM 0.32's order every step (no-forward steps too),

@@ -1,4 +1,4 @@
-"""Drives the worker half of a KV connector through every step, in one of two call orders.
+"""Drives the worker half of a KV connector through every step, in one of three call orders.
 
 "vllm-0.32" (the default; vLLM 0.32's worker):
 
@@ -11,6 +11,11 @@
                    -> get_kv_connector_stats() -> clear_connector_metadata()
     no_forward:    the same, without the layer hooks: wait_for_save runs on every step
 
+"vllm-mrv2" (vLLM's Model Runner V2, the GPU runner of vLLM 0.33 and 0.34): "vllm-0.32" with
+finish_forward() first in post_forward (the forward has ended), before the deferred
+start_load_kv, on no-forward steps too. (With a drafter, MRV2 also defers wait_for_save and
+clear_connector_metadata past the draft model's forward; kvport's engine has no drafter.)
+
 "legacy" (vLLM before 0.32):
 
     pre_forward:   handle_preemptions(meta) -> bind_connector_metadata(meta) -> start_load_kv(ctx)
@@ -21,9 +26,9 @@
 A step has synchronous loads when a request scheduled in it gets external tokens from a connector
 that answered is_async=False (`SchedulerOutputView.has_sync_kv_loads`): the forward reads what
 those loads write, so they must start before it. vLLM 0.32 starts every other load after the
-forward, off its critical path. A connector must be correct under both orders: nothing that must
-happen every step may rely on wait_for_save (legacy skips it) or on start_load_kv coming before
-the layer hooks (vllm-0.32 does not).
+forward, off its critical path. A connector must be correct under every order: nothing that must
+happen every step may rely on wait_for_save (legacy skips it), on start_load_kv coming before
+the layer hooks (vllm-0.32 and vllm-mrv2 do not) or on finish_forward (only vllm-mrv2 calls it).
 
 NOTE: handle_preemptions comes before bind and before anything writes KV, in both orders: blocks
 of requests preempted in this step are already free on the scheduler side and may be reused in
@@ -48,7 +53,7 @@ from kvport.connectors.base import (
     KVConnectorRequestError, KVConnectorWorkerMetadata, layer_name,
 )
 from kvport.connectors.views import StepView
-from kvport.trace.events import CALL_ORDERS, LEGACY, VLLM_0_32
+from kvport.trace.events import CALL_ORDERS, LEGACY, VLLM_0_32, VLLM_MRV2
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +112,7 @@ class KVConnectorDriver:
         self._guarded("bind_connector_metadata", lambda: c.bind_connector_metadata(meta), None)
 
     def _loads_before_forward(self, ctx: StepContext) -> bool:
-        """Legacy: always. vllm-0.32: only when the forward reads what the step loads."""
+        """Legacy: always. vllm-0.32 and vllm-mrv2: only when the forward reads what it loads."""
         return self.call_order == LEGACY or ctx.has_sync_kv_loads
 
     def _start_load(self) -> None:
@@ -134,10 +139,12 @@ class KVConnectorDriver:
             self._record_error("save_kv_layer", exc)
 
     def post_forward(self, sched_out: StepView, did_forward: bool) -> KVConnectorOutput:
+        c = self.connector
+        if self.call_order == VLLM_MRV2:  # the forward (if any) no longer reads the step's KV
+            self._guarded("finish_forward", lambda: c.finish_forward(), None)
         if not self._load_started:  # vllm-0.32, no sync loads: loads start after the forward
             self._start_load()
-        c = self.connector
-        if did_forward or self.call_order == VLLM_0_32:  # legacy skips it without a forward
+        if did_forward or self.call_order != LEGACY:  # legacy skips it without a forward
             self._guarded("wait_for_save", lambda: c.wait_for_save(), None)
         finished_req_ids = set(sched_out.finished_req_ids)
         sending, recving = self._guarded(

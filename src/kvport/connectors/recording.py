@@ -146,6 +146,9 @@ class RecordingConnector(KVConnectorBase):
         self._writer.call("save_kv_layer", self._inner.save_kv_layer, layer_name, kv_layer, ctx,
                           fields={"layer": layer_name})
 
+    def finish_forward(self) -> None:
+        self._writer.call("finish_forward", self._inner.finish_forward)
+
     def wait_for_save(self) -> None:
         self._writer.call("wait_for_save", self._inner.wait_for_save)
 

@@ -30,17 +30,23 @@ STEP_MARKER = "trace_step"
 # calls, so the checker applies that engine's contract. `result` holds a TraceHeader as a dict.
 HEADER = "trace_header"
 
-# The worker-side call orders an engine may follow (kvport's engine can run either):
+# The worker-side call orders an engine may follow (kvport's engine can run each):
 # - "legacy": start_load_kv before the forward on every step; wait_for_save only after a forward.
 # - "vllm-0.32": start_load_kv before the forward only when the step has synchronous loads, after
 #   the forward (after the layer hooks) otherwise; wait_for_save on every step, no-forward
 #   steps included. A recorder puts the step's has_sync_kv_loads in start_load_kv's `ints` ([1] or
 #   [0]) so the checker can tell which order applies.
+# - "vllm-mrv2": vLLM's Model Runner V2 (vllm/v1/worker/gpu/, the GPU runner by default in vLLM
+#   0.33, the only one in 0.34): vllm-0.32's order plus finish_forward once per step, after the
+#   forward (no-forward steps included), before the deferred start_load_kv and wait_for_save; with
+#   a drafter, wait_for_save and clear_connector_metadata wait until the draft model's forward,
+#   after build_connector_worker_meta. See trace/profiles.py for the sources.
 # These are the only spellings of the names: the engine's config, its worker driver, the checker's
 # profiles and both recorders import them from here.
 LEGACY = "legacy"
 VLLM_0_32 = "vllm-0.32"
-CALL_ORDERS = (LEGACY, VLLM_0_32)
+VLLM_MRV2 = "vllm-mrv2"
+CALL_ORDERS = (LEGACY, VLLM_0_32, VLLM_MRV2)
 
 
 @dataclass(frozen=True)

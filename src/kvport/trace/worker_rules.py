@@ -1,8 +1,8 @@
-"""Worker rules W0-W9: the order of one worker connector's calls within each step.
+"""Worker rules W0-W10: the order of one worker connector's calls within each step.
 
 Checked per step (async scheduling may interleave steps in the file), in file order within one
-connector group. W3, W4, W5 and W8 read the group's profile (profiles.py); the others hold under
-every call order. Methods without a rule (vLLM's has_connector_metadata, get_kv_connector_stats,
+connector group. W3, W4, W5, W8 and W10 read the group's profile (profiles.py); the others hold
+under every call order. Methods without a rule (vLLM's has_connector_metadata, get_kv_connector_stats,
 ...) are skipped, wherever they are.
 """
 
@@ -18,7 +18,7 @@ from kvport.trace.profiles import Profile
 WORKER_STEP_METHODS = frozenset({
     "handle_preemptions", "bind_connector_metadata", "start_load_kv", "wait_for_layer_load",
     "save_kv_layer", "wait_for_save", "get_finished", "get_block_ids_with_load_errors",
-    "build_connector_worker_meta", "clear_connector_metadata",
+    "build_connector_worker_meta", "clear_connector_metadata", "finish_forward",
 })
 LAYER_HOOKS = ("wait_for_layer_load", "save_kv_layer")
 
@@ -105,9 +105,22 @@ class _StepCheck:
         clear = self.once("clear_connector_metadata", "W9")
         if clear is not None and clear != len(names) - 1:
             self.add(len(names) - 1, "W9", f"{names[-1]} after clear_connector_metadata")
-        layers = [i for i, name in enumerate(names) if name in LAYER_HOOKS]
-        self.layer_hooks(layers, load, finished)
-        self.wait_for_save(layers, load, finished)
+        hooks = [i for i, name in enumerate(names) if name in LAYER_HOOKS]
+        saves = [i for i, name in enumerate(names) if name == "wait_for_save"]
+        # A drafter (vllm-mrv2): the step's results are collected, then the draft model's forward
+        # runs (its layer hooks), then wait_for_save: in such a step, hooks after get_finished
+        # are the drafter's, and the target model's rules do not apply to them.
+        deferred = (self.profile.finalize_after_drafter and finished is not None
+                    and bool(saves) and saves[0] > finished)
+        draft = [i for i in hooks if deferred and finished is not None and i > finished]
+        target = [i for i in hooks if i not in draft]
+        self.layer_hooks(target, load, finished)
+        if meta is not None:
+            self.hooks([i for i in draft if i < meta], "before build_connector_worker_meta (a "
+                       "drafter's forward runs after it)")
+        self.pair_layer_hooks(hooks)
+        self.wait_for_save(saves, hooks, load, finished, meta if deferred else None)
+        self.finish_forward(bind, target, load, finished, saves)
 
     def layer_hooks(self, layers: list[int], load: int | None, finished: int | None) -> None:
         if finished is not None:
@@ -126,6 +139,8 @@ class _StepCheck:
             elif before and behind:
                 self.add(load, "W4", f"start_load_kv between layer hooks ({len(before)} before, "
                          f"{len(behind)} after; it has no sync flag in ints)")
+
+    def pair_layer_hooks(self, layers: list[int]) -> None:
         loaded: set[str | None] = set()
         for i in layers:
             layer = self.calls[i][1].layer
@@ -135,8 +150,10 @@ class _StepCheck:
                 self.add(i, "W4", f"save_kv_layer({layer}) without an earlier "
                          f"wait_for_layer_load({layer})")
 
-    def wait_for_save(self, layers: list[int], load: int | None, finished: int | None) -> None:
-        saves = [i for i, name in enumerate(self.names) if name == "wait_for_save"]
+    def wait_for_save(self, saves: list[int], layers: list[int], load: int | None,
+                      finished: int | None, deferred_past: int | None) -> None:
+        """`deferred_past`: build_connector_worker_meta's index in a step whose wait_for_save the
+        profile lets wait for a drafter (after get_finished); None otherwise."""
         if not saves:
             if self.profile.save_every_step:
                 what = "a forward" if layers else "a no-forward"
@@ -149,5 +166,35 @@ class _StepCheck:
         if layers and saves[0] < layers[-1]:
             self.add(saves[0], "W5", f"wait_for_save before {self.hook(layers[-1])}")
         # NOTE: the legacy order leaves wait_for_save and get_finished unordered on purpose.
-        if self.profile.save_every_step and finished is not None and saves[0] > finished:
+        if deferred_past is not None:
+            self.after(saves[0], deferred_past, "W5", "wait_for_save after get_finished but "
+                       "before build_connector_worker_meta (a drafter's step defers it past both)")
+        elif self.profile.save_every_step and finished is not None and saves[0] > finished:
             self.add(saves[0], "W5", "wait_for_save after get_finished")
+
+    def finish_forward(self, bind: int | None, layers: list[int], load: int | None,
+                       finished: int | None, saves: list[int]) -> None:
+        calls = [i for i, name in enumerate(self.names) if name == "finish_forward"]
+        if not calls:
+            return  # optional even where the order has it: see W10's why (vllm-mrv2)
+        if not self.profile.finish_forward:
+            self.add(calls[0], "W10", f"finish_forward in a {self.profile.name} step: that order "
+                     "has no such hook (Model Runner V2's has: --profile vllm-mrv2)")
+            return
+        if len(calls) > 1:
+            self.add(calls[1], "W10", f"{len(calls)} calls of finish_forward")
+        ff = calls[0]
+        self.after(ff, bind, "W10", "finish_forward before bind_connector_metadata")
+        self.hooks([i for i in layers if i > ff], "after finish_forward (the forward had ended)",
+                   "W10")
+        self.after(finished, ff, "W10", "get_finished before finish_forward")
+        if saves:
+            self.after(saves[0], ff, "W10", "wait_for_save before finish_forward")
+        if load is not None:
+            flag = sync_flag(self.calls[load][1])
+            if flag is False and load < ff:
+                self.add(ff, "W10", "finish_forward after start_load_kv in a step without sync "
+                         "loads (ints [0]): its loads start after the forward has ended")
+            elif flag is True and load > ff:
+                self.add(load, "W10", "start_load_kv after finish_forward in a step with sync "
+                         "loads (ints [1]): the forward reads them")
