@@ -39,11 +39,18 @@ MUTANTS: list[Mutant] = [
         "vllm-0.32 starts the loads of a step without sync loads after its forward"),
     Mutant(
         "wait-for-save-every-step", "src/kvport/connectors/driver.py",
-        "        if did_forward or self.call_order == VLLM_0_32:",
+        "        if did_forward or self.call_order != LEGACY:",
         "        if did_forward:",
         ((f"{REGRESSIONS}::test_2_saves_queued_in_wait_for_save_are_lost_in_legacy_no_forward_steps"
           "[SaveInWaitForSaveConnector-vllm-0.32]"),),
         "vllm-0.32 calls wait_for_save on every step, no-forward steps included"),
+    Mutant(
+        "mrv2-finish-forward", "src/kvport/connectors/driver.py",
+        "        if self.call_order == VLLM_MRV2:",
+        "        if False:",
+        ("tests/connectors/test_call_orders.py::test_loads_give_the_output_of_no_connector_in_"
+         "each_order[vllm-mrv2-example-sync]",),
+        "vllm-mrv2 calls finish_forward once per step, when the forward has ended"),
     Mutant(
         "driver-records-hook-errors", "src/kvport/connectors/driver.py",
         "            self._record_error(hook, exc)\n            return if_raised\n",

@@ -76,4 +76,24 @@ MUTANTS: list[Mutant] = [
         ("tests/trace/test_load_rule.py::"
          "test_blocks_never_seen_computed_are_not_judged_and_a_note_counts_them",),
         "a block never seen computed is not judged: a note, not a violation"),
+    # ---- the vllm-mrv2 profile (trace/worker_rules.py) -------------------------------------------
+    Mutant(
+        "mrv2-finish-forward-after-the-layers", "src/kvport/trace/worker_rules.py",
+        "        self.hooks([i for i in layers if i > ff], ",
+        "        self.hooks([], ",
+        ("tests/trace/test_profile_mrv2.py::test_mrv2_rules[ff-between-layers]",
+         "tests/trace/test_profile_mrv2.py::test_mrv2_rules[ff-before-forward]"),
+        "under vllm-mrv2 finish_forward comes after every layer hook of the target forward"),
+    Mutant(
+        "finish-forward-only-under-mrv2", "src/kvport/trace/worker_rules.py",
+        "        if not self.profile.finish_forward:\n",
+        "        if False:\n",
+        ("tests/trace/test_profile_mrv2.py::test_an_mrv2_trace_passes_under_its_header_and_fails_w10_under_vllm_0_32",),
+        "a finish_forward under legacy or vllm-0.32 is W10: the trace is Model Runner V2's"),
+    Mutant(
+        "mrv2-drafter-defers-the-save", "src/kvport/trace/worker_rules.py",
+        "        deferred = (self.profile.finalize_after_drafter and finished is not None\n",
+        "        deferred = (False and finished is not None\n",
+        ("tests/trace/test_profile_mrv2.py::test_an_mrv2_trace_passes_under_its_header_and_fails_w10_under_vllm_0_32",),
+        "with a drafter, MRV2's wait_for_save follows the draft forward (after get_finished)"),
 ]

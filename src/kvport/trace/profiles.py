@@ -158,9 +158,9 @@ _MRV2_WHY: dict[str, str] = {
     "W8": _VLLM_0_32_WHY["W8"],
     "W10": "Model Runner V2 calls finish_forward once the model no longer reads the step's KV: "
            "right after the forward (gpu/model_runner.py:2166), and between pre_forward and "
-           "post_forward on a step with no forward (gpu/kv_connector.py:172-175); vLLM calls "
-           "it every step, a recorder or a MultiConnector that does not pass it on leaves it "
-           "out, so it is not required",
+           "post_forward on a step with no forward (gpu/kv_connector.py:172-175). A step "
+           "without it passes: a child of kvport's MultiConnector is not handed it, and a "
+           "recorder from before the hook does not write it",
 }
 
 
