@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvport.trace.events import SCHEDULER, VLLM_0_32, WORKER, TraceHeader
+from kvport.trace.events import SCHEDULER, WORKER, TraceHeader
 from kvport.trace.fields import (
     finished_result,
     kept_result,
@@ -40,6 +40,7 @@ from kvport.trace.identity import BlockLog
 from kvport.trace.loaded import LOADED_MARKER
 from kvport.trace.writer import TraceWriter
 from kvport.vllm.compat import require_vllm
+from kvport.vllm.recording_config import worker_call_order
 from kvport.vllm.recording_inner import (
     create_inner,
     required_kvcache_layout,
@@ -71,7 +72,6 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-CALL_ORDER = VLLM_0_32  # vLLM 0.32 and 0.33 drive the worker in the same order
 # Hooks vLLM calls per layer (or that are plain reads): without recording, the wrapper's
 # attribute is the inner connector's bound method, so forwarding them costs no call at all.
 _DIRECT_WHEN_OFF = ("has_connector_metadata", "wait_for_layer_load", "save_kv_layer",
@@ -106,7 +106,8 @@ class RecordingConnector(KVConnectorBase_V1):
             writer = TraceWriter(
                 spec.record_trace, SCHEDULER if role == KVConnectorRole.SCHEDULER else WORKER,
                 spec.name or type(self._inner).__name__,
-                TraceHeader("vllm", str(vllm.__version__), CALL_ORDER, spec.sees_all_stores))
+                TraceHeader("vllm", str(vllm.__version__), worker_call_order(vllm_config),
+                            spec.sees_all_stores))
         else:
             for name in _DIRECT_WHEN_OFF:
                 setattr(self, name, getattr(self._inner, name))
