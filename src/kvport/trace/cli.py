@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kvport.trace.checker import RULES, analyze
-from kvport.trace.events import LEGACY, VLLM_0_32, TraceEvent, read_events
+from kvport.trace.events import LEGACY, VLLM_0_32, VLLM_MRV2, TraceEvent, read_events
 from kvport.trace.profiles import PROFILE_RULES, PROFILES
 from kvport.trace.report import json_document, json_file_entry, summary_line, text_report
 from kvport.trace.show import UnknownRequestError, format_request
@@ -52,7 +52,11 @@ def _add_trace_commands(subparsers: Any) -> None:
                + "; ".join(f"{rule} {text}" for rule, text in RULES.items())
                + f". Under {VLLM_0_32} instead: "
                + "; ".join(f"{rule} {PROFILES[VLLM_0_32].rules[rule]}"
-                           for rule in sorted(PROFILE_RULES)))
+                           for rule in sorted(PROFILE_RULES))
+               + f". Under {VLLM_MRV2} (vLLM's Model Runner V2), as {VLLM_0_32} but: "
+               + "; ".join(f"{rule} {PROFILES[VLLM_MRV2].rules[rule]}"
+                           for rule in sorted(PROFILE_RULES)
+                           if PROFILES[VLLM_MRV2].rules[rule] != PROFILES[VLLM_0_32].rules[rule]))
     check.add_argument("files", nargs="+", metavar="FILE", help="a JSON-lines trace file")
     check.add_argument("--profile", choices=list(PROFILES), default=None,
                        help="hold every connector group to this call order (default: the one "

@@ -16,7 +16,7 @@ Engines call the worker half of a connector in one of three orders (events.CALL_
   0.34; no-forward steps too, kv_connector.py:172-175), so before a start_load_kv deferred past
   the forward (kv_connector.py:142-143) and before wait_for_save. With a drafter the step's
   results are collected first and wait_for_save then clear_connector_metadata run after the draft
-  model's forward (model_runner.py:2321-2325 and 2407-2408, kv_connector.py:146-166): the draft
+  model's forward (model_runner.py:2322-2325 and 2407-2408, kv_connector.py:146-166): the draft
   layers' hooks fall between build_connector_worker_meta and wait_for_save.
 
 A profile names those differences as flags the worker rules read, and carries the text of every
@@ -151,7 +151,7 @@ _MRV2_WHY: dict[str, str] = {
     "W4": "Model Runner V2 places the target forward as vLLM 0.32 does; with a drafter it "
           "collects the step's results first and keeps the metadata bound through the draft "
           "model's forward, whose attention layers call the hooks too (gpu/model_runner.py "
-          "2321-2325, 2407-2408 in vLLM 0.34)",
+          "2322-2325, 2407-2408 in vLLM 0.34)",
     "W5": "Model Runner V2 ends every step with wait_for_save, after the draft model's forward "
           "when there is one (gpu/kv_connector.py 146-166: post_forward(defer_finalize) then "
           "finalize_step)",
