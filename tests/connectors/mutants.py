@@ -48,8 +48,8 @@ MUTANTS: list[Mutant] = [
         "mrv2-finish-forward", "src/kvport/connectors/driver.py",
         "        if self.call_order == VLLM_MRV2:",
         "        if False:",
-        ("tests/connectors/test_call_orders.py::test_loads_give_the_output_of_no_connector_in_"
-         "each_order[vllm-mrv2-example-sync]",),
+        (("tests/connectors/test_call_orders.py::test_loads_give_the_output_of_no_connector_in_"
+          "each_order[vllm-mrv2-example-sync]"),),
         "vllm-mrv2 calls finish_forward once per step, when the forward has ended"),
     Mutant(
         "driver-records-hook-errors", "src/kvport/connectors/driver.py",
