@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvport.trace.events import CALL_ORDERS, VLLM_0_32
+
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
 WORKER_MODES = ("inproc", "process")
@@ -14,12 +19,17 @@ WORKER_MODES = ("inproc", "process")
 # defines the names): vLLM 0.32's by default; "legacy" (vLLM before 0.32) on request, so a
 # connector author can test a connector against both.
 DEFAULT_KV_CONNECTOR_CALL_ORDER = VLLM_0_32
+# Where the model, the KV pool and the sampler run: "cpu", "cuda" (torch's current CUDA device)
+# or "cuda:N". Whether CUDA is there is the engine's check (kvport.engine.device), not the
+# config's: a config is plain data that a machine without torch's CUDA build can still write.
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """Every engine setting, validated at construction. Fields keep the values given, except
-    kv_transfer_config, which is normalized to a KVTransferConfig (or None)."""
+    kv_transfer_config, which is normalized to a KVTransferConfig (or None), and device, which
+    is kept as a string (a torch.device given becomes the string it prints)."""
 
     model: str = "builtin:tiny-llama"
     dtype: str = "float32"
@@ -40,6 +50,8 @@ class EngineConfig:
     kv_transfer_config: KVTransferConfig | None = None
     kv_connector_call_order: str = DEFAULT_KV_CONNECTOR_CALL_ORDER  # one of CALL_ORDERS
     seed: int = 0
+    # "cpu", "cuda" or "cuda:N" (DEVICE_PATTERN); a torch.device is kept as its string.
+    device: str | torch.device = "cpu"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -62,6 +74,7 @@ class EngineConfig:
         if self.kv_connector_call_order not in CALL_ORDERS:
             raise ValueError(f"kv_connector_call_order must be one of {CALL_ORDERS}, "
                              f"got {self.kv_connector_call_order!r}")
+        object.__setattr__(self, "device", normalize_device(self.device))
         # Frozen, so the parsed record is set past the dataclass's guard (see the field).
         object.__setattr__(self, "kv_transfer_config", KVTransferConfig.from_any(self.kv_transfer_config))
         if (not self.enable_chunked_prefill and self.max_model_len is not None
@@ -77,6 +90,19 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine argument(s) {unknown}; accepted: {sorted(known)}")
         return cls(**kwargs)
+
+
+def normalize_device(device: object) -> str:
+    """`device` as its string ("cpu", "cuda", "cuda:N"); a ValueError naming anything else.
+    A torch.device is accepted as the string it prints (torch is only looked at when the
+    caller imported it: no torch.device exists otherwise)."""
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is not None and isinstance(device, torch_mod.device):
+        device = str(device)
+    if not isinstance(device, str) or DEVICE_PATTERN.fullmatch(device) is None:
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N a CUDA device index), "
+                         f"got {device!r}")
+    return device
 
 
 KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")

@@ -17,6 +17,7 @@ from kvport.connectors.base import KVConnectorRole
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.engine.block_pool import BlockPool
 from kvport.engine.connector_setup import create_engine_connector
+from kvport.engine.device import resolve_device
 from kvport.engine.executor import (
     Executor, InProcExecutor, ProcessExecutor, build_runner, engine_kv_groups,
 )
@@ -100,9 +101,11 @@ class EngineCore:
         connector's worker half through each step (see ModelRunner)."""
         self.config = config
         dtype = resolve_dtype(config.dtype)
+        # Checked before anything loads: no GPU is one clear error here, not one in a step.
+        device = resolve_device(config.device)
         in_process = config.worker == "inproc"
         if loaded is None:  # a child process loads the weights it runs; this one needs none
-            loaded = load_model(config.model, dtype, load_weights=in_process)
+            loaded = load_model(config.model, dtype, load_weights=in_process, device=device)
         self.loaded = loaded
         mc = self.loaded.config
         self.groups = engine_kv_groups(config, mc)

@@ -25,6 +25,7 @@ from kvport.connectors.base import KVConnectorRole
 from kvport.connectors.driver import KVConnectorDriver
 from kvport.connectors.factory import config_supports_hma
 from kvport.engine.connector_setup import create_engine_connector
+from kvport.engine.device import resolve_device
 from kvport.engine.hashing import engine_hash_root
 from kvport.engine.runner import ModelRunner
 from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
@@ -67,16 +68,18 @@ def build_runner(
     driver_cls: type[KVConnectorDriver] = KVConnectorDriver,
 ) -> ModelRunner:
     """The runner and, with a KV transfer config, the worker half of the connector beside it.
-    `loaded` without weights (a process that only schedules) is loaded again, with them."""
+    `loaded` without weights (a process that only schedules) is loaded again, with them, onto
+    `config.device` (checked here too: a worker process checks its own machine)."""
     dtype = resolve_dtype(config.dtype)
+    device = resolve_device(config.device)
     if loaded is None or loaded.model is None:
-        loaded = load_model(config.model, dtype)
+        loaded = load_model(config.model, dtype, device=device)
     assert loaded.model is not None
     connector = create_engine_connector(config, KVConnectorRole.WORKER)
     return ModelRunner(loaded.model, loaded.config, num_kv_blocks, config.block_size, dtype,
                        connector, engine_hash_root(config, loaded.identity),
                        call_order=config.kv_connector_call_order, driver_cls=driver_cls,
-                       groups=engine_kv_groups(config, loaded.config))
+                       groups=engine_kv_groups(config, loaded.config), device=device)
 
 
 def engine_kv_groups(config: EngineConfig, model_config: ModelConfig) -> tuple[KVCacheGroup, ...]:

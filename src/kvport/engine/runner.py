@@ -6,6 +6,9 @@ scheduled tokens reach the end of what it knows. The runner appends its own samp
 its request state, so the next decode step needs nothing from the scheduler but block ids.
 
 KV pool layout: see kvport.model.attention (block-contiguous across layers, for whole-block copies).
+Device: the pool, the step's inputs and the sampler's generators live where the model's weights
+are (`EngineConfig.device`). A step's inputs are built on the host and copied over once; the
+sampled token ids come back in one copy per step (kvport.model.sampler).
 The runner also drives the worker half of the KV connector through one step
 (kvport.connectors.driver), which is why it lives in the engine, above the model and the
 connector API.
@@ -21,6 +24,7 @@ import torch
 from kvport.config import DEFAULT_KV_CONNECTOR_CALL_ORDER
 from kvport.connectors.base import ForwardContext, KVCacheGroupSpec, KVCacheSpec, KVConnectorBase
 from kvport.connectors.driver import KVConnectorDriver
+from kvport.engine.device import make_generator
 from kvport.engine.step import ModelRunnerOutput, SchedulerOutput
 from kvport.model.attention import (
     KV_LAYOUT, AttentionMetadata, DecodeRows, LayerPlace, PagedAttention, PrefillSeq,
@@ -74,10 +78,17 @@ class ModelRunner:
         hash_root: bytes = b"", call_order: str = DEFAULT_KV_CONNECTOR_CALL_ORDER,
         driver_cls: type[KVConnectorDriver] = KVConnectorDriver,
         groups: tuple[KVCacheGroup, ...] | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         """`driver_cls` drives `connector` through each step: KVConnectorDriver, or a subclass
         that changes how (a test puts a defect back with one). `groups`: the KV cache groups
-        (default: one group of every layer)."""
+        (default: one group of every layer). `device`: where the pool and the step's tensors
+        go; None: where the model's weights are, which it must equal (a ValueError if not)."""
+        weights_on = next(model.parameters()).device
+        self.device = weights_on if device is None else torch.device(device)
+        if self.device != weights_on:
+            raise ValueError(f"the model's weights are on {weights_on}, the runner's device is "
+                             f"{self.device}: load the model onto the engine's device")
         self.model = model
         self.hash_root = hash_root
         self.model_config = model_config
@@ -89,8 +100,11 @@ class ModelRunner:
                             enumerate(layer_slots(self.groups, layers)))
         # Zeros, not empty: padded block-table slots are read (then masked) and must not hold
         # NaN bit patterns, which would survive the masking as NaN * 0.
+        # On the device: the connector gets this tensor (register_kv_caches, ForwardContext)
+        # and picks its copy path from its device.
         self.kv_cache = torch.zeros(kv_cache_shape(model_config, num_blocks, block_size,
-                                                   slots_per_block(self.groups)), dtype=dtype)
+                                                   slots_per_block(self.groups)), dtype=dtype,
+                                    device=self.device)
         self.requests: dict[str, CachedRequestState] = {}  # req_id -> state
         self.driver: KVConnectorDriver | None = None
         if connector is not None:
@@ -160,7 +174,7 @@ class ModelRunner:
             tokens = new.prompt_token_ids + new.output_token_ids
             old = self.requests.get(new.req_id)
             if old is None:
-                gen = torch.Generator().manual_seed(new.sampling_seed)
+                gen = make_generator(self.device, new.sampling_seed)
                 self.requests[new.req_id] = CachedRequestState(
                     new.req_id, tokens, tuple(list(t) for t in new.block_ids),
                     new.num_computed_tokens, new.sampling_params, gen)
@@ -230,5 +244,9 @@ class ModelRunner:
             slot_block_ids=tuple(torch.tensor(b, dtype=torch.long) for b in slot_blocks),
             slot_offsets=pos % bs, num_decode_tokens=len(decode_lens), decodes=decodes,
             prefills=prefills, samples=samples)
-        return StepBatch(torch.tensor(input_ids, dtype=torch.long), pos, meta, sample_ids,
-                         torch.tensor(logits_idx, dtype=torch.long))
+        # Built on the host (from Python lists), then copied to the device: the copies are
+        # queued on the current stream, ahead of the forward that reads them.
+        dev = self.device
+        return StepBatch(torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),
+                         pos.to(dev, non_blocking=True), meta.to(dev), sample_ids,
+                         torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True))

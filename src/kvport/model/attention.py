@@ -1,4 +1,6 @@
-"""Paged attention over the engine's KV pool, on the CPU with PyTorch's SDPA kernels.
+"""Paged attention over the engine's KV pool, with PyTorch's SDPA kernels (and, on the CPU, the
+native decode kernel of kvport.model.kernels). Every tensor a step builds here is made on the
+pool's device.
 
 KV pool layout (chosen once, used by the runner, attention and every connector):
 
@@ -26,7 +28,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from kvport.model import kernels
 from kvport.model.config import ModelConfig
@@ -96,19 +98,25 @@ class DecodeRows:
     block_size: int
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
+    def to(self, device: torch.device) -> DecodeRows:
+        """These rows with their tensors on `device` (asynchronous host-to-device copies)."""
+        return DecodeRows(self.block_tables.to(device, non_blocking=True),
+                          self.lens.to(device, non_blocking=True), self.block_size)
+
     @functools.cached_property
     def mask(self) -> torch.Tensor:
         """(n, 1, 1, max_blocks * block_size) bool: key visible. Only the torch path reads it,
         so it is built on first use, once per step."""
         n, max_blocks = self.block_tables.shape
         width = max_blocks * self.block_size
-        return (torch.arange(width).unsqueeze(0) < self.lens.unsqueeze(1)).view(n, 1, 1, width)
+        keys = torch.arange(width, device=self.lens.device)
+        return (keys.unsqueeze(0) < self.lens.unsqueeze(1)).view(n, 1, 1, width)
 
     def window_mask(self, window: int) -> torch.Tensor:
         """`mask` with only the last `window` keys of each row visible (a sliding layer)."""
         if window not in self._window_masks:
             n, max_blocks = self.block_tables.shape
-            keys = torch.arange(max_blocks * self.block_size).view(1, 1, 1, -1)
+            keys = torch.arange(max_blocks * self.block_size, device=self.lens.device).view(1, 1, 1, -1)
             self._window_masks[window] = self.mask & (keys >= (self.lens - window).view(n, 1, 1, 1))
         return self._window_masks[window]
 
@@ -140,6 +148,34 @@ class AttentionMetadata:
     decodes: tuple[DecodeRows, ...]
     prefills: list[PrefillSeq]
     samples: tuple[DecodeRows, ...] | None = None  # the last token of each request that samples
+    # The same metadata on the CPU when this one is on another device (None: this one is on
+    # the CPU): what reads block ids as Python numbers (state layers' runs) reads it there,
+    # instead of one device-to-host copy per number.
+    host: AttentionMetadata | None = field(default=None, repr=False)
+
+    @property
+    def on_host(self) -> AttentionMetadata:
+        """This metadata as CPU tensors."""
+        return self if self.host is None else self.host
+
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """This (CPU) metadata with its tensors on `device`, keeping itself as `host`; itself
+        for the CPU."""
+        if device.type == "cpu":
+            return self
+        assert self.host is None, "moved already: move the host metadata"
+        decodes = tuple(rows.to(device) for rows in self.decodes)
+        samples = (decodes if self.samples is self.decodes  # one set of tables: move it once
+                   else None if self.samples is None
+                   else tuple(rows.to(device) for rows in self.samples))
+        prefills = [PrefillSeq(p.query_start, p.query_len, p.context_len,
+                               tuple(t.to(device, non_blocking=True) for t in p.block_tables))
+                    for p in self.prefills]
+        return AttentionMetadata(
+            slot_block_ids=tuple(b.to(device, non_blocking=True) for b in self.slot_block_ids),
+            slot_offsets=self.slot_offsets.to(device, non_blocking=True),
+            num_decode_tokens=self.num_decode_tokens, decodes=decodes, prefills=prefills,
+            samples=samples, host=self)
 
 
 class PagedAttention:
@@ -241,8 +277,16 @@ class PagedAttention:
         # a materialized mask.
         k = layer_cache[:, 0].index_select(0, table).view(-1, kvh, d)[:total]
         v = layer_cache[:, 1].index_select(0, table).view(-1, kvh, d)[:total]
-        mask = (causal_lower_right(seq.query_len, total) if place.window is None
-                else window_mask(seq.query_len, total, place.window))
+        if place.window is not None:
+            mask: torch.Tensor | CausalBias = window_mask(seq.query_len, total, place.window,
+                                                          q.device)
+        elif q.device.type == "cpu":
+            mask = causal_lower_right(seq.query_len, total)
+        else:
+            # On a GPU, torch's lower-right causal bias dispatches to the flash / efficient
+            # kernels itself, and not every one of them takes GQA (fewer K/V heads than query
+            # heads): an explicit mask goes through SDPA's own dispatch, which checks GQA.
+            mask = window_mask(seq.query_len, total, total, q.device)
         o = F.scaled_dot_product_attention(
             _heads_first(q), _heads_first(k), _heads_first(v),
             attn_mask=mask, scale=self.scale, enable_gqa=True,
@@ -260,7 +304,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         k, v = k[lo:query_pos + 1], v[lo:query_pos + 1]
     mask = None
     if window is not None and query_pos is None:
-        mask = window_mask(len(q), len(k), window)
+        mask = window_mask(len(q), len(k), window, q.device)
     o = F.scaled_dot_product_attention(
         _heads_first(q), _heads_first(k), _heads_first(v),
         is_causal=query_pos is None and mask is None, attn_mask=mask, scale=scale, enable_gqa=True,
@@ -268,11 +312,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return o[0].transpose(0, 1)
 
 
-def window_mask(num_queries: int, num_keys: int, window: int) -> torch.Tensor:
-    """(num_queries, num_keys) bool, key visible: the queries are the last `num_queries` of the
-    `num_keys` positions, each seeing itself and the `window - 1` keys before it."""
-    q_pos = torch.arange(num_keys - num_queries, num_keys).unsqueeze(1)
-    k_pos = torch.arange(num_keys).unsqueeze(0)
+def window_mask(num_queries: int, num_keys: int, window: int,
+                device: torch.device | None = None) -> torch.Tensor:
+    """(num_queries, num_keys) bool on `device` (None: the CPU), key visible: the queries are
+    the last `num_queries` of the `num_keys` positions, each seeing itself and the `window - 1`
+    keys before it."""
+    q_pos = torch.arange(num_keys - num_queries, num_keys, device=device).unsqueeze(1)
+    k_pos = torch.arange(num_keys, device=device).unsqueeze(0)
     return (k_pos <= q_pos) & (k_pos > q_pos - window)
 
 

@@ -73,7 +73,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         local = dataclasses.replace(config, rope_theta=config.local_rope_theta, rope_scaling=None)
         self.local_rotary = RotaryEmbedding(local)
         self.attention_scale = config.query_pre_attn_scalar ** -0.5
-        self.embed_scale = torch.tensor(config.hidden_size ** 0.5).to(dtype)
+        # A buffer, so that moving the model to a device moves it too.
+        self.register_buffer("embed_scale", torch.tensor(config.hidden_size ** 0.5).to(dtype),
+                             persistent=False)
         self.requires_grad_(False)
 
     def forward(

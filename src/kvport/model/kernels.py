@@ -7,7 +7,10 @@ libgomp already, so the kernel runs on torch's own thread team (`torch.set_num_t
 
 Where it cannot be built or run (no compiler, another dtype), `decode_attention` and
 `small_matmul` return None and `store_kv` False: the caller takes the torch path, after one
-warning. `KVPORT_NATIVE_KERNELS=0` turns them all off.
+warning. `KVPORT_NATIVE_KERNELS=0` turns them all off. The kernels read host memory: for tensors
+on a GPU, `decode_attention` and `store_kv` return None / False too (torch's path runs there;
+handing C a device pointer would read garbage or crash), and `small_matmul` only ever sees the
+CPU's packed weights (kvport.model.linear).
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ def available() -> bool:
     return _library() is not None
 
 
+def _on_cpu(*tensors: torch.Tensor) -> bool:
+    """Whether the C kernels may read these tensors: host memory only."""
+    return all(t.device.type == "cpu" for t in tensors)
+
+
 def decode_attention(q: torch.Tensor, layer_cache: torch.Tensor, block_tables: torch.Tensor,
                      lens: torch.Tensor, scale: float) -> torch.Tensor | None:
     """Attention of q (n, heads, head_dim), one query per sequence, over the first lens[i] keys
@@ -70,7 +78,8 @@ def decode_attention(q: torch.Tensor, layer_cache: torch.Tensor, block_tables: t
     strided view of the pool; None where the kernel cannot run (take the torch path). A length
     beyond its table or a block id outside the pool raises KernelInputError (a ValueError)."""
     lib = _library()
-    if lib is None or q.dtype not in DTYPES or layer_cache.dtype != q.dtype:
+    if (lib is None or q.dtype not in DTYPES or layer_cache.dtype != q.dtype
+            or not _on_cpu(q, layer_cache, block_tables, lens)):
         return None
     kernel_checks.check_decode(q, layer_cache, block_tables, lens)
     n, heads, head_dim = q.shape
@@ -98,7 +107,8 @@ def store_kv(layer_cache: torch.Tensor, slot_blocks: torch.Tensor, slot_offsets:
     (T, kv_heads, head_dim), heads side by side); False where the kernel cannot (torch path). A
     slot outside the pool raises KernelInputError (a ValueError), nothing written."""
     lib = _library()
-    if lib is None or not (k.dtype == v.dtype == layer_cache.dtype):
+    if (lib is None or not (k.dtype == v.dtype == layer_cache.dtype)
+            or not _on_cpu(layer_cache, slot_blocks, slot_offsets, k, v)):
         return False
     kernel_checks.check_store(layer_cache, slot_blocks, slot_offsets, k, v)
     t, kv_heads, head_dim = k.shape

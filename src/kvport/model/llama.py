@@ -172,6 +172,11 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, attn, output_rows if i == last else None)
         return self.norm(x)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (the engine runs its pool and sampler there too)."""
+        return self.embed_tokens.weight.device
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, hidden) -> (N, vocab_size) float32."""
         if self.lm_head is not None:
@@ -183,8 +188,10 @@ class LlamaForCausalLM(nn.Module):
     def pack_weights(self) -> None:
         """Prepack the projections and the logits head for oneDNN, once, after load_weights
         (a batch-8 SmolLM2 decode step: 131 -> 67 ms; kvport.model.linear). The unpacked
-        weights are dropped, the embedding kept; without oneDNN nothing changes."""
-        if not onednn_available() or self.tied_head is not None:
+        weights are dropped, the embedding kept; without oneDNN, or for weights off the CPU
+        (the packed layouts are CPU kernels'), nothing changes."""
+        if (not onednn_available() or self.tied_head is not None
+                or self.device.type != "cpu"):
             return
         pack_linears(self)
         if self.lm_head is None:

@@ -36,11 +36,14 @@ class LoadedModel:
     identity: str  # hex digest of config + weights; changes when the weights change
 
 
-def load_model(model: str, dtype: torch.dtype | str, load_weights: bool = True) -> LoadedModel:
+def load_model(model: str, dtype: torch.dtype | str, load_weights: bool = True,
+               device: torch.device | str = "cpu") -> LoadedModel:
     """`model` is `builtin:NAME` or a directory with config.json, *.safetensors, tokenizer.json.
 
-    `load_weights=False` reads everything but the weights (for a process that only schedules)."""
+    `load_weights=False` reads everything but the weights (for a process that only schedules).
+    `device`: where the weights go (the caller checked that it exists: kvport.engine.device)."""
     dtype = resolve_dtype(dtype)
+    device = torch.device(device)
     model_dir = resolve_model_dir(model)
     config = read_config(model_dir)
     files = safetensors_files(model_dir)
@@ -49,7 +52,12 @@ def load_model(model: str, dtype: torch.dtype | str, load_weights: bool = True) 
     if load_weights:
         net = model_class(config)(config, dtype)
         net.load_weights(iter_weights(files))
-        net.pack_weights()
+        if device.type == "cpu":
+            net.pack_weights()
+        else:
+            # The packed layouts are the CPU's (oneDNN, the tiled C kernel): elsewhere the model
+            # keeps torch's nn.Linear and moves as it is, one copy of each weight.
+            net.to(device)
     return LoadedModel(config, net, tokenizer, model_dir, model_identity(model_dir, files))
 
 

@@ -76,7 +76,7 @@ class Mamba2Mixer(nn.Module):
             [cfg.intermediate_size, cfg.conv_dim, cfg.n_heads], dim=-1)
         dt = torch.clamp(F.softplus(dt.float() + self.dt_bias.float()), cfg.dt_min, cfg.dt_max)
         pool, runs = ctx.state_runs(self.layer_idx)
-        y = torch.empty(x.shape[0], cfg.intermediate_size, dtype=torch.float32)
+        y = torch.empty(x.shape[0], cfg.intermediate_size, dtype=torch.float32, device=x.device)
         if runs.batched:
             self._decode(pool, runs.batched, xbc, dt, y)
         for run in runs.ordered:
@@ -94,11 +94,14 @@ class Mamba2Mixer(nn.Module):
         """(conv windows (n, d_conv - 1, conv_dim), ssm states (n, heads, d_head, d_state)) in
         float32; zeros for a request that starts at token 0 (block None)."""
         cfg = self.cfg
-        conv = torch.zeros(len(blocks), cfg.d_conv - 1, cfg.conv_dim)
-        ssm = torch.zeros(len(blocks), cfg.n_heads, cfg.d_head, cfg.d_state)
+        # Every tensor on the pool's device: the block ids are host data (the step's runs),
+        # copied over once per call.
+        dev = pool.device
+        conv = torch.zeros(len(blocks), cfg.d_conv - 1, cfg.conv_dim, device=dev)
+        ssm = torch.zeros(len(blocks), cfg.n_heads, cfg.d_head, cfg.d_state, device=dev)
         held = [i for i, b in enumerate(blocks) if b is not None]
         if held:
-            rows = pool[torch.tensor([blocks[i] for i in held])].float()
+            rows = pool[torch.tensor([blocks[i] for i in held], device=dev)].float()
             conv[held] = rows[:, :self.conv_numel].view(len(held), cfg.d_conv - 1, cfg.conv_dim)
             ssm[held] = rows[:, self.conv_numel:cfg.state_numel].view(
                 len(held), cfg.n_heads, cfg.d_head, cfg.d_state)
@@ -107,13 +110,13 @@ class Mamba2Mixer(nn.Module):
     def _write(self, pool: torch.Tensor, blocks: list[int], conv: torch.Tensor,
                ssm: torch.Tensor) -> None:
         rows = torch.cat([conv.flatten(1), ssm.flatten(1)], dim=1).to(pool.dtype)
-        pool[torch.tensor(blocks), :self.cfg.state_numel] = rows
+        pool[torch.tensor(blocks, device=pool.device), :self.cfg.state_numel] = rows
 
     # --- decode: one token per request, batched -------------------------------------------------
 
     def _decode(self, pool: torch.Tensor, runs: list[StateRun], xbc: torch.Tensor,
                 dt: torch.Tensor, y: torch.Tensor) -> None:
-        rows = torch.tensor([r.query_start for r in runs])
+        rows = torch.tensor([r.query_start for r in runs], device=xbc.device)
         conv, ssm = self._read(pool, [r.read_block for r in runs])
         window = torch.cat([conv, xbc[rows].float().unsqueeze(1)], dim=1)  # (n, d_conv, conv_dim)
         xs, b, c = self._split(F.silu(self._conv(window.transpose(1, 2))))  # (n, H, P|N|N)
@@ -178,7 +181,7 @@ def _scan(xs: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, 
     cum = torch.cumsum(chunks(dt * a), dim=1)  # (c, L, H): log decay from the chunk start
     # Within a chunk: query l sees key s <= l, weighted by the decay between them.
     diff = cum.unsqueeze(2) - cum.unsqueeze(1)  # (c, L, S, H)
-    causal = torch.ones(chunk, chunk, dtype=torch.bool).tril().view(1, chunk, chunk, 1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=xs.device).tril().view(1, chunk, chunk, 1)
     decays = torch.exp(diff.masked_fill(~causal, -torch.inf))
     weights = torch.einsum("clhn,cshn->clsh", c, b) * decays
     y = torch.einsum("clsh,cshp->clhp", weights, xdt)

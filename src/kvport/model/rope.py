@@ -123,6 +123,9 @@ class RotaryEmbedding:
         self._cos = torch.empty(0, self.inv_freq.numel())  # (table_len, head_dim / 2) float32
         self._sin = torch.empty(0, self.inv_freq.numel())
         self._initial_len = min(_INITIAL_TABLE_LEN, config.max_position_embeddings)
+        self._max_len = config.max_position_embeddings
+        # The tables on the device of the last positions seen off the CPU (see cos_sin).
+        self._device_tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _grow(self, needed: int) -> None:
         n = max(self._initial_len, self._cos.shape[0])
@@ -138,7 +141,22 @@ class RotaryEmbedding:
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (T,) int64 -> cos, sin each (T, head_dim / 2) in `dtype`."""
+        """positions (T,) int64 -> cos, sin each (T, head_dim / 2) in `dtype`, on the device of
+        `positions`.
+
+        The tables are computed on the CPU (the float32 steps above, as transformers rounds
+        them). For positions on another device they are copied there once, for every position
+        up to max_position_embeddings: growing on demand would read the largest position back
+        to the host, a synchronization in every step."""
+        if positions.device.type != "cpu":
+            tables = self._device_tables
+            if tables is None or tables[0].device != positions.device:
+                if self._cos.shape[0] < self._max_len:
+                    self._grow(self._max_len)
+                tables = (self._cos.to(positions.device), self._sin.to(positions.device))
+                self._device_tables = tables
+            cos, sin = tables
+            return cos[positions].to(dtype), sin[positions].to(dtype)
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self._cos.shape[0]:
             self._grow(needed)

@@ -64,7 +64,9 @@ def check_state_fits(config: ModelConfig, block_size: int) -> None:
 
 
 def state_runs(meta: AttentionMetadata, group: int, block_size: int) -> list[StateRun]:
-    """Every request of the step, decodes first, with the blocks of its state in `group`."""
+    """Every request of the step, decodes first, with the blocks of its state in `group`.
+    Reads the metadata's CPU copy: block ids become Python numbers here."""
+    meta = meta.on_host
     runs = []
     decodes = meta.decodes[group]
     for i in range(meta.num_decode_tokens):
