@@ -71,8 +71,11 @@ def vllm_config(extra: dict[str, Any], max_num_batched_tokens: int = 256,
 def kv_cache_config(num_blocks: int) -> KVCacheConfig:
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD,
                              dtype=torch.float32)
+    # kv_cache_layout: what vLLM's engine core records on every KVCacheConfig before connectors
+    # are built (vllm/v1/engine/core.py), here the CPU backend's one layout.
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+                         kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
+                         kv_cache_layout="LBHNC")
 
 
 def offload_extra(host_blocks: int = 64, disk_dir: Path | None = None,

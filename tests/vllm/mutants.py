@@ -6,6 +6,7 @@ from __future__ import annotations
 from tools.mutation import Mutant
 
 VLLM_IDENTITY = "tests/vllm/test_vllm_identity.py"
+VLLM_PAGES = "tests/vllm/test_vllm_pages.py"
 
 
 MUTANTS: list[Mutant] = [
@@ -263,4 +264,41 @@ MUTANTS: list[Mutant] = [
          "test_a_store_that_reads_blocks_after_they_were_given_to_another_request_is_c3",),
         "the recorder measures what loads bring back inside vLLM (0.32 calls "
         "get_transfer_results)"),
+    # ---- pages and layout (vllm/pages.py, vllm/storage.py) ----------------------------------
+    Mutant(
+        "vllm-page-plain-product", "src/kvport/vllm/pages.py",
+        "        if spec.page_size_bytes != plain:\n",
+        "        if False:\n",
+        (f"{VLLM_PAGES}::test_a_page_that_is_not_the_plain_product_is_refused",),
+        "a page that is not num_kv_heads x block_size x (head_size + head_size_v) is refused"),
+    Mutant(
+        "vllm-page-quantized-scales", "src/kvport/vllm/pages.py",
+        "    if quant not in PLAIN_QUANT_MODES:\n",
+        "    if False:\n",
+        (f"{VLLM_PAGES}::test_other_pages_are_refused_naming_the_spec_and_what_is_handled",),
+        "KV quantized with scales a page copy does not carry (per token-head) is refused"),
+    Mutant(
+        "vllm-page-odd-per-token", "src/kvport/vllm/pages.py",
+        "    if per_token % 2:  # kvport's pool describes a page as K and V halves\n",
+        "    if False:\n",
+        (f"{VLLM_PAGES}::test_other_pages_are_refused_naming_the_spec_and_what_is_handled",),
+        "a page kvport cannot halve into K and V is refused"),
+    Mutant(
+        "vllm-groups-one-page", "src/kvport/vllm/storage.py",
+        "    if len(pages) != 1:\n",
+        "    if False:\n",
+        (f"{VLLM_PAGES}::test_groups_of_different_pages_are_refused",),
+        "KV cache groups of different page geometries are refused"),
+    Mutant(
+        "vllm-layout-unresolved", "src/kvport/vllm/pages.py",
+        "        if layout:\n",
+        "        if True:\n",
+        (f"{VLLM_PAGES}::test_the_resolved_layout_is_read_from_vllms_configs",),
+        "a connector built before vLLM resolved the layout is refused"),
+    Mutant(
+        "vllm-layout-in-namespace", "src/kvport/vllm/storage.py",
+        "    layout = (f\"{LAYOUT_PREFIX}{resolved_layout(vllm_config, kv_cache_config, where)}\"\n",
+        "    layout = (f\"{LAYOUT_PREFIX}pages\"\n",
+        (f"{VLLM_PAGES}::test_the_disk_namespace_names_the_resolved_layout",),
+        "the disk namespace names the layout vLLM resolved"),
 ]

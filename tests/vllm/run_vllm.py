@@ -12,6 +12,7 @@ vLLM engine per process).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -49,6 +50,18 @@ def connector_of(llm: Any) -> Any:
     return llm.llm_engine.engine_core.engine_core.scheduler.connector
 
 
+class LayoutWarnings(logging.Handler):
+    """vLLM's warnings that mention the KV cache layout (a connector's wish it drops)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "layout" in record.getMessage():
+            self.messages.append(record.getMessage())
+
+
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
@@ -68,9 +81,15 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         kwargs["enable_prefix_caching"] = cfg["enable_prefix_caching"]
     if cfg.get("num_gpu_blocks_override"):
         kwargs["num_gpu_blocks_override"] = cfg["num_gpu_blocks_override"]
-    llm = LLM(model=str(builtin_model_dir(cfg.get("model", "smollm2-135m"))), dtype="float32",
-              enforce_eager=True, max_model_len=cfg.get("max_model_len", 1024),
-              max_num_seqs=cfg.get("max_num_seqs", 4), seed=0, **kwargs)
+    layout_warnings = LayoutWarnings()
+    logging.getLogger("vllm").addHandler(layout_warnings)
+    try:
+        llm = LLM(model=str(builtin_model_dir(cfg.get("model", "smollm2-135m"))),
+                  dtype="float32", enforce_eager=True,
+                  max_model_len=cfg.get("max_model_len", 1024),
+                  max_num_seqs=cfg.get("max_num_seqs", 4), seed=0, **kwargs)
+    finally:
+        logging.getLogger("vllm").removeHandler(layout_warnings)
     preemptions = 0
     if cfg.get("connector"):  # count the preemptions the scheduler reports to the connector
         connector = connector_of(llm)
@@ -107,6 +126,12 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         connector = connector_of(llm)
         result["stats"] = vars(connector.scheduler_half.stats).copy()
         result["metrics"] = plain_data(connector.scheduler_half.metrics())
+        # what kvport asked, what vLLM resolved, what names kvport's disk namespace
+        result["layout"] = {"asked": connector.get_required_kvcache_layout(scheduler.vllm_config),
+                            "resolved": scheduler.vllm_config.cache_config.kv_cache_layout,
+                            "kv_cache_config": scheduler.kv_cache_config.kv_cache_layout,
+                            "spec": connector._spec.layout,
+                            "warnings": layout_warnings.messages}
     llm.llm_engine.engine_core.shutdown()  # drains kvport's write-throughs
     return result
 

@@ -80,6 +80,15 @@ def test_outputs_equal_with_and_without_the_connector(runs: dict[str, dict[str, 
         assert_same(rnd, reference)
 
 
+def test_the_layout_asked_is_the_cpu_backends_and_names_the_disk_namespace(
+        runs: dict[str, dict[str, Any]]) -> None:
+    """kvport asks LBHNC, vLLM's CPU backend's only layout: vLLM resolves it without a warning
+    (a wish it cannot grant is dropped with one), and kvport's disk namespace names it."""
+    layout = runs["host"]["layout"]
+    assert layout == {"asked": "LBHNC", "resolved": "LBHNC", "kv_cache_config": "LBHNC",
+                      "spec": "vllm-LBHNC|tp0of1", "warnings": []}
+
+
 def test_repeated_prompts_are_served_from_the_host_tier(runs: dict[str, dict[str, Any]]) -> None:
     host = runs["host"]
     for rnd in host["rounds"][1:]:  # after reset_prefix_cache(): the engine's cache is empty

@@ -1,28 +1,29 @@
 """The adapter against vLLM's connector interface: every public method of vLLM's connector base
-class (0.32, and the ones 0.33 adds) is overridden or deliberately inherited, so a new hook
-cannot be missed silently; kvport.vllm imports without vLLM and says what to install."""
+class (0.32, and the ones 0.33 and 0.34 add, base_hooks.py) is overridden or deliberately
+inherited, so a new hook cannot be missed silently; kvport.vllm imports without vLLM and says
+what to install."""
 
 from __future__ import annotations
 
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from base_hooks import ADDED, ADDED_IN_0_33, ADDED_IN_0_34, public_methods, wheel_base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvport.vllm.compat import check_version, parse_version
 from kvport.vllm.connector import KvportConnector, OffloadingConnector
 
-# Public methods vllm 0.33.0's KVConnectorBase_V1 adds to 0.32's (read from its wheel).
-ADDED_IN_0_33 = {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches"}
-
 DELIBERATELY_INHERITED = {
     "has_connector_metadata": "the base keeps the step's metadata (bind also hands it on)",
     "bind_gpu_block_pool": "kvport never touches vLLM's block pool",
     "bind_kv_cache_manager": "likewise",
-    "finish_forward": "Model Runner V2: stores start in get_finished, after every forward",
-    "reset_capture_state": "no state is changed while CUDA graphs are captured",
+    "finish_forward": "Model Runner V2 (0.34's CPU runner too: after every forward, before "
+                      "wait_for_save): stores start in get_finished, later in the same step",
+    "reset_capture_state": "GPU Model Runner V2 only, after CUDA graph capture: no state",
     "get_finished_count": "every worker reports (the default: the world size)",
     "get_handshake_metadata": "not a prefill/decode transfer connector: no handshake",
     "set_xfer_handshake_metadata": "likewise",
@@ -31,8 +32,6 @@ DELIBERATELY_INHERITED = {
     "get_kv_connector_kv_cache_events": "kvport's events come from the scheduler half",
     "get_loaded_kv_cache_group_ids": "a hash-addressed store: the prefix-cacheable groups",
     "get_mem_pool_context": "the KV caches live in vLLM's own memory pool",
-    "get_required_kvcache_layout": "vLLM's CPU backend has one layout, the one kvport reads; "
-                                   "GPU layouts are refused with the GPU itself",
     "has_pending_block_frees": "inside vLLM stores end in their step: no block is held",
     "register_finished_partial_tail": "only full blocks are offloaded",
     "requires_piecewise_for_cudagraph": "the per-layer hooks do nothing",
@@ -40,18 +39,49 @@ DELIBERATELY_INHERITED = {
     "supports_divergent_local_hybrid_hits": "no recurrent (state-space) groups are offloaded",
     "unregister_kv_caches": "vLLM >= 0.33, sleep mode only, which kvport declines",
     "restore_kv_caches": "likewise",
+    "supports_lookahead_block_hashes": "vLLM >= 0.34: False, so vLLM keeps lookahead hashing "
+                                       "off: kvport reads one hash per full block "
+                                       "(hits.hashes_ok), which lagging hashes break",
+    "kv_cache_access": "vLLM >= 0.34: IN_PROCESS, right: kvport's workers copy the KV cache in "
+                       "their own process",
 }
 
 
 def test_every_public_base_method_is_overridden_or_deliberately_inherited() -> None:
     public = {n for n, _ in inspect.getmembers(KVConnectorBase_V1) if not n.startswith("_")}
-    public |= ADDED_IN_0_33
+    public |= set(ADDED)
     overridden = {n for n in public if n in vars(KvportConnector)}
     missed = sorted(public - overridden - set(DELIBERATELY_INHERITED))
     assert missed == [], f"new vLLM connector hooks, neither overridden nor listed: {missed}"
     stale = sorted(set(DELIBERATELY_INHERITED) & overridden)
     assert stale == [], f"overridden now, drop from DELIBERATELY_INHERITED: {stale}"
     assert set(DELIBERATELY_INHERITED) <= public, set(DELIBERATELY_INHERITED) - public
+
+
+@pytest.mark.parametrize(("older", "version", "added"), [
+    ("0.32", "0.33.0", ADDED_IN_0_33), ("0.33.0", "0.34.0", ADDED_IN_0_34)])
+def test_the_hooks_each_release_adds_are_the_ones_listed(older: str, version: str,
+                                                         added: dict[str, str]) -> None:
+    """Read from the unpacked wheels where they are on this machine (base_hooks.py)."""
+    new = wheel_base(version)
+    base = (Path(inspect.getfile(KVConnectorBase_V1)) if older == "0.32"
+            else wheel_base(older))
+    if new is None or base is None:
+        pytest.skip(f"vLLM {version}'s unpacked wheel is not on this machine")
+    assert public_methods(new) - public_methods(base) == set(added)
+    assert public_methods(base) - public_methods(new) == set()  # none removed
+
+
+def test_layout_and_async_load_answers() -> None:
+    """LBHNC, as vLLM's own OffloadingConnector asks (the CPU backend's one layout); no async
+    load promised at enqueue, even for a request carrying the P/D flag the base reads."""
+    assert OffloadingConnector.get_required_kvcache_layout(None) == "LBHNC"  # type: ignore[arg-type]
+
+    from types import SimpleNamespace
+
+    request = SimpleNamespace(kv_transfer_params={"do_remote_prefill": True})
+    connector = object.__new__(OffloadingConnector)  # no engine: the answer reads nothing
+    assert connector.may_load_async(request) is False  # type: ignore[arg-type]
 
 
 def test_abstract_methods_are_all_implemented() -> None:

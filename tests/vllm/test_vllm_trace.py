@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from base_hooks import ADDED
 from engine_pool import EnginePool
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
@@ -360,7 +361,7 @@ def test_same_connector_same_scheduler_calls_in_kvport_and_vllm(runs: dict[str, 
 
 def test_every_public_base_hook_is_forwarded() -> None:
     public = {n for n, _ in inspect.getmembers(KVConnectorBase_V1) if not n.startswith("_")}
-    public |= {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches"}  # 0.33
+    public |= set(ADDED)  # 0.33's and 0.34's
     missed = sorted(n for n in public if n not in vars(RecordingConnector) and n != "role")
     assert missed == [], f"vLLM connector hooks the recorder does not forward: {missed}"
     assert not inspect.isabstract(RecordingConnector)
@@ -388,6 +389,15 @@ def test_class_level_hooks_answer_for_the_inner_connector() -> None:
                            kv_connector_module_path="kvport.vllm", kv_connector_extra_config={
                                "connector": offloading()})
     assert RecordingConnector.supports_sleep_mode(ktc) is False  # kvport's answer
+    # vLLM 0.34's: kvport's (the base's defaults), and another connector's own
+    assert RecordingConnector.kv_cache_access(ktc) == 0
+    assert RecordingConnector.supports_lookahead_block_hashes(ktc) is False
+    ktc = KVTransferConfig(kv_connector="RecordingConnector", kv_role="kv_both",
+                           kv_connector_module_path="kvport.vllm", kv_connector_extra_config={
+                               "connector": {"kv_connector": "Hooks034Example",
+                                             "kv_connector_module_path": "trace_connectors"}})
+    assert RecordingConnector.kv_cache_access(ktc) == 1
+    assert RecordingConnector.supports_lookahead_block_hashes(ktc) is True
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -499,11 +509,13 @@ def test_recording_on_real_scheduler_wraps_metadata_and_checks_clean(tmp_path: P
     assert [o.kv_connector_metadata.step for o in outs] == list(range(len(outs)))
     inner = h.scheduler.connector.inner
     assert inner.scheduler_half.stats.num_host_hit_tokens > 0  # round 2 loaded from the host
+    assert h.scheduler.connector.may_load_async(h.add("c", [5] * 20)) is False  # kvport's
     h.worker.shutdown()
     h.scheduler.connector.shutdown()
     trace = read_events(str(tmp_path / "trace.jsonl"))
     assert check_trace(trace) == []
     methods = Counter(e.method for e in trace)
+    assert methods["may_load_async"] == 1  # vLLM 0.34's hook, forwarded and recorded
     assert methods["build_connector_meta"] == methods["handle_preemptions"] == len(outs)
     loads = [e for e in trace if e.method == "start_load_kv"]
     assert {tuple(e.ints) for e in loads} == {(0,), (1,)}  # host hits load synchronously

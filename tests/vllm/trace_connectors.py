@@ -183,3 +183,19 @@ class LateStoreExample(ExampleConnector):
                 super().save_kv_layer(layer_name, kv_layer, attn_metadata)
         finally:
             self._connector_metadata = bound
+
+
+class Hooks034Example(ExampleConnector):
+    """vLLM's ExampleConnector answering vLLM 0.34's hooks unlike the base (which 0.32 lacks): a
+    recorder around it must give vLLM these answers, not the base's."""
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> int:
+        return 1  # KVCacheAccess.REGISTERS in 0.34: one physical allocation per segment
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: Any) -> bool:
+        return True
+
+    def may_load_async(self, request: Any) -> bool:
+        return True

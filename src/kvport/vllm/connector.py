@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
+REQUIRED_LAYOUT = "LBHNC"  # vLLM's KVCacheLayout name (vllm/v1/kv_cache_layout.py)
 
 
 class KvportConnector(KVConnectorBase_V1):
@@ -140,6 +141,21 @@ class KvportConnector(KVConnectorBase_V1):
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
         """vLLM >= 0.33: False. A worker keeps views of the KV caches and copies from them on
         its own threads; following a remap of their memory is not implemented."""
+        return False
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """LBHNC, as vLLM's own OffloadingConnector asks: each layer's pages one run per
+        block. On vLLM's CPU build it is the only layout the backend supports, so nothing
+        changes there; the layout vLLM resolved names the disk namespace (storage.py)."""
+        return REQUIRED_LAYOUT
+
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM >= 0.34 (with --max-num-inflight-kv-loads): False. Whether a hit loads
+        asynchronously is known only from the lookup (host hits load synchronously; a disk or
+        Redis run asynchronously), too costly for every enqueue, and a wrong True holds back
+        other requests' async loads; the base's answer is a prefill/decode flag
+        (do_remote_prefill) kvport's connectors do not serve."""
         return False
 
     @property

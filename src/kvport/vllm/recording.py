@@ -42,9 +42,12 @@ from kvport.trace.writer import TraceWriter
 from kvport.vllm.compat import require_vllm
 from kvport.vllm.recording_config import worker_call_order
 from kvport.vllm.recording_inner import (
+    DIRECT_WHEN_OFF,
     create_inner,
+    kv_cache_access,
     required_kvcache_layout,
     requires_piecewise_for_cudagraph,
+    supports_lookahead_block_hashes,
     supports_sleep_mode,
 )
 from kvport.vllm.recording_kv import LoadChecks
@@ -72,16 +75,6 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-# Hooks vLLM calls per layer (or that are plain reads): without recording, the wrapper's
-# attribute is the inner connector's bound method, so forwarding them costs no call at all.
-_DIRECT_WHEN_OFF = ("has_connector_metadata", "wait_for_layer_load", "save_kv_layer",
-                    "start_load_kv", "wait_for_save", "get_block_ids_with_load_errors",
-                    "get_kv_connector_kv_cache_events", "build_connector_worker_meta",
-                    "get_num_new_matched_tokens", "update_state_after_alloc",
-                    "get_external_cache_hit_sources", "get_loaded_kv_cache_group_ids",
-                    "request_finished", "update_connector_output", "take_events",
-                    "has_pending_push_work", "has_pending_block_frees", "on_new_request",
-                    "get_transfer_results", "get_finished", "handle_preemptions")
 
 
 def _kind(out: Any) -> str | None:
@@ -109,7 +102,7 @@ class RecordingConnector(KVConnectorBase_V1):
                 TraceHeader("vllm", str(vllm.__version__), worker_call_order(vllm_config),
                             spec.sees_all_stores))
         else:
-            for name in _DIRECT_WHEN_OFF:
+            for name in DIRECT_WHEN_OFF:
                 setattr(self, name, getattr(self._inner, name))
         self._rec = CallRecorder(writer)
         one_group = len(kv_cache_config.kv_cache_groups) == 1
@@ -158,6 +151,8 @@ class RecordingConnector(KVConnectorBase_V1):
     get_required_kvcache_layout = staticmethod(required_kvcache_layout)
     requires_piecewise_for_cudagraph = staticmethod(requires_piecewise_for_cudagraph)
     supports_sleep_mode = staticmethod(supports_sleep_mode)  # vLLM >= 0.33
+    kv_cache_access = staticmethod(kv_cache_access)  # vLLM >= 0.34
+    supports_lookahead_block_hashes = staticmethod(supports_lookahead_block_hashes)  # >= 0.34
     build_kv_connector_stats = staticmethod(rebuild_stats)
     build_prom_metrics = staticmethod(prom_metrics)
 
@@ -298,6 +293,11 @@ class RecordingConnector(KVConnectorBase_V1):
     def on_new_request(self, request: Request) -> None:
         return self._rec.call("on_new_request", self._inner.on_new_request, request,
                               fields=request_fields(request.request_id))
+
+    def may_load_async(self, request: Request) -> bool:  # vLLM >= 0.34, at each enqueue
+        hook = self._inner.may_load_async  # type: ignore[attr-defined]
+        return self._rec.call("may_load_async", hook, request,
+                              fields=request_fields(request.request_id), summary=bool)
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -2,8 +2,9 @@
 wrapper's config (recording_config.py reads it), and the class-level hooks its class answers.
 
 vLLM calls some hooks on the class named in the config, before any connector exists
-(get_required_kvcache_layout, requires_piecewise_for_cudagraph, supports_sleep_mode): the
-wrapper's classmethods resolve the inner class from the config they are given and ask it.
+(get_required_kvcache_layout, requires_piecewise_for_cudagraph; supports_sleep_mode from 0.33;
+kv_cache_access and supports_lookahead_block_hashes from 0.34): the wrapper's classmethods
+resolve the inner class from the config they are given and ask it.
 A config that names no loadable KVConnectorBase_V1 subclass is a ValueError that says what to
 pass instead.
 """
@@ -28,6 +29,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
+
+# Hooks vLLM calls per layer (or that are plain reads): without recording, the wrapper's
+# attribute is the inner connector's bound method, so forwarding them costs no call at all.
+DIRECT_WHEN_OFF = ("has_connector_metadata", "wait_for_layer_load", "save_kv_layer",
+                   "start_load_kv", "wait_for_save", "get_block_ids_with_load_errors",
+                   "get_kv_connector_kv_cache_events", "build_connector_worker_meta",
+                   "get_num_new_matched_tokens", "update_state_after_alloc",
+                   "get_external_cache_hit_sources", "get_loaded_kv_cache_group_ids",
+                   "request_finished", "update_connector_output", "take_events",
+                   "has_pending_push_work", "has_pending_block_frees", "on_new_request",
+                   "get_transfer_results", "get_finished", "handle_preemptions")
 
 
 def _outer_fields(ktc: Any) -> dict[str, Any]:
@@ -119,3 +131,20 @@ def supports_sleep_mode(kv_transfer_config: Any) -> bool:
     cls, inner, _ = resolve(kv_transfer_config)
     hook = getattr(cls, "supports_sleep_mode", None)
     return True if hook is None else bool(hook(inner))
+
+
+def kv_cache_access(kv_transfer_config: Any) -> Any:
+    """vLLM >= 0.34 asks how the workers reach the KV cache (a KVCacheAccess flag set, which
+    decides how vLLM allocates it): the inner class's answer. A class without the hook (vLLM
+    < 0.34, which never asks) answers the base's default, IN_PROCESS (0)."""
+    cls, inner, _ = resolve(kv_transfer_config)
+    hook = getattr(cls, "kv_cache_access", None)
+    return 0 if hook is None else hook(inner)
+
+
+def supports_lookahead_block_hashes(kv_transfer_config: Any) -> bool:
+    """vLLM >= 0.34 asks whether block hashes may cover lookahead tokens: the inner class's
+    answer; the base's default, False, where the class has no hook (vLLM < 0.34)."""
+    cls, inner, _ = resolve(kv_transfer_config)
+    hook = getattr(cls, "supports_lookahead_block_hashes", None)
+    return False if hook is None else bool(hook(inner))

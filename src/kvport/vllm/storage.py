@@ -21,20 +21,30 @@ from kvport.connectors.base import EngineInfo, KVCacheSpec
 from kvport.vllm.groups import VllmGroups
 from kvport.vllm.identity import identity_digest, model_identity
 from kvport.vllm.objects import hash_root
+from kvport.vllm.pages import page_geometry, resolved_layout
 
 logger = logging.getLogger(__name__)
-LAYOUT = "vllm-pages"  # a block's bytes: each layer's page of vLLM's pool, in layer order
+# A block's bytes: each layer's page of vLLM's pool, in layer order, each page as vLLM's
+# resolved layout orders it (pages.resolved_layout: "vllm-LBHNC").
+LAYOUT_PREFIX = "vllm-"
 
 
 def kvport_spec(vllm_config: Any, kv_cache_config: Any, groups: VllmGroups, tp_rank: int,
                 namespace: str | None, shares_storage: bool, where: str) -> KVCacheSpec:
-    """The spec kvport's connector gets: vLLM's pool geometry and KV cache groups (groups.py);
-    the hash root names the model (identity.py) where stored KV is shared with other engines,
-    as vLLM's block hashes do not."""
-    spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-    dtype = str(spec.dtype).removeprefix("torch.")
+    """The spec kvport's connector gets: vLLM's pool geometry (pages.py: every group's page,
+    one geometry for all) and KV cache groups (groups.py); the layout names vLLM's resolved
+    layout and this rank's shard, and the hash root names the model (identity.py) where stored
+    KV is shared with other engines, as vLLM's block hashes do not."""
+    specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+    spec = specs[0]
+    pages = {page_geometry(s, where) for s in specs}
+    if len(pages) != 1:
+        raise ValueError(f"{where}: KV cache groups with different pages {sorted(map(str, pages))}"
+                         f"; kvport offloads groups of one page geometry")
+    page = pages.pop()
     tp_size = vllm_config.parallel_config.tensor_parallel_size
-    layout = f"{LAYOUT}|tp{tp_rank}of{tp_size}"
+    layout = (f"{LAYOUT_PREFIX}{resolved_layout(vllm_config, kv_cache_config, where)}"
+              f"|tp{tp_rank}of{tp_size}")
     # With several KV cache groups vLLM 0.32 takes failed loads per request only
     # (KVConnectorTransferResults.failed_recving); block ids would stop the engine.
     events = getattr(vllm_config, "kv_events_config", None)
@@ -44,17 +54,13 @@ def kvport_spec(vllm_config: Any, kv_cache_config: Any, groups: VllmGroups, tp_r
                         kv_events=bool(events is not None and events.enable_kv_cache_events))
     kvport = KVCacheSpec(
         num_blocks=kv_cache_config.num_blocks, block_size=spec.block_size,
-        num_layers=len(groups.layer_index), num_kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_size, dtype=dtype, layout=layout, engine=engine,
+        num_layers=len(groups.layer_index), num_kv_heads=page.num_kv_heads,
+        head_dim=page.head_dim, dtype=page.dtype, layout=layout, engine=engine,
         groups=groups.groups)
-    if spec.page_size_bytes * kvport.num_slots != kvport.block_bytes:
-        raise ValueError(f"{where}: vLLM's KV pages of {spec.page_size_bytes} bytes are not "
-                         f"one layer's K and V ({kvport.block_bytes // kvport.num_slots} bytes); "
-                         f"padded or quantized KV pages are not supported")
     if not shares_storage:
         return kvport
     identity = namespace_identity(vllm_config, namespace, where)
-    root = hash_root(identity, dtype, spec.block_size, layout,
+    root = hash_root(identity, page.dtype, spec.block_size, layout,
                      vllm_config.cache_config.prefix_caching_hash_algo)
     return dataclasses.replace(kvport, hash_root=root)
 
