@@ -152,9 +152,11 @@ def kvport_view(kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str
     """vLLM's registered KV caches as kvport's pool, `(num_blocks, num_layers, 2, block_size,
     heads, head_dim)`, a strided view of the same memory (nothing is copied). Each layer's
     tensor is `[num_blocks, heads, block_size, 2 * head_dim]` (vLLM's CPU backends: a page
-    holds K of every token of a head, then its V) or `[2, num_blocks, block_size, heads,
-    head_dim]` (K and V first); the layers must lie at one stride in one storage, as vLLM
-    allocates them on CPU."""
+    holds K of every token of a head, then its V; for MLA the last dim is the latent,
+    head_size + head_size_v with head_size_v 0, and its halves are only kvport's labels:
+    pages.py) or `[2, num_blocks, block_size, heads, head_dim]` (K and V first; no vLLM 0.32-0.34
+    backend registers it); the layers must lie at one stride in one storage, as vLLM allocates
+    them on CPU."""
     missing = [n for n in layer_names if n not in kv_caches]
     if missing:
         raise ValueError(f"kvport.vllm: register_kv_caches lacks layers {missing[:3]} of the KV "
