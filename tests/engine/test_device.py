@@ -61,6 +61,18 @@ def test_a_cuda_index_past_the_gpus_there_are_is_refused(monkeypatch: pytest.Mon
         resolve_device("cuda:2")
 
 
+def test_cuda_without_an_index_is_the_current_gpu_named_by_its_index(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The runner's thread (async scheduling) has a current device of its own: the engine's is
+    # fixed where the engine is built.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
 def test_a_runner_refuses_a_device_other_than_its_weights() -> None:
     loaded = load_model("builtin:tiny-llama", torch.float32, device=META)
     assert loaded.model is not None

@@ -11,9 +11,11 @@ import torch
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """The torch.device the engine runs on. A ValueError naming the device and the torch build
-    when it is CUDA and torch cannot use it (a CPU-only build, no GPU visible, an index past the
-    GPUs there are)."""
+    """The torch.device the engine runs on, with its index: "cuda" is the calling thread's
+    current CUDA device, fixed here, because the runner may run on another thread (async
+    scheduling), whose current device is its own. A ValueError naming the device and the torch
+    build when it is CUDA and torch cannot use it (a CPU-only build, no GPU visible, an index
+    past the GPUs there are)."""
     dev = torch.device(device)
     if dev.type == "cpu":
         return dev
@@ -31,7 +33,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if dev.index is not None and dev.index >= count:
         raise ValueError(f"device={str(dev)!r}: torch sees {count} CUDA device(s) "
                          f"(cuda:0..cuda:{count - 1})")
-    return dev
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:

@@ -86,6 +86,8 @@ class ModelRunner:
         go; None: where the model's weights are, which it must equal (a ValueError if not)."""
         weights_on = next(model.parameters()).device
         self.device = weights_on if device is None else torch.device(device)
+        if self.device.index is None and self.device.type == weights_on.type:
+            self.device = weights_on  # "cuda": the GPU the weights are on, by its index
         if self.device != weights_on:
             raise ValueError(f"the model's weights are on {weights_on}, the runner's device is "
                              f"{self.device}: load the model onto the engine's device")
