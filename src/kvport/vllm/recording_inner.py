@@ -135,9 +135,14 @@ def supports_sleep_mode(kv_transfer_config: Any) -> bool:
 
 def kv_cache_access(kv_transfer_config: Any) -> Any:
     """vLLM >= 0.34 asks how the workers reach the KV cache (a KVCacheAccess flag set, which
-    decides how vLLM allocates it): the inner class's answer. A class without the hook (vLLM
-    < 0.34, which never asks) answers the base's default, IN_PROCESS (0)."""
+    decides how vLLM allocates it): vLLM's factory's answer for the inner config where the
+    factory has one (0.34: the class's, with its LMCacheMPConnector exception), else the inner
+    class's; IN_PROCESS (0), the base's default, where neither has the hook (vLLM < 0.34,
+    which never asks)."""
     cls, inner, _ = resolve(kv_transfer_config)
+    hook = getattr(KVConnectorFactory, "kv_cache_access", None)
+    if hook is not None:
+        return hook(inner)
     hook = getattr(cls, "kv_cache_access", None)
     return 0 if hook is None else hook(inner)
 
