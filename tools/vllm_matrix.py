@@ -47,10 +47,11 @@ END = "<!-- vllm-matrix:end -->"
 # The adapter end to end inside vLLM, with real engines where it matters: the connector with
 # host, disk and Redis hits (e2e), vLLM's KV event stream (events), failed loads under both
 # policies (load_failures), the RecordingConnector checked by the trace checker (trace), and the
-# cheap ones that meet vLLM's Scheduler, objects and base class (scheduler, objects,
-# interface). About 5 minutes on an idle 2-vCPU VM.
+# cheap ones that meet vLLM's real Scheduler and objects (scheduler, objects). Not
+# test_vllm_interface.py: its meta-test pins 0.32's base class (the hooks 0.32 added are listed
+# as inherited), so it fails on an older release by design, whatever the adapter does.
 TEST_FILES = tuple(f"tests/vllm/test_vllm_{name}.py" for name in (
-    "interface", "objects", "scheduler", "e2e", "events", "load_failures", "trace"))
+    "objects", "scheduler", "e2e", "events", "load_failures", "trace"))
 UNINSTALL = ("torchvision", "torchaudio", "torchcodec", "triton")
 INSTALLED_MARK = ".kvport-matrix-installed"  # written once every install step succeeded
 VERSION_PROBE = (
@@ -275,7 +276,7 @@ def run_version(version: str, root: Path, torch_spec: str, tests: tuple[str, ...
     tree: src/, tests/, pyproject.toml) whose src/ goes first on PYTHONPATH, so that the test
     process and the engines' processes import that kvport, not the venv's editable install.
     kvport: what the tree is, for the result."""
-    work = root / version
+    work = root / (f"{version}-tree" if from_tree else version)  # logs, junit.xml
     work.mkdir(parents=True, exist_ok=True)
     venv = root / f"venv-{version}"
     t0 = time.monotonic()
@@ -297,6 +298,7 @@ def run_version(version: str, root: Path, torch_spec: str, tests: tuple[str, ...
     # a test file that fails to import is one error; the other files still run
     rc = run_logged([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p",
                      "no:cacheprovider", "--continue-on-collection-errors",
+                     f"--basetemp={work / 'tmp'}",  # the engines' logs, kept till the next run
                      f"--junitxml={junit}", *tests],
                     work / "pytest.log", timeout, env, tree)
     test_s = time.monotonic() - t1
