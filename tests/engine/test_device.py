@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 import kvport.engine.runner as runner_module
 from kvport import LLM, EngineConfig, SamplingParams
@@ -21,7 +22,7 @@ from kvport.engine.device import resolve_device
 from kvport.engine.runner import ModelRunner
 from kvport.engine.step import ModelRunnerOutput
 from kvport.model import kernels, sampler
-from kvport.model.attention import PagedAttention
+from kvport.model.attention import PagedAttention, window_mask
 from kvport.model.loader import load_model
 from kvport.model.state_cache import PagedStateAttention
 
@@ -212,3 +213,12 @@ def test_the_c_kernels_are_never_handed_device_tensors(monkeypatch: pytest.Monke
     q = torch.zeros(3, 4, 8, device=META)
     tables = torch.zeros(3, 1, dtype=torch.long, device=META)
     assert kernels.decode_attention(q, cache, tables, slots + 1, 0.5) is None
+
+
+@pytest.mark.parametrize("queries, keys", [(1, 1), (3, 3), (5, 21), (16, 64)])
+def test_the_explicit_mask_off_the_cpu_is_torchs_lower_right_causal_bias(queries: int,
+                                                                         keys: int) -> None:
+    # Off the CPU a prefill over cached context masks with window_mask(q, k, k) instead of
+    # causal_lower_right (attention.py, _prefill_with_context): the same keys must be visible.
+    bias = causal_lower_right(queries, keys)._materialize(torch.device("cpu"))
+    assert torch.equal(window_mask(queries, keys, keys), bias)

@@ -89,7 +89,7 @@ MUTANTS: list[Mutant] = [
         "a KV cache group holds at least one layer"),
     Mutant(
         "dense-attention-window", "src/kvport/model/attention.py",
-        "        mask = window_mask(len(q), len(k), window)\n",
+        "        mask = window_mask(len(q), len(k), window, q.device)\n",
         "        pass\n",
         ("tests/model/test_llama_vs_hf.py::test_float32_logits_match_transformers",
          "tests/model/test_tiny_gemma3.py::test_greedy_output_equals_transformers"),

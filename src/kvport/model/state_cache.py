@@ -69,14 +69,16 @@ def state_runs(meta: AttentionMetadata, group: int, block_size: int) -> list[Sta
     meta = meta.on_host
     runs = []
     decodes = meta.decodes[group]
+    lens: list[int] = decodes.lens.tolist()
+    tables: list[list[int]] = decodes.block_tables.tolist()
     for i in range(meta.num_decode_tokens):
-        start = int(decodes.lens[i]) - 1
-        table = decodes.block_tables[i]
-        read = int(table[(start - 1) // block_size]) if start else None
-        runs.append(StateRun(i, 1, start, read, (int(table[start // block_size]),)))
+        start = lens[i] - 1
+        row = tables[i]
+        read: int | None = row[(start - 1) // block_size] if start else None
+        runs.append(StateRun(i, 1, start, read, (row[start // block_size],)))
     for seq in meta.prefills:
         start, end = seq.context_len, seq.context_len + seq.query_len
-        table = seq.block_tables[group].tolist()
+        table: list[int] = seq.block_tables[group].tolist()
         read = table[(start - 1) // block_size] if start else None
         writes = tuple(table[start // block_size:-(-end // block_size)])
         runs.append(StateRun(seq.query_start, seq.query_len, start, read, writes))
