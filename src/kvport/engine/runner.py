@@ -7,8 +7,9 @@ its request state, so the next decode step needs nothing from the scheduler but 
 
 KV pool layout: see kvport.model.attention (block-contiguous across layers, for whole-block copies).
 Device: the pool, the step's inputs and the sampler's generators live where the model's weights
-are (`EngineConfig.device`). A step's inputs are built on the host and copied over once; the
-sampled token ids come back in one copy per step (kvport.model.sampler).
+are (`EngineConfig.device`). A step's inputs are built on the host, then copied over (a few
+small copies per step, queued ahead of the forward); the sampled token ids come back in one copy
+per step (kvport.model.sampler).
 The runner also drives the worker half of the KV connector through one step
 (kvport.connectors.driver), which is why it lives in the engine, above the model and the
 connector API.
