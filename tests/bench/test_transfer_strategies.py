@@ -33,11 +33,11 @@ def layers() -> list[torch.Tensor]:
 
 
 def test_the_bench_offers_the_tiers_strategies_and_its_own() -> None:
-    assert STRATEGIES == ("native", "numpy", "runs", "gather", "index", "cat")
+    assert STRATEGIES == ("native", "numpy", "torch", "runs", "gather", "index", "cat")
     cfg = TransferBenchConfig(strategies=STRATEGIES)
     [kvport, vllm_pool] = [c for c in cfg.cases() if c.geometry == "tiny-llama"]
     assert cfg.host_strategies(kvport) == STRATEGIES
-    assert cfg.host_strategies(vllm_pool) == ("native", "numpy", "runs")  # several segments
+    assert cfg.host_strategies(vllm_pool) == ("native", "numpy", "torch", "runs")  # segments
 
 
 @pytest.mark.parametrize("strategy", BENCH_STRATEGIES)

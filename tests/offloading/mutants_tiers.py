@@ -11,6 +11,9 @@ REDIS_VALUES = "tests/offloading/test_redis_values.py"
 
 
 REMOVALS = "tests/offloading/test_redis_removals.py"
+POOLS = "tests/offloading/test_engine_pool.py"
+TORCH_COPY = "tests/offloading/test_torch_copy.py"
+STREAMS = "tests/offloading/test_stream_handler.py"
 
 MUTANTS: list[Mutant] = [
     # ---- the Redis tier ------------------------------------------------------------------------
@@ -31,10 +34,57 @@ MUTANTS: list[Mutant] = [
     # ---- host tier -----------------------------------------------------------------------------
     Mutant(
         "host-buffer-faulted-in-at-start", "src/kvport/connectors/offloading/tiers/host/tier.py",
-        "        self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8)",
-        "        self.buffer = torch.empty((num_slots, slot_bytes), dtype=torch.uint8)",
+        "        self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8,\n",
+        "        self.buffer = torch.empty((num_slots, slot_bytes), dtype=torch.uint8,\n",
         ("tests/offloading/test_host_tier.py::test_the_buffer_is_resident_from_the_start",),
         "the host tier's pages are faulted in when it is made, not by stores beside the forward"),
+    # ---- host tier: byte views and the torch copy path (tiers/host/) ---------------------------
+    Mutant(
+        "engine-pool-refuses-overlapping-blocks",
+        "src/kvport/connectors/offloading/tiers/host/engine_pool.py",
+        "    if out.shape[0] > 1 and out.stride(0) < out.shape[1]:\n",
+        "    if False:\n",
+        (f"{POOLS}::test_bad_pools_are_refused_with_what_is_wrong",),
+        "blocks whose bytes overlap are refused: a store would mix two blocks"),
+    Mutant(
+        "engine-pool-kernel-blocks-a-multiple",
+        "src/kvport/connectors/offloading/tiers/host/engine_pool.py",
+        "    if num_blocks < 1 or t.shape[0] % num_blocks:\n",
+        "    if num_blocks < 1:\n",
+        (f"{POOLS}::test_bad_pools_are_refused_with_what_is_wrong",),
+        "kernel blocks group into engine blocks only when they divide evenly"),
+    Mutant(
+        "engine-pool-runs-of-one-element",
+        "src/kvport/connectors/offloading/tiers/host/engine_pool.py",
+        "        if not any(pages.stride(d) == 1 for d in dims):",
+        "        if not dims:",
+        (f"{POOLS}::test_bad_pools_are_refused_with_what_is_wrong",),
+        "a page with no contiguous run is refused, not cut into one segment per element"),
+    Mutant(
+        "host-only-copies-refuse-a-device-pool",
+        "src/kvport/connectors/offloading/tiers/host/tier.py",
+        '        if pool.device.type != "cpu" and self.strategy in HOST_ONLY:\n',
+        "        if False:\n",
+        (f"{POOLS}::test_bad_pools_are_refused_with_what_is_wrong",),
+        "the native and numpy copies never get a pool on a GPU (C would read device pointers)"),
+    Mutant(
+        "torch-copy-checks-ids", "src/kvport/connectors/offloading/tiers/host/torch_copy.py",
+        "        check_pairs(block_ids, self.pool.num_blocks, row_ids, self.host_rows.shape[0])\n",
+        "",
+        (f"{TORCH_COPY}::test_ids_out_of_range_are_refused_before_anything_is_copied",),
+        "the torch path checks ids before enqueueing: a CUDA index kernel would stop the device"),
+    Mutant(
+        "stream-handler-one-job-per-id", "src/kvport/connectors/offloading/worker/streams.py",
+        "        if any(j.job_id == job_id for j in self._pending):\n",
+        "        if False:\n",
+        (f"{STREAMS}::test_ids_in_flight_and_submits_after_shutdown_are_refused",),
+        "a job id in flight is refused: its results would be reported under one id twice"),
+    Mutant(
+        "config-host-copy-checked", "src/kvport/connectors/offloading/config.py",
+        "            if self.host_copy not in HOST_COPIES:\n",
+        "            if False:\n",
+        ("tests/offloading/test_offloading_config.py",),
+        "an unknown host_copy is refused naming the accepted ones, not found at the first copy"),
     # ---- host tier: copy bounds (tiers/host/) --------------------------------------------------
     Mutant(
         "row-checks-negative", "src/kvport/connectors/offloading/tiers/host/row_checks.py",

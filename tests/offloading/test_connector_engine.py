@@ -18,7 +18,7 @@ from kvport.engine.step import SchedulerOutput
 from offload_utils import (
     MODES, OFFLOAD_BLOCK, all_blocks_hit, assert_nothing_leaked, host_metrics, make_llm,
     offload_block_bytes, offload_config, offloading_half, prompts, run, run_bounded,
-    run_one_by_one,
+    run_one_by_one, worker_half,
 )
 
 
@@ -197,3 +197,26 @@ def _hashes(llm: object, prompt: list[int]) -> list[bytes]:
     out: list[bytes] = []
     hash_blocks(llm.engine.hash_root, prompt, 4, out)  # type: ignore[attr-defined]
     return out
+
+
+def test_the_torch_copy_path_serves_hits_as_the_native_one_does(
+    tmp_path: Path, reference: list[list[int]],
+) -> None:
+    """`host_copy: "torch"` (a GPU pool's path, run on CPU): the engine's copies run on the
+    stream handler, stores hand over to disk write-through, and hits from host and disk give the
+    outputs the native copy gives."""
+    llm = make_llm(offload_config(cpu_bytes=8 * offload_block_bytes(), disk_dir=tmp_path,
+                                  host_copy="torch"))
+    host = worker_half(llm).host
+    assert host is not None and host.strategy == "torch"
+    ps = prompts()
+    for p, want in zip(ps, reference):  # one at a time: the host tier keeps the last prompt's
+        assert run(llm, [p])[0] == [want]
+    llm.reset_prefix_cache()
+    for i, source in ((len(ps) - 1, "num_host_hit_tokens"), (0, "num_disk_hit_tokens")):
+        tokens, cached = run(llm, [ps[i]])
+        assert tokens == [reference[i]] and cached[0] > 0, (i, cached)
+        assert host_metrics(llm)[source] > 0, host_metrics(llm)
+    assert host_metrics(llm)["num_failed_loads"] == 0
+    assert_nothing_leaked(llm)
+    llm.shutdown()

@@ -85,13 +85,23 @@ def test_bad_pools_are_refused_with_what_is_wrong() -> None:
         EnginePool.from_pages([])
     with pytest.raises(ValueError, match="tensor 1 has 9 blocks, tensor 0 has 10"):
         EnginePool.from_pages([layers[0], layers[1][:9]])
-    with pytest.raises(ValueError, match="not contiguous"):
-        EnginePool.from_pages([storage.transpose(0, 1)[0]])
+    with pytest.raises(ValueError, match="tensor 0: a block of this KV cache view .* is not one "
+                                         "run of memory"):
+        EnginePool.from_pages([layers[0][..., ::2]])
+    overlapping = storage.view(-1)[:NUM_BLOCKS * 8].as_strided((NUM_BLOCKS, 8), (4, 1))
+    with pytest.raises(ValueError, match="blocks of 32 bytes lie 16 bytes apart: they overlap"):
+        EnginePool.from_pages([overlapping])
+    with pytest.raises(ValueError, match="tensor 0 has 10 blocks, not a multiple of the "
+                                         "engine's 4"):
+        EnginePool.from_pages(layers, num_blocks=4)
     with pytest.raises(ValueError, match="unknown copy strategy 'gather'"):  # the bench's own
         HostTier(2, EnginePool.from_pages(layers).block_bytes, strategy="gather")
     meta = torch.empty((NUM_BLOCKS, HEADS, BLOCK, HEAD2), device="meta")  # as a GPU's would
-    with pytest.raises(ValueError, match=r"copies host memory; this KV pool is on \['meta'\]"):
-        HostTier.for_pool(EnginePool.from_pages([meta]), num_slots=2, blocks_per_slot=1)
+    for strategy in ("native", "numpy"):
+        with pytest.raises(ValueError, match=f"the '{strategy}' copy reads host memory; this KV "
+                                             f"pool is on meta: copy it with strategy 'torch'"):
+            HostTier.for_pool(EnginePool.from_pages([meta]), 2, 1, strategy=strategy)
+    assert HostTier.for_pool(EnginePool.from_pages([meta]), 2, 1).strategy == "torch"
     with pytest.raises(ValueError, match="not a multiple of the engine block"):
         HostTier(2, 1000).register_engine_pool(EnginePool.from_pages(layers))
 

@@ -30,6 +30,8 @@ def test_vllm_names_parse() -> None:
 @pytest.mark.parametrize("extra, message", [
     ({}, "cpu_bytes_to_use must be a positive"),
     ({"cpu_bytes_to_use": 1, "eviction_policy": "fifo"}, "eviction_policy must be one of"),
+    ({"cpu_bytes_to_use": 1, "host_copy": "cuda"},
+     r"host_copy must be one of \('auto', 'native', 'numpy', 'torch'\), got 'cuda'"),
     ({"cpu_bytes_to_use": 1, "store_threshold": -1}, "store_threshold must be an integer >= 0, got -1"),
     ({"cpu_bytes_to_use": 1, "block_size": 0}, "block_size must be a positive integer, got 0"),
     ({"cpu_bytes_to_use": 1, "inflight_wait_s": -0.5},

@@ -115,7 +115,7 @@ def _write_tiny_granite4(out_dir: Path) -> None:
 # --- tiny-llama ---------------------------------------------------------------------------------
 
 
-def _tiny_weights(seed: int) -> dict[str, torch.Tensor]:
+def _tiny_weights(seed: int, dims: Mapping[str, int] = TINY_DIMS) -> dict[str, torch.Tensor]:
     """Random weights that keep attention strong, so outputs depend on the context.
 
     With the usual small init (std 0.02) the residual stream is the last token's embedding and
@@ -123,7 +123,7 @@ def _tiny_weights(seed: int) -> dict[str, torch.Tensor]:
     large enough that attention is sharp and content-dependent, and v/o carry as much signal as
     the embedding.
     """
-    d = TINY_DIMS
+    d = dims
     h, inter, vocab, hd = d["hidden_size"], d["intermediate_size"], d["vocab_size"], d["head_dim"]
     q_out, kv_out = d["num_attention_heads"] * hd, d["num_key_value_heads"] * hd
     gen = torch.Generator().manual_seed(seed)
@@ -157,8 +157,9 @@ def _tiny_weights(seed: int) -> dict[str, torch.Tensor]:
 QK_BOUND, V_BOUND, O_BOUND, MLP_BOUND, HEAD_BOUND, OTHER_HEAD_SCALE = 3.0, 2.0, 2.0, 1.7, 8.0, 0.5
 
 
-def write_tiny_llama(out_dir: Path) -> None:
-    d = TINY_DIMS
+def write_tiny_llama(out_dir: Path, dims: Mapping[str, int] = TINY_DIMS) -> None:
+    """tiny-llama; with `dims`, a random Llama of that shape (tools/gpu_check: SmolLM2's)."""
+    d = dims
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", **d,
         "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
@@ -168,7 +169,7 @@ def write_tiny_llama(out_dir: Path) -> None:
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json",
                 {"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258})
-    weights = _tiny_weights(TINY_SEED)
+    weights = _tiny_weights(TINY_SEED, d)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     write_byte_tokenizer(out_dir, d["vocab_size"], add_bos=True)
 

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 EVICTION_POLICIES = ("lru", "arc")
+# How the host tier copies engine blocks (tiers/host/tier.py): "auto" is the native copy for a
+# pool in host memory and torch ops on streams for a pool on a GPU.
+HOST_COPIES = ("auto", "native", "numpy", "torch")
 # A tenant name is part of every Redis key (kvport:<tenant>:...): an ACL key pattern can scope
 # it, so it holds no character a glob treats specially.
 TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -254,6 +257,8 @@ class OffloadingConfig:
     # prefix hits at the last such boundary inside it). None: four of the largest window; 0:
     # every block (a hit anywhere, at the cost of storing every sliding block).
     sliding_store_interval: int | None = None
+    # The host tier's copy path (HOST_COPIES); "torch" on a CPU pool runs the GPU path's ops.
+    host_copy: str = "auto"
 
     def __post_init__(self) -> None:
         where = "OffloadingConnector"
@@ -265,6 +270,9 @@ class OffloadingConfig:
                 raise ValueError(f"eviction_policy must be one of {EVICTION_POLICIES}, got "
                                  f"{self.eviction_policy!r}")
             check_int("store_threshold", self.store_threshold, 0)
+            if self.host_copy not in HOST_COPIES:
+                raise ValueError(f"host_copy must be one of {HOST_COPIES}, got "
+                                 f"{self.host_copy!r}")
             if self.sliding_store_interval is not None:
                 check_int("sliding_store_interval", self.sliding_store_interval, 0)
             check_bool("sync_host_loads", self.sync_host_loads)

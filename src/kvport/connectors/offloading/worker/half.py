@@ -94,7 +94,8 @@ class OffloadingConnectorWorker:
         self.sync_stores = self.sync_stores or engine.stops_when_idle
         self.wait_sync_loads = self.wait_sync_loads or engine.caches_failed_sync_loads
         self.geometry = geometry
-        self.host = HostTier.for_pool(kv_cache, geometry.num_slots, geometry.block_factor)
+        self.host = HostTier.for_pool(kv_cache, geometry.num_slots, geometry.block_factor,
+                                      self.config.host_copy)
         assert self.host.slot_bytes == geometry.slot_bytes, \
             f"host slots of {self.host.slot_bytes} bytes, geometry says {geometry.slot_bytes}"
         self.lower = make_lower_tiers(self.config, geometry)

@@ -3,6 +3,10 @@ destination) medium pair, on how many threads, and which directions run queued j
 
     ENGINE -> HOST     host.store                    (offload: a COPY)
     HOST -> ENGINE     host.load, unless too late    (a load: a COPY)
+
+The copies run on a thread per direction (ThreadPoolHandler) where the host tier copies with
+host pointers (native, numpy), and on device streams (streams.StreamHandler) where it copies
+with torch ops: a pool on a GPU, whose copies are enqueued behind the engine's forward.
     HOST -> medium     tier.store_from_host          (write-through to disk, Redis)
     medium -> HOST     tier.load_to_host             (promotion); a tier with
                        tier.load_batch_to_host also runs the jobs queued together in one call
@@ -21,8 +25,9 @@ from kvport.connectors.offloading.mediums import DISK, ENGINE, HOST, REDIS
 from kvport.connectors.offloading.metrics import Counters
 from kvport.connectors.offloading.tiers import DroppedKeys, TransferOutcome
 from kvport.connectors.offloading.tiers.disk.tier import DiskTier
+from kvport.connectors.offloading.worker.streams import StreamHandler, queue_for
 from kvport.connectors.offloading.worker.threads import ThreadPoolHandler
-from kvport.connectors.offloading.worker.transfers import BatchFn, TransferRouter, TransferFn
+from kvport.connectors.offloading.worker.transfers import BatchFn, TransferFn, TransferRouter
 
 if TYPE_CHECKING:
     from kvport.connectors.offloading.mediums import EngineBlocks, HostBlocks
@@ -115,7 +120,12 @@ def build_tier_worker(host: HostTier, lower: Mapping[str, LowerTier] | None = No
     batches = batch_routes(host, lower or {})
     first_blocks, max_blocks = (max(1, size // host.slot_bytes)
                                 for size in (BATCH_BYTES, BATCH_MAX_BYTES))
+    on_streams = host.strategy == "torch"
     for (src, dst), fn in tier_routes(host, lower or {}).items():
+        if on_streams and ENGINE in (src, dst):
+            worker.register_handler(src, dst, StreamHandler(
+                fn, queue_for(host.device), f"{src.lower()}-{dst.lower()}"))
+            continue
         medium = dst if src == HOST else src
         threads = (host_threads if ENGINE in (src, dst) else
                    lower_threads or LOWER_THREADS.get(medium, 2))

@@ -2,8 +2,8 @@
  *
  * Built by kvport/connectors/offloading/tiers/host/block_copy.py. A pool is one or more segments
  * (engine_pool.py): engine block b of segment s is the page of page_bytes[s] bytes at
- * segs[s] + b * page_bytes[s], and a host row holds a block's pages side by side, in segment
- * order. One call copies n blocks: block blocks[i] <-> host row host_rows[i], every segment.
+ * segs[s] + b * block_strides[s] (a page, or more where other layers' pages lie between), and a
+ * host row holds a block's pages side by side, in segment order. One call copies n blocks: block blocks[i] <-> host row host_rows[i], every segment.
  *
  * Why not memcpy: below glibc's non-temporal threshold (about 3/4 of the last-level cache, so
  * every page here) memcpy stores through the cache, and each destination line is first read
@@ -67,7 +67,8 @@ int64_t kvport_check_blocks(const int64_t *host_rows, int64_t num_rows, const in
  * the first pair out of range (kvport_check_blocks) having copied nothing. */
 int64_t kvport_copy_blocks(int64_t to_host, char *host, int64_t host_row_bytes,
                            const int64_t *host_rows, int64_t num_rows, char *const *segs,
-                           const int64_t *page_bytes, int64_t num_segs, const int64_t *blocks,
+                           const int64_t *page_bytes, const int64_t *block_strides,
+                           int64_t num_segs, const int64_t *blocks,
                            int64_t num_blocks, int64_t n) {
     int64_t bad = kvport_check_blocks(host_rows, num_rows, blocks, num_blocks, n);
     if (bad >= 0)
@@ -75,7 +76,7 @@ int64_t kvport_copy_blocks(int64_t to_host, char *host, int64_t host_row_bytes,
     for (int64_t i = 0; i < n; i++) {
         char *row = host + host_rows[i] * host_row_bytes;
         for (int64_t s = 0; s < num_segs; s++) {
-            char *page = segs[s] + blocks[i] * page_bytes[s];
+            char *page = segs[s] + blocks[i] * block_strides[s];
             if (to_host)
                 stream_copy(row, page, page_bytes[s]);
             else

@@ -18,8 +18,8 @@ import torch
 
 from kvport import native
 from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool
-from kvport.connectors.offloading.tiers.parts import run_in_parts
 from kvport.connectors.offloading.tiers.host.row_checks import pair_error
+from kvport.connectors.offloading.tiers.parts import run_in_parts
 
 LIBRARY = native.NativeLibrary(
     "block-copy", (Path(__file__).with_name("block_copy.c"),),
@@ -37,8 +37,8 @@ def _library() -> ctypes.CDLL | None:
     if lib is not None:
         fn = lib.kvport_copy_blocks
         fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         fn.restype = ctypes.c_int64
         check = lib.kvport_check_blocks
         check.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
@@ -60,9 +60,10 @@ class BlockCopier:
         if not (host.dim() == 2 and host.is_contiguous()):
             raise ValueError(f"host rows: a contiguous 2-D tensor, got shape "
                              f"{tuple(host.shape)} strides {host.stride()}")
-        if not all(s.dim() == 2 and s.is_contiguous() for s in segments):
-            raise ValueError("each segment: contiguous (num_blocks, page), got "
-                             f"{[(tuple(s.shape), s.stride()) for s in segments]}")
+        if not all(s.dim() == 2 and s.stride(1) == 1 and s.stride(0) >= s.shape[1]
+                   and s.device.type == "cpu" for s in segments):
+            raise ValueError("each segment: (num_blocks, page) in host memory, a page one run, "
+                             f"pages apart, got {[(tuple(s.shape), s.stride(), str(s.device)) for s in segments]}")
         page_bytes = [s.shape[1] * s.element_size() for s in segments]
         if sum(page_bytes) != host.shape[1] * host.element_size():
             raise ValueError(f"pages of {page_bytes} bytes do not fill a host row of "
@@ -74,6 +75,8 @@ class BlockCopier:
         self._row_bytes = host.shape[1] * host.element_size()
         self._segs = (ctypes.c_void_p * len(segments))(*(s.data_ptr() for s in segments))
         self._pages = (ctypes.c_int64 * len(segments))(*page_bytes)
+        self._strides = (ctypes.c_int64 * len(segments))(
+            *(s.stride(0) * s.element_size() for s in segments))
         self._num_segs = len(segments)
         self._num_blocks = min(s.shape[0] for s in segments)
         self._num_rows = host.shape[0]
@@ -110,4 +113,5 @@ class BlockCopier:
     def _copy(self, to_host: bool, rows: int, blocks: int, n: int) -> int:
         """n pairs from the id arrays at these addresses; -1, or the first pair out of range."""
         return self._fn(int(to_host), self._host, self._row_bytes, rows, self._num_rows,
-                        self._segs, self._pages, self._num_segs, blocks, self._num_blocks, n)
+                        self._segs, self._pages, self._strides, self._num_segs, blocks,
+                        self._num_blocks, n)

@@ -35,14 +35,44 @@ _MIN_SPLIT_BYTES = 1 << 20  # below this, handing copies to a helper thread cost
 
 @dataclass(frozen=True)
 class EnginePool:
+    """Byte views of an engine's KV pool. Each segment is `(num_blocks, width)` of `dtype`: row b
+    is one run of memory (engine block b's piece in this segment), rows `stride(0)` apart (the
+    block stride: a page, or more where other layers' pages lie between a layer's blocks), so
+    every vLLM KV layout is a view of its own memory, never a copy. A block's host row is its
+    segments' rows side by side, in segment order (layer order, then memory order)."""
+
     segments: tuple[torch.Tensor, ...]  # each (num_blocks, width) of `dtype`, a view of the pool
-    dtype: torch.dtype  # the widest integer type dividing every segment's bytes
+    dtype: torch.dtype  # the widest integer type dividing every segment's bytes and strides
 
     @functools.cached_property
     def segments_np(self) -> tuple[np.ndarray, ...]:
         """numpy views of the segments, made once: Tensor.numpy() costs 1.8 us a call, and a
         64 KiB page (tiny-llama in vLLM's pool) copies in about 8 us."""
         return tuple(s.numpy() for s in self.segments)
+
+    @functools.cached_property
+    def layered(self) -> torch.Tensor | None:
+        """`(num_segments, num_blocks, width)` over the same memory, where every segment has
+        the same width and block stride and the segments lie one stride apart (vLLM's
+        layer-major pool in one allocation): one index op then moves a block's every segment.
+        None otherwise (one tensor per layer: a copy path loops over the segments)."""
+        first = self.segments[0]
+        if len(self.segments) == 1:
+            return first.unsqueeze(0)
+        step = self.segments[1].data_ptr() - first.data_ptr()
+        if step <= 0 or step % first.element_size():
+            return None
+        for i, s in enumerate(self.segments):
+            if (s.shape, s.stride()) != (first.shape, first.stride()) \
+                    or s.data_ptr() != first.data_ptr() + i * step \
+                    or s.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+                return None
+        return first.as_strided((len(self.segments), *first.shape),
+                                (step // first.element_size(), *first.stride()))
+
+    @property
+    def device(self) -> torch.device:
+        return self.segments[0].device
 
     @property
     def num_blocks(self) -> int:
@@ -70,14 +100,12 @@ class EnginePool:
     def of(cls, kv_cache: torch.Tensor | EnginePool) -> EnginePool:
         """The pool of a connector's `kv_cache` (num_blocks, num_layers, 2, block_size, heads,
         head_dim): kvport's own, contiguous, is one segment (block_major); a strided view of
-        another engine's per-layer pages (vLLM) is one segment per layer, each block's page in
-        the order of its memory."""
+        another engine's per-layer pages (vLLM) is its layers' pages (from_pages)."""
         if isinstance(kv_cache, EnginePool):
             return kv_cache
         if kv_cache.is_contiguous():
             return cls.block_major(kv_cache)
-        return cls.from_pages([seg for i in range(kv_cache.shape[1])
-                               for seg in page_segments(kv_cache[:, i])])
+        return cls.from_pages([kv_cache[:, i] for i in range(kv_cache.shape[1])])
 
     @classmethod
     def block_major(cls, kv_cache: torch.Tensor) -> EnginePool:
@@ -85,40 +113,92 @@ class EnginePool:
         return cls.from_pages([kv_cache])
 
     @classmethod
-    def from_pages(cls, tensors: Sequence[torch.Tensor]) -> EnginePool:
-        """One segment per tensor, each (num_blocks, ...) with every block's page contiguous,
-        all with the same number of blocks (vLLM: one tensor per layer, in layer order)."""
+    def from_pages(cls, tensors: Sequence[torch.Tensor],
+                   num_blocks: int | None = None) -> EnginePool:
+        """The pool of per-layer tensors, in layer order, each `(num_blocks, ...)` in any of
+        vLLM's layouts (one storage or one per layer; blocks outermost or layers outermost; heads
+        before or after tokens): each layer's page is cut into its runs of memory
+        (`page_segments`), and runs adjacent in memory for every block are merged (a
+        block-outermost pool is one segment per block: each block one run across layers).
+        `num_blocks`: the engine's block count, where the tensors' first dim counts kernel
+        blocks (`num_blocks * ratio`, vLLM's kernel block splitting): `ratio` consecutive
+        kernel blocks are one engine block. ValueError naming the tensor if a page is not made
+        of runs of memory, or blocks overlap."""
         if not tensors:
             raise ValueError("EnginePool: no KV cache tensors")
-        num_blocks = tensors[0].shape[0]
+        tensors = [_grouped(i, t, num_blocks) for i, t in enumerate(tensors)]
+        count = tensors[0].shape[0]
         for i, t in enumerate(tensors):
-            if t.shape[0] != num_blocks:
+            if t.shape[0] != count:
                 raise ValueError(f"EnginePool: tensor {i} has {t.shape[0]} blocks, tensor 0 has "
-                                 f"{num_blocks}")
-            if not t.is_contiguous():
-                raise ValueError(f"EnginePool: tensor {i} (shape {tuple(t.shape)}) is not "
-                                 f"contiguous (strides {t.stride()}); a block's page must be "
-                                 f"one run of bytes")
-        page_bytes = [t[0].numel() * t.element_size() for t in tensors]
-        if any(b == 0 for b in page_bytes):
-            raise ValueError("EnginePool: a KV cache tensor has empty blocks")
-        # NOTE: rows of the widest integer type that divides every page (and their addresses):
+                                 f"{count}")
+            if t[0].numel() == 0:
+                raise ValueError("EnginePool: a KV cache tensor has empty blocks")
+        runs = _merged([_bytes(i, seg) for i, t in enumerate(tensors)
+                        for seg in _layer_runs(i, t)])
+        # NOTE: rows of the widest integer type that divides every run, stride and address:
         # index kernels move one element per step, and on uint8 rows they run at half speed.
         wide = next(w for w in _WIDE_TYPES
-                    if all(b % w.itemsize == 0 for b in page_bytes)
-                    and all(t.data_ptr() % w.itemsize == 0 for t in tensors))
-        segments = tuple(t.reshape(-1).view(torch.uint8).view(wide)
-                         .view(num_blocks, b // wide.itemsize) for t, b in zip(tensors, page_bytes))
-        return cls(segments, wide)
+                    if all(s.shape[1] % w.itemsize == 0 and s.stride(0) % w.itemsize == 0
+                           and s.data_ptr() % w.itemsize == 0 for s in runs))
+        return cls(tuple(s.view(wide) for s in runs), wide)
+
+
+def _grouped(i: int, t: torch.Tensor, num_blocks: int | None) -> torch.Tensor:
+    """t with `ratio` kernel blocks per engine block as one dim: (num_blocks, ratio, ...)."""
+    if num_blocks is None or t.shape[0] == num_blocks:
+        return t
+    if num_blocks < 1 or t.shape[0] % num_blocks:
+        raise ValueError(f"EnginePool: tensor {i} has {t.shape[0]} blocks, not a multiple of "
+                         f"the engine's {num_blocks}")
+    return t.unflatten(0, (num_blocks, t.shape[0] // num_blocks))
+
+
+def _layer_runs(i: int, t: torch.Tensor) -> list[torch.Tensor]:
+    try:
+        return page_segments(t)
+    except ValueError as exc:
+        raise ValueError(f"EnginePool: tensor {i}: {exc}") from None
+
+
+def _bytes(i: int, seg: torch.Tensor) -> torch.Tensor:
+    """A run segment (num_blocks, elements) as (num_blocks, bytes) uint8 over the same memory;
+    rows that overlap (a block stride below the run) are refused: a store would mix blocks."""
+    out = seg.view(torch.uint8)
+    if out.shape[0] > 1 and out.stride(0) < out.shape[1]:
+        raise ValueError(f"EnginePool: tensor {i}: blocks of {out.shape[1]} bytes lie "
+                         f"{out.stride(0)} bytes apart: they overlap")
+    return out
+
+
+def _merged(runs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Runs that continue one another in memory for every block (same block stride, the next
+    starting where the previous ends) as one: a block-outermost pool's layers are one run."""
+    out = [runs[0]]
+    for r in runs[1:]:
+        last = out[-1]
+        if (r.stride(0) == last.stride(0) and r.data_ptr() == last.data_ptr() + last.shape[1]
+                and r.untyped_storage().data_ptr() == last.untyped_storage().data_ptr()):
+            out[-1] = last.as_strided((last.shape[0], last.shape[1] + r.shape[1]),
+                                      (last.stride(0), 1))
+        else:
+            out.append(r)
+    return out
 
 
 def page_segments(pages: torch.Tensor) -> list[torch.Tensor]:
-    """(num_blocks, ...) pages as segments of (num_blocks, elements) in memory order: one, or one
-    per index of each dim whose stride exceeds the block's (K and V stored apart: two)."""
-    for d in range(1, pages.dim()):
-        if pages.shape[d] > 1 and pages.stride(d) > pages.stride(0):
-            return [s for k in range(pages.shape[d]) for s in page_segments(pages.select(d, k))]
-    return [memory_order(pages)]
+    """(num_blocks, ...) pages as segments of (num_blocks, elements), each one run of memory: the
+    page itself where it is one run, else one segment per index of its dim of largest stride,
+    each cut the same way (K and V stored apart: two; vLLM's LHBNC layout, whose heads lie
+    outside the blocks, and BHLNC, whose heads enclose the other layers: one per head)."""
+    try:
+        return [memory_order(pages)]
+    except ValueError:
+        dims = [d for d in range(1, pages.dim()) if pages.shape[d] > 1]
+        if not any(pages.stride(d) == 1 for d in dims):  # no run longer than one element
+            raise
+        split = max(dims, key=lambda d: pages.stride(d))
+    return [s for k in range(pages.shape[split]) for s in page_segments(pages.select(split, k))]
 
 
 def memory_order(pages: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,9 @@ Copy strategies:
            call per thread (the default; numpy where it cannot be built)
     numpy  the pieces, copied by numpy (`take(out=)`, fancy assignment), split between the
            calling thread and `num_threads - 1` helpers
+    torch  torch index ops through a staging buffer, one copy per run of slots
+           (tiers/host/torch_copy.py): the path of a pool on a GPU, whose host buffer is then
+           pinned; on CPU it runs the same ops (the tests of the GPU path's logic)
 `kvport bench transfer` measures both next to strategies of its own (bench/transfer/strategies.py).
 """
 
@@ -34,11 +37,13 @@ from kvport.connectors.offloading.metrics import Counters, TierMetrics
 from kvport.connectors.offloading.tiers import TransferOutcome
 from kvport.connectors.offloading.tiers.host.block_copy import BlockCopier
 from kvport.connectors.offloading.tiers.host.engine_pool import EnginePool, copy_segments, row_runs
-from kvport.connectors.offloading.tiers.parts import run_in_parts
 from kvport.connectors.offloading.tiers.host.row_checks import IdOutOfRangeError, check_rows
+from kvport.connectors.offloading.tiers.host.torch_copy import TorchCopier
+from kvport.connectors.offloading.tiers.parts import run_in_parts
 
-STRATEGIES = ("native", "numpy")
+STRATEGIES = ("native", "numpy", "torch")
 DEFAULT_STRATEGY = "native"
+HOST_ONLY = ("native", "numpy")  # strategies that read the pool through host pointers
 # Below this a job is copied by the calling thread alone: the hand-off to a helper
 # (ThreadPoolExecutor) costs more than it saves on a small job.
 _MIN_SPLIT_BYTES = 1 << 20
@@ -137,7 +142,7 @@ class HostTier:
     which slot holds which key, this object only moves bytes and counts them."""
 
     def __init__(self, num_slots: int, slot_bytes: int, strategy: str = DEFAULT_STRATEGY,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, pin_memory: bool = False) -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         if slot_bytes < 1:
@@ -147,11 +152,13 @@ class HostTier:
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.strategy = strategy
-        # NOTE: pin_memory would only help a GPU's DMA engine; the engine pool is host memory.
+        # pin_memory: for a pool on a GPU, whose DMA engine copies pinned pages asynchronously
+        # (pageable ones through a synchronous bounce buffer); a host pool gains nothing.
         # zeros, not empty: every page is faulted in here, once, rather than by the first store
         # into it, beside the engine's forward (a first write to a page is several times slower
         # than later ones: docs/offloading.md, "Blocks and keys").
-        self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8)  # (slots, slot_bytes)
+        self.buffer = torch.zeros((num_slots, slot_bytes), dtype=torch.uint8,
+                                  pin_memory=pin_memory)  # (slots, slot_bytes)
         # Counts bytes and blocks moved. Occupancy is not tracked here: the scheduler's manager
         # owns the slots (which hold data, which are free) and reports it.
         self.stats = Counters(TierMetrics)
@@ -168,10 +175,16 @@ class HostTier:
 
     @classmethod
     def for_pool(cls, kv_cache: torch.Tensor | EnginePool, num_slots: int, blocks_per_slot: int,
-                 strategy: str = DEFAULT_STRATEGY, num_threads: int | None = None) -> HostTier:
-        """A tier whose slots hold `blocks_per_slot` engine blocks of this pool, registered."""
+                 strategy: str = "auto", num_threads: int | None = None) -> HostTier:
+        """A tier whose slots hold `blocks_per_slot` engine blocks of this pool, registered.
+        `strategy` "auto": the native copy for a pool in host memory, torch ops (and a pinned
+        buffer) for a pool on a GPU."""
         pool = EnginePool.of(kv_cache)
-        tier = cls(num_slots, blocks_per_slot * pool.block_bytes, strategy, num_threads)
+        on_host = pool.device.type == "cpu"
+        if strategy == "auto":
+            strategy = DEFAULT_STRATEGY if on_host else "torch"
+        tier = cls(num_slots, blocks_per_slot * pool.block_bytes, strategy, num_threads,
+                   pin_memory=not on_host and pool.device.type != "meta")
         tier.register_engine_pool(pool)
         return tier
 
@@ -179,10 +192,9 @@ class HostTier:
         """Keep byte views of the engine pool (EnginePool.of); slot_bytes must be a whole number
         of blocks."""
         pool = EnginePool.of(kv_cache)
-        devices = sorted({str(s.device) for s in pool.segments if s.device.type != "cpu"})
-        if devices:
-            raise ValueError(f"the host tier copies host memory; this KV pool is on {devices} "
-                             f"(a GPU pool needs a copy engine of its own, see docs/vllm.md)")
+        if pool.device.type != "cpu" and self.strategy in HOST_ONLY:
+            raise ValueError(f"the {self.strategy!r} copy reads host memory; this KV pool is on "
+                             f"{pool.device}: copy it with strategy 'torch'")
         if self.slot_bytes % pool.block_bytes:
             raise ValueError(f"slot_bytes {self.slot_bytes} is not a multiple of the engine "
                              f"block's {pool.block_bytes} bytes")
@@ -192,12 +204,20 @@ class HostTier:
                                                        pool.row_elems)
         # numpy views made once: Tensor.numpy() costs 1.8 us a call, two per job (7 % of an
         # 8-block job of 32 KiB blocks, 50 us)
-        self._pool_np = pool.segments[0].numpy() if len(pool.segments) == 1 else None
+        host_side = self.strategy in HOST_ONLY
+        self._pool_np = (pool.segments[0].numpy() if host_side and len(pool.segments) == 1
+                         else None)
         self._rows_np = self._rows.numpy()
         self._native = (BlockCopier.for_pool(pool, self._rows) if self.strategy == "native"
                         else None)
+        self._torch = TorchCopier(pool, self._rows) if self.strategy == "torch" else None
         if self.strategy == "native" and self._native is None:
             self.strategy = "numpy"  # block_copy.c could not be built (kvport.native warned)
+
+    @property
+    def device(self) -> torch.device:
+        """The registered engine pool's device."""
+        return self._registered()[0].device
 
     def slot(self, slot_id: int) -> torch.Tensor:
         """One slot's bytes, (slot_bytes,) uint8: a view the disk tier reads and writes."""
@@ -243,7 +263,9 @@ class HostTier:
     def _copy(self, pool: EnginePool, rows: torch.Tensor, block_ids: list[int],
               row_ids: list[int], to_host: bool) -> None:
         k = self.num_threads - 1
-        if self._native is not None:
+        if self._torch is not None:
+            self._torch.copy(block_ids, row_ids, to_host)
+        elif self._native is not None:
             self._native.copy(block_ids, row_ids, to_host, self._helpers, k)
         elif len(pool.segments) > 1:
             copy_segments(pool, rows, block_ids, row_ids, to_host, self._helpers, k,
