@@ -7,9 +7,9 @@
   reported in `finished_sending` once, after the last of the k reports. Any other completion
   report is dropped and counted.
 - Metadata, worker metadata, stats, events, load errors and `kv_transfer_params` (a key given
-  twice is an error) are combined per child. Every hook reaches every child even if one raises;
-  the first error is raised after the last child, and completions (and worker metadata) gathered
-  by a call that raised are carried into the next step, never lost.
+  twice is an error) are combined per child. Every hook (finish_forward too) reaches every child
+  even if one raises; the first error is raised after the last child, and completions (and
+  worker metadata) gathered by a call that raised are carried into the next step, never lost.
 
 KV cache groups: HMAMultiConnector, built when every child's config builds a SupportsHMA connector
 (vLLM's rule; class_for_config), is SupportsHMA too: the engine keeps a hybrid model's groups,
@@ -89,13 +89,11 @@ class MultiConnector(KVConnectorBase):
         if cls not in (MultiConnector, HMAMultiConnector):
             return cls
         children = parse_extra_config(MultiConnectorConfig, config).child_configs()
-        return HMAMultiConnector if all(config_supports_hma(c) for c in children) \
-            else MultiConnector
+        return HMAMultiConnector if all(map(config_supports_hma, children)) else MultiConnector
 
     def trace_step(self, step: int) -> None:
         """Forwarded to every child (a recording child stamps its lines with it)."""
-        for c in self.connectors:
-            c.trace_step(step)
+        self._each("trace_step", lambda i, c: c.trace_step(step))
 
     # ---- worker side ------------------------------------------------------------------------
 
@@ -129,6 +127,9 @@ class MultiConnector(KVConnectorBase):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, ctx: ForwardContext) -> None:
         self._each("save_kv_layer", lambda i, c: c.save_kv_layer(layer_name, kv_layer, ctx))
+
+    def finish_forward(self) -> None:
+        self._each("finish_forward", lambda i, c: c.finish_forward())
 
     def wait_for_save(self) -> None:
         self._each("wait_for_save", lambda i, c: c.wait_for_save())
@@ -342,9 +343,8 @@ class MultiConnector(KVConnectorBase):
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _call_all(
-        self, hook: str, call: Callable[[int, KVConnectorBase], T]
-    ) -> tuple[dict[int, T], Exception | None]:
+    def _call_all(self, hook: str, call: Callable[[int, KVConnectorBase], T],
+                  ) -> tuple[dict[int, T], Exception | None]:
         """call(i, child) for every child in order, even after one raised. Returns the results
         of the children that did not raise (child index -> result) and the first error."""
         results: dict[int, T] = {}
