@@ -18,6 +18,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                         "for benchmarks small-gemma3, small-granite4) or a Hugging Face-format "
                         "directory")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default), cuda or cuda:N: where the model, KV pool and sampler run")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None,
@@ -37,13 +39,15 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    choices=CALL_ORDERS,
                    help="the order of the KV connector's worker hooks: vLLM 0.32's (start_load_kv "
                         "after the forward unless the step loads synchronously, wait_for_save on "
-                        "every step) or the legacy one (vLLM before 0.32)")
+                        "every step), Model Runner V2's (vllm-mrv2: finish_forward after the "
+                        "forward, then the same) or the legacy one (vLLM before 0.32)")
     p.add_argument("--seed", type=int, default=0)
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
     return dict(
-        dtype=args.dtype, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+        dtype=args.dtype, device=args.device, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
