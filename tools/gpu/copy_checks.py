@@ -12,7 +12,7 @@ Correctness (each returns a dict with "ok" and what it saw):
 
 Bandwidth (`bandwidth`): store and load jobs of `job_mib` against a plain pinned copy_ of the
 same bytes from a contiguous device buffer, and against the link's peak (the best plain pinned
-copy of 1 GiB), both directions; medians of `repeats` runs.
+copy of 1 GiB by default), both directions; medians of `repeats` runs.
 
 Runs on CPU too (`device="cpu"`): the same code with immediate completion, which is how it is
 tried before a GPU is lent.
@@ -133,10 +133,11 @@ def forward_waits_for_a_sync_load(device: torch.device) -> dict[str, Any]:
 
 
 def completion_by_events(device: torch.device) -> dict[str, Any]:
-    pool, _ = _pool("layer-major", 256, 16, torch.float32, device)
-    _host, store, _ = _tier(pool, 256)
+    n = 256 if device.type == "cuda" else 16  # 90 MiB: still copying when first asked
+    pool, _ = _pool("layer-major", n, 16, torch.float32, device)
+    _host, store, _ = _tier(pool, n)
     _busy(device)
-    store.submit("big", EngineBlocks(list(range(256))), HostBlocks(list(range(256))))
+    store.submit("big", EngineBlocks(list(range(n))), HostBlocks(list(range(n))))
     early = [r.job_id for r in store.get_finished()]
     store.wait(["big"])
     late = [r.job_id for r in store.get_finished()]
@@ -158,9 +159,9 @@ def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int
 
 
 def bandwidth(device: torch.device, job_mib: int = 64, repeats: int = 9,
-              tokens: int = 16) -> dict[str, Any]:
+              tokens: int = 16, peak_mib: int = 1024) -> dict[str, Any]:
     """GB/s of store and load jobs of `job_mib` (vLLM-like layer-major bf16 pool), a plain pinned
-    copy of the same bytes, and the link's peak (1 GiB), both directions."""
+    copy of the same bytes, and the link's peak (a copy of `peak_mib`), both directions."""
     probe, _ = _pool("layer-major", 1, tokens, torch.bfloat16, device)
     blocks = max(1, (job_mib << 20) // probe.block_bytes)
     pool, _ = _pool("layer-major", 2 * blocks, tokens, torch.bfloat16, device)
@@ -177,8 +178,8 @@ def bandwidth(device: torch.device, job_mib: int = 64, repeats: int = 9,
     pin = device.type == "cuda"
     dev = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     pinned = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=pin)
-    big_dev = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    big_host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=pin)
+    big_dev = torch.empty(peak_mib << 20, dtype=torch.uint8, device=device)
+    big_host = torch.empty(peak_mib << 20, dtype=torch.uint8, pin_memory=pin)
     sec = {
         "store": _median_seconds(lambda: run(store, EngineBlocks(ids), HostBlocks(slots)),
                                  device, repeats),
@@ -193,9 +194,10 @@ def bandwidth(device: torch.device, job_mib: int = 64, repeats: int = 9,
         "peak_h2d": _median_seconds(lambda: big_dev.copy_(big_host, non_blocking=True), device,
                                     max(3, repeats // 3)),
     }
-    gbs = {k: (num_bytes if not k.startswith("peak") else 1 << 30) / v / 1e9
+    gbs = {k: (num_bytes if not k.startswith("peak") else peak_mib << 20) / v / 1e9
            for k, v in sec.items()}
     return {"job_bytes": num_bytes, "blocks": blocks, "block_bytes": pool.block_bytes,
+            "peak_bytes": peak_mib << 20,
             "gb_s": gbs,
             "store_vs_copy": gbs["store"] / gbs["copy_d2h"],
             "load_vs_copy": gbs["load"] / gbs["copy_h2d"],
