@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools import gpu_check  # noqa: E402
+from tools import gpu_check
 
 
 def test_the_copy_checks_pass_on_cpu_and_the_results_are_written(tmp_path: Path) -> None:
