@@ -11,10 +11,10 @@ number of layers.
 `layered` is the pool's `(segments, blocks, width)` view (EnginePool.layered: vLLM's layer-major
 pool in one allocation, kvport's block-major pool as one segment); a pool without one (one
 tensor per layer) loops over its segments, two kernels each. The staging buffer holds at most
-`staging_bytes` of blocks, so a larger job is copied in chunks. Every op is enqueued on the
-current stream, and host copies are non_blocking: on CUDA the caller (worker/streams.py) runs a
-job on a stream of its own and learns that it ended from an event; host rows must then be pinned
-for the copies to be asynchronous DMAs. On CPU the same ops run at once; the native copy
+`staging_bytes` of blocks (one buffer per direction and stream), so a larger job is copied in
+chunks. Every op is enqueued on the current stream, and host copies are non_blocking: on CUDA
+the caller (worker/streams.py) runs a job on a stream of its own and learns that it ended from
+an event; host rows must then be pinned for the copies to be asynchronous DMAs. On CPU the same ops run at once; the native copy
 (block_copy.c) stays the CPU's fast path (BENCHMARKS.md: "The torch copy path on CPU").
 """
 
@@ -61,8 +61,9 @@ class TorchCopier:
         self.device = pool.device
         self.chunk_blocks = min(staging_bytes // pool.block_bytes, pool.num_blocks)
         self._layered = pool.layered
-        # one per direction, made on first use (a pool that only stores never takes the other)
-        self._staging: dict[bool, torch.Tensor] = {}
+        # one per direction and stream, made on first use: a synchronous load on the expedited
+        # stream must not share a buffer with an asynchronous one on the load stream
+        self._staging: dict[tuple[bool, int], torch.Tensor] = {}
 
     def copy(self, block_ids: Sequence[int], row_ids: Sequence[int], to_host: bool) -> None:
         """Host row row_ids[i] <- engine block block_ids[i] (`to_host`), or the reverse. Every
@@ -107,9 +108,11 @@ class TorchCopier:
             seg.index_copy_(0, ids, staging[:, col:col + seg.shape[1]])
 
     def _staging_for(self, to_host: bool) -> torch.Tensor:
-        staging = self._staging.get(to_host)
+        stream = (torch.cuda.current_stream(self.device).cuda_stream
+                  if self.device.type == "cuda" else 0)
+        staging = self._staging.get((to_host, stream))
         if staging is None:
             staging = torch.empty((self.chunk_blocks, self.pool.row_elems), dtype=self.pool.dtype,
                                   device=self.device)
-            self._staging[to_host] = staging
+            self._staging[(to_host, stream)] = staging
         return staging
