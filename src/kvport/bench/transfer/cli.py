@@ -32,8 +32,8 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--small-job-blocks", type=int, default=8,
                    help="offload blocks of the small jobs")
     p.add_argument("--strategies", type=name_list, default=("native",), metavar="NAME,NAME",
-                   help="host copy strategies: the tier's (native, numpy, torch) and the bench's own "
-                        "(runs, gather, index, cat)")
+                   help="host copy strategies: the tier's (native, numpy, torch) and the "
+                        "bench's own (runs, gather, index, cat)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds; median reported")
     p.add_argument("--no-disk", dest="disk", action="store_false", help="skip the disk tier")
     p.add_argument("--disk-mib", type=int, default=128, help="MiB of disk entries per size")
