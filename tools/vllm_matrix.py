@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,7 @@ END = "<!-- vllm-matrix:end -->"
 TEST_FILES = tuple(f"tests/vllm/test_vllm_{name}.py" for name in (
     "objects", "scheduler", "e2e", "events", "load_failures", "trace"))
 UNINSTALL = ("torchvision", "torchaudio", "torchcodec", "triton")
+EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit)\b: ")  # "KeyError: 'x'"
 INSTALLED_MARK = ".kvport-matrix-installed"  # written once every install step succeeded
 VERSION_PROBE = (
     "import importlib.metadata as m, json, platform\n"
@@ -106,10 +108,16 @@ class VersionResult:
 def first_error_line(element: ET.Element) -> str:
     """What went wrong, in a line: the first `E   ` line of pytest's report (the exception, where
     the message is only "collection failure" or "failed on setup"), else the message's first
-    line."""
-    for line in (element.text or "").splitlines():
-        if line.startswith("E ") and line[1:].strip():
-            return line[1:].strip()[:300]
+    line. Where that line only opens a traceback handed on from another process (an engine's),
+    the last exception line of the report instead."""
+    e_lines = [ln[1:].strip() for ln in (element.text or "").splitlines()
+               if ln.startswith("E ") and ln[1:].strip()]
+    if e_lines and e_lines[0].endswith("Traceback (most recent call last):"):
+        raised = [ln for ln in e_lines if EXCEPTION_LINE.match(ln)]
+        if raised:
+            return raised[-1][:300]
+    if e_lines:
+        return e_lines[0][:300]
     message = element.get("message") or ""
     return next((ln.strip() for ln in message.splitlines() if ln.strip()), "")[:300]
 
@@ -187,8 +195,13 @@ def render_table(results: list[VersionResult]) -> str:
             lines += ["", f"{label} ran {names(r.tests)}."]
         if r.note:
             lines += ["", f"{label}: {r.note}"]
+        # one line per first error line, naming the tests it ended (the JSON has each test)
+        by_line: dict[str, list[Failure]] = {}
         for f in r.counts.failures:
-            lines.append(f"- {label}, {f.kind}: `{f.test}`: {f.first_line}")
+            by_line.setdefault(f.first_line, []).append(f)
+        for first, fs in by_line.items():
+            tests = ", ".join(f"`{f.test.removeprefix('tests.vllm.')}`" for f in fs)
+            lines.append(f"- {label}, {len(fs)} failed or errored ({tests}): {first}")
     return "\n".join(lines) + "\n"
 
 
