@@ -144,8 +144,8 @@ MUTANTS: list[Mutant] = [
         "an entry of one KV cache group layout is never found under another"),
     Mutant(
         "multi-hma-only-if-every-child-is", "src/kvport/connectors/multi.py",
-        "        return HMAMultiConnector if all(config_supports_hma(c) for c in children)",
-        "        return HMAMultiConnector if any(config_supports_hma(c) for c in children)",
+        "        return HMAMultiConnector if all(map(config_supports_hma, children))",
+        "        return HMAMultiConnector if any(map(config_supports_hma, children))",
         (f"{MULTI_HYBRID}::test_a_multi_connector_is_hma_exactly_when_every_child_is[example+noop]",
          f"{MULTI_HYBRID}::test_a_child_without_hma_keeps_one_group[offloading+noop]"),
         "a MultiConnector is SupportsHMA only when every child is (vLLM's rule)"),

@@ -83,7 +83,7 @@ MUTANTS: list[Mutant] = [
         "config-host-copy-checked", "src/kvport/connectors/offloading/config.py",
         "            if self.host_copy not in HOST_COPIES:\n",
         "            if False:\n",
-        ("tests/offloading/test_offloading_config.py",),
+        ("tests/offloading/test_offloading_config.py::test_bad_configs_name_the_key",),
         "an unknown host_copy is refused naming the accepted ones, not found at the first copy"),
     # ---- host tier: copy bounds (tiers/host/) --------------------------------------------------
     Mutant(
