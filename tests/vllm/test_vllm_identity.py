@@ -104,7 +104,8 @@ def _config(model: str = "org/m", revision: str | None = None, **over: Any) -> S
                          code_revision=over.pop("code_revision", None),
                          hf_overrides=over.pop("hf_overrides", {}))
     load = SimpleNamespace(load_format=over.pop("load_format", "auto"))
-    cache = SimpleNamespace(cache_dtype=over.pop("kv_cache_dtype", "auto"))
+    cache = SimpleNamespace(cache_dtype=over.pop("kv_cache_dtype", "auto"),
+                            calculate_kv_scales=over.pop("calculate_kv_scales", False))
     assert not over, over
     return SimpleNamespace(model_config=mc, load_config=load, cache_config=cache)
 
@@ -151,6 +152,7 @@ def test_a_hub_id_missing_from_the_cache_is_identified_only_by_a_recorded_commit
 @pytest.mark.parametrize("field,value", [
     ("dtype", "bfloat16"), ("quantization", "fp8"), ("load_format", "gguf"),
     ("model_impl", "transformers"), ("code_revision", "v2"), ("kv_cache_dtype", "fp8"),
+    ("calculate_kv_scales", True),
     ("hf_overrides", {"rope_scaling": {"factor": 4.0}}), ("hf", {"num_hidden_layers": 3}),
 ])
 def test_each_setting_that_changes_the_kv_changes_the_identity(field: str, value: Any) -> None:

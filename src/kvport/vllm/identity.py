@@ -128,6 +128,9 @@ def settings(vllm_config: Any) -> str:
         "model_impl": getattr(mc, "model_impl", None),
         "code_revision": getattr(mc, "code_revision", None),
         "kv_cache_dtype": getattr(vllm_config.cache_config, "cache_dtype", None),
+        # fp8 KV: scales computed by each engine from its first batch read the same bytes as
+        # other values than the checkpoint's scales would
+        "calculate_kv_scales": getattr(vllm_config.cache_config, "calculate_kv_scales", None),
         "hf_overrides": getattr(mc, "hf_overrides", None),
         "config": loaded_config(getattr(mc, "hf_config", None)),
     }
