@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import vllm
 from base_hooks import ADDED
 from engine_pool import EnginePool
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -191,7 +192,8 @@ def test_recorded_connectors_give_plain_output_and_pass_the_checker(
     # One header per recorder, first; the scheduler numbered one step per build.
     headers = [e for e in trace if e.method == HEADER]
     assert {(e.role, TraceHeader.from_event(e)) for e in headers} == {
-        (role, TraceHeader("vllm", "0.32.0", "vllm-0.32")) for role in ("scheduler", "worker")}
+        (role, TraceHeader("vllm", vllm.__version__, "vllm-0.32"))
+        for role in ("scheduler", "worker")}
     for role in ("scheduler", "worker"):
         mine = [e for e in trace if e.role == role]
         assert mine[0].method == HEADER

@@ -46,6 +46,7 @@ from kvport.vllm.stats import (
     KvportPromMetrics, KvportStats, StatsDelta, flatten, offloading_metrics, with_observations,
 )
 from kvport.vllm.storage import kvport_spec, recompute_failed_loads
+from kvport.vllm.versions import CacheHitSource
 
 require_vllm()
 
@@ -53,7 +54,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults,
     SupportsHMA,
 )
-from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -101,9 +101,10 @@ class RecordingConnector(KVConnectorBase_V1):
                 spec.name or type(self._inner).__name__,
                 TraceHeader("vllm", str(vllm.__version__), worker_call_order(vllm_config),
                             spec.sees_all_stores))
-        else:
-            for name in DIRECT_WHEN_OFF:
-                setattr(self, name, getattr(self._inner, name))
+        else:  # a hook this vLLM's base class lacks (0.31 has no get_loaded_kv_cache_group_ids)
+            for name in DIRECT_WHEN_OFF:  # stays the wrapper's own, which nothing calls
+                if hasattr(self._inner, name):
+                    setattr(self, name, getattr(self._inner, name))
         self._rec = CallRecorder(writer)
         one_group = len(kv_cache_config.kv_cache_groups) == 1
         self._loads = LoadChecks(writer is not None and spec.check_loads and one_group,
