@@ -35,16 +35,20 @@ def test_the_pools_are_what_the_cases_say() -> None:
 
 @pytest.mark.parametrize("case", ["layered", "per-layer", "block-major"])
 @pytest.mark.parametrize("staging_blocks", [1, 3, 64])
-def test_torch_copies_the_bytes_the_native_copy_does(case: str, staging_blocks: int) -> None:
+@pytest.mark.parametrize("staged", [True, False])
+def test_torch_copies_the_bytes_the_native_copy_does(case: str, staging_blocks: int,
+                                                     staged: bool) -> None:
     """Stores into scattered and consecutive slots, then loads into other blocks: the slots hold
-    what the native copy writes, and each loaded block equals its source, in chunks of any size."""
+    what the native copy writes, and each loaded block equals its source, in chunks of any size,
+    through the staging rows (a GPU pool's way) or straight into host rows (a host pool's)."""
     pool = pools()[case]
     slots, blocks = [4, 5, 6, 0, 2], [9, 1, 2, 3, 11]
     native = HostTier.for_pool(pool, num_slots=7, blocks_per_slot=1, strategy="native")
     native.store(EngineBlocks(blocks), HostBlocks(slots))
     host = HostTier.for_pool(pool, num_slots=7, blocks_per_slot=1, strategy="torch")
     assert host._torch is not None
-    host._torch = TorchCopier(pool, host._rows, staging_bytes=staging_blocks * pool.block_bytes)
+    host._torch = TorchCopier(pool, host._rows, staging_bytes=staging_blocks * pool.block_bytes,
+                              staged=staged)
     host.store(EngineBlocks(blocks), HostBlocks(slots))
     assert torch.equal(host.buffer, native.buffer)
     before = [s.clone() for s in pool.segments]

@@ -8,6 +8,9 @@ number of layers.
     load   staging[i:i+k] <- host_rows[s:s+k]                   one copy per run of row ids
            layered.index_copy_(1, block_ids, staging[:n] as (segments, n, width))
 
+A pool in host memory skips the staging rows where the job's rows are one run (they are then
+read and written in place: one pass less).
+
 `layered` is the pool's `(segments, blocks, width)` view (EnginePool.layered: vLLM's layer-major
 pool in one allocation, kvport's block-major pool as one segment); a pool without one (one
 tensor per layer) loops over its segments, two kernels each. The staging buffer holds at most
@@ -46,7 +49,10 @@ class TorchCopier:
     one staging buffer per direction (a store and a load may run at once, on two streams)."""
 
     def __init__(self, pool: EnginePool, host_rows: torch.Tensor,
-                 staging_bytes: int = STAGING_BYTES) -> None:
+                 staging_bytes: int = STAGING_BYTES, staged: bool | None = None) -> None:
+        """`staged`: copy between the pool and host rows through the staging buffer (default:
+        for a pool off the host, where a copy between devices wants one contiguous source). A
+        host pool's copy reads and writes the rows directly, one pass less."""
         if not (host_rows.dim() == 2 and host_rows.is_contiguous()
                 and host_rows.shape[1] == pool.row_elems and host_rows.dtype == pool.dtype):
             raise ValueError(f"host rows: contiguous (rows, {pool.row_elems}) of {pool.dtype}, "
@@ -61,9 +67,12 @@ class TorchCopier:
         self.device = pool.device
         self.chunk_blocks = min(staging_bytes // pool.block_bytes, pool.num_blocks)
         self._layered = pool.layered
-        # one per direction and stream, made on first use: a synchronous load on the expedited
-        # stream must not share a buffer with an asynchronous one on the load stream
-        self._staging: dict[tuple[bool, int], torch.Tensor] = {}
+        self.staged = pool.device.type != "cpu" if staged is None else staged
+        # Buffers per (use, stream), made on first use: a synchronous load on the expedited
+        # stream must not share one with an asynchronous load on the load stream. "gather" is
+        # index_select's `out`: a fresh 64 MiB result per job costs more than the copy (its
+        # pages faulted in: 52 ms against 8 on the 2-vCPU VM).
+        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
 
     def copy(self, block_ids: Sequence[int], row_ids: Sequence[int], to_host: bool) -> None:
         """Host row row_ids[i] <- engine block block_ids[i] (`to_host`), or the reverse. Every
@@ -76,43 +85,50 @@ class TorchCopier:
 
     def _copy_chunk(self, block_ids: list[int], row_ids: list[int], to_host: bool) -> None:
         n = len(block_ids)
-        staging = self._staging_for(to_host)[:n]
         ids = torch.tensor(block_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         runs = row_runs_of(row_ids)
+        direct = not self.staged and len(runs) == 1
+        rows = self.host_rows[row_ids[0]:row_ids[0] + n] if direct else self._buffer("rows")[:n]
         if to_host:
-            self._gather(ids, staging)
-            for i, row, k in runs:
-                self.host_rows[row:row + k].copy_(staging[i:i + k], non_blocking=True)
+            self._gather(ids, rows)
+            if not direct:
+                for i, row, k in runs:
+                    self.host_rows[row:row + k].copy_(rows[i:i + k], non_blocking=True)
         else:
-            for i, row, k in runs:
-                staging[i:i + k].copy_(self.host_rows[row:row + k], non_blocking=True)
-            self._scatter(ids, staging)
+            if not direct:
+                for i, row, k in runs:
+                    rows[i:i + k].copy_(self.host_rows[row:row + k], non_blocking=True)
+            self._scatter(ids, rows)
 
-    def _gather(self, ids: torch.Tensor, staging: torch.Tensor) -> None:
-        """staging (n, row) <- the blocks `ids` of every segment, side by side."""
+    def _gather(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """rows (n, row) <- the blocks `ids` of every segment, side by side."""
+        n = len(ids)
         if self._layered is not None:
             segs, _, width = self._layered.shape
-            gathered = self._layered.index_select(1, ids)  # (segments, n, width)
-            staging.view(-1, segs, width).copy_(gathered.permute(1, 0, 2))
+            gathered = self._buffer("gather").view(-1)[:segs * n * width].view(segs, n, width)
+            torch.index_select(self._layered, 1, ids, out=gathered)
+            rows.view(n, segs, width).copy_(gathered.permute(1, 0, 2))
             return
         for seg, col in zip(self.pool.segments, self.pool.offsets):
-            staging[:, col:col + seg.shape[1]].copy_(seg.index_select(0, ids))
+            rows[:, col:col + seg.shape[1]].copy_(seg.index_select(0, ids))
 
-    def _scatter(self, ids: torch.Tensor, staging: torch.Tensor) -> None:
-        """The blocks `ids` of every segment <- staging (n, row)."""
+    def _scatter(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """The blocks `ids` of every segment <- rows (n, row)."""
         if self._layered is not None:
             segs, _, width = self._layered.shape
-            self._layered.index_copy_(1, ids, staging.view(-1, segs, width).permute(1, 0, 2))
+            self._layered.index_copy_(1, ids, rows.view(-1, segs, width).permute(1, 0, 2))
             return
         for seg, col in zip(self.pool.segments, self.pool.offsets):
-            seg.index_copy_(0, ids, staging[:, col:col + seg.shape[1]])
+            seg.index_copy_(0, ids, rows[:, col:col + seg.shape[1]])
 
-    def _staging_for(self, to_host: bool) -> torch.Tensor:
+    def _buffer(self, use: str) -> torch.Tensor:
+        """The staging rows ("rows", (chunk, row)) or index_select's output ("gather") of the
+        current stream, on the pool's device."""
         stream = (torch.cuda.current_stream(self.device).cuda_stream
                   if self.device.type == "cuda" else 0)
-        staging = self._staging.get((to_host, stream))
-        if staging is None:
-            staging = torch.empty((self.chunk_blocks, self.pool.row_elems), dtype=self.pool.dtype,
-                                  device=self.device)
-            self._staging[(to_host, stream)] = staging
-        return staging
+        buf = self._buffers.get((use, stream))
+        if buf is None:
+            buf = torch.empty((self.chunk_blocks, self.pool.row_elems), dtype=self.pool.dtype,
+                              device=self.device)
+            self._buffers[(use, stream)] = buf
+        return buf
