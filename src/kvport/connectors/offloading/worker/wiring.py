@@ -3,13 +3,13 @@ destination) medium pair, on how many threads, and which directions run queued j
 
     ENGINE -> HOST     host.store                    (offload: a COPY)
     HOST -> ENGINE     host.load, unless too late    (a load: a COPY)
+    HOST -> medium     tier.store_from_host          (write-through to disk, Redis)
+    medium -> HOST     tier.load_to_host             (promotion); a tier with
+                       tier.load_batch_to_host also runs the jobs queued together in one call
 
 The copies run on a thread per direction (ThreadPoolHandler) where the host tier copies with
 host pointers (native, numpy), and on device streams (streams.StreamHandler) where it copies
 with torch ops: a pool on a GPU, whose copies are enqueued behind the engine's forward.
-    HOST -> medium     tier.store_from_host          (write-through to disk, Redis)
-    medium -> HOST     tier.load_to_host             (promotion); a tier with
-                       tier.load_batch_to_host also runs the jobs queued together in one call
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ Copy strategies:
            call per thread (the default; numpy where it cannot be built)
     numpy  the pieces, copied by numpy (`take(out=)`, fancy assignment), split between the
            calling thread and `num_threads - 1` helpers
-    torch  torch index ops through a staging buffer, one copy per run of slots
-           (tiers/host/torch_copy.py): the path of a pool on a GPU, whose host buffer is then
-           pinned; on CPU it runs the same ops (the tests of the GPU path's logic)
-`kvport bench transfer` measures both next to strategies of its own (bench/transfer/strategies.py).
+    torch  torch index ops, one copy per run of slots (tiers/host/torch_copy.py): the path of
+           a pool on a GPU, whose host buffer is then pinned; on CPU it runs the same ops (the
+           tests of the GPU path's logic)
+`kvport bench transfer` measures them next to strategies of its own (bench/transfer/strategies.py).
 """
 
 from __future__ import annotations
