@@ -43,7 +43,7 @@ def conformance(tmp: Path, *args: str, env: dict[str, str] | None = None
 @pytest.fixture(scope="module")
 def example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict[str, Any]]:
     return conformance(tmp_path_factory.mktemp("example"), "--connector", "example",
-                       "--examples", "20", "--max-shrink", "6", "--seed", "0")
+                       "--examples", "12", "--max-shrink", "6", "--seed", "0")
 
 
 def test_the_example_connector_is_found_crossing_a_salt_with_step_and_request(
@@ -76,11 +76,11 @@ def test_the_script_written_for_a_finding_reproduces_it_alone(
 def test_kvports_connectors_and_vllms_multiconnector_over_them_break_no_rule(
         tmp_path: Path) -> None:
     code, stdout, doc = conformance(tmp_path, "--connector", "kvport-offloading",
-                                    "--connector", "vllm-multi", "--examples", "30")
+                                    "--connector", "vllm-multi", "--examples", "18")
     assert code == 0, stdout[-3000:]
     for run in doc["connectors"]:
         assert run["findings"] == [] and run["after_others"] == [], run
-        assert run["clean"] == run["examples"] == 30, run
+        assert run["clean"] == run["examples"] == 18, run
         assert run["preempted"] > 0 and run["salted"] > 0, run  # what the workloads covered
         assert run["engines"] == 1, run
 
@@ -96,7 +96,7 @@ def test_a_planted_composite_named_by_module_path_is_caught(tmp_path: Path) -> N
                   recorded(PRESETS["kvport-offloading"](Path(STORE)), "child-offloading"),
                   recorded(PRESETS["kvport-example"](Path(STORE)), "child-example")]}}
     code, stdout, doc = conformance(
-        tmp_path, "--connector", json.dumps(config), "--examples", "25", "--max-shrink", "3",
+        tmp_path, "--connector", json.dumps(config), "--examples", "15", "--max-shrink", "3",
         env={"PYTHONPATH": str(HERE)})
     assert code == 1, stdout[-3000:]
     keys = {f["key"] for f in doc["connectors"][0]["findings"]}
