@@ -152,8 +152,8 @@ def test_a_hub_id_missing_from_the_cache_is_identified_only_by_a_recorded_commit
 @pytest.mark.parametrize("field,value", [
     ("dtype", "bfloat16"), ("quantization", "fp8"), ("load_format", "gguf"),
     ("model_impl", "transformers"), ("code_revision", "v2"), ("kv_cache_dtype", "fp8"),
-    ("calculate_kv_scales", True),
     ("hf_overrides", {"rope_scaling": {"factor": 4.0}}), ("hf", {"num_hidden_layers": 3}),
+    ("calculate_kv_scales", True),
 ])
 def test_each_setting_that_changes_the_kv_changes_the_identity(field: str, value: Any) -> None:
     base = model_identity(_config(revision=COMMIT_A))
